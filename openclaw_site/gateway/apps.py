@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+
+
+class GatewayConfig(AppConfig):
+    name = "openclaw_site.gateway"
+    label = "gateway"
+    verbose_name = "Gateway"
+
+    def ready(self) -> None:
+        # Filling the method registry is a side effect of importing the handler modules.
+        from . import rpc  # noqa: F401

@@ -1,0 +1,283 @@
+"""Connect-time credential checks: shared secret, device tokens, brute-force limiter, device proof.
+
+Pure functions and cache access only; pairing state changes live in ``services.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+import time
+from dataclasses import dataclass
+
+from django.core.cache import cache
+
+from openclaw_client.identity import (
+    build_device_auth_payload,
+    derive_device_id,
+    load_public_key,
+    normalize_public_key,
+    verify_signature,
+)
+
+from .conf import gateway_setting
+from .exceptions import InvalidRequest
+from .protocol import ConnectParams
+
+
+def secret_matches(provided: str, expected: str) -> bool:
+    """Constant-time comparison that does not leak the expected length."""
+    return hmac.compare_digest(
+        hashlib.sha256(provided.encode("utf-8")).digest(),
+        hashlib.sha256(expected.encode("utf-8")).digest(),
+    )
+
+
+def new_device_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def hash_device_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def is_loopback(address: str | None) -> bool:
+    if not address:
+        return False
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+# --- Brute-force limiter --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RateLimitState:
+    locked: bool
+    retry_after_ms: int = 0
+
+
+class AuthRateLimiter:
+    """Per (scope, client address) sliding window: N failures in the window lock the address out.
+
+    Kept in Django's cache so every gateway process sees the same counts (Redis in production).
+    """
+
+    def __init__(self, scope: str):
+        self.scope = scope
+
+    @staticmethod
+    def _config() -> dict:
+        return gateway_setting("AUTH_RATE_LIMIT")
+
+    def _exempt(self, address: str | None) -> bool:
+        return bool(self._config()["EXEMPT_LOOPBACK"]) and is_loopback(address)
+
+    def _keys(self, address: str) -> tuple[str, str]:
+        return f"authfail:{self.scope}:{address}", f"authlock:{self.scope}:{address}"
+
+    def check(self, address: str | None) -> RateLimitState:
+        if not address or self._exempt(address):
+            return RateLimitState(locked=False)
+        _, lock_key = self._keys(address)
+        locked_until = cache.get(lock_key)
+        now_ms = int(time.time() * 1000)
+        if locked_until and locked_until > now_ms:
+            return RateLimitState(locked=True, retry_after_ms=locked_until - now_ms)
+        return RateLimitState(locked=False)
+
+    def record_failure(self, address: str | None) -> RateLimitState:
+        if not address or self._exempt(address):
+            return RateLimitState(locked=False)
+        config = self._config()
+        fail_key, lock_key = self._keys(address)
+        now_ms = int(time.time() * 1000)
+        window_start = now_ms - config["WINDOW_MS"]
+        failures = [t for t in (cache.get(fail_key) or []) if t > window_start]
+        failures.append(now_ms)
+        cache.set(fail_key, failures, timeout=config["WINDOW_MS"] / 1000 + 1)
+        if len(failures) >= config["MAX_FAILURES"]:
+            locked_until = now_ms + config["LOCKOUT_MS"]
+            cache.set(lock_key, locked_until, timeout=config["LOCKOUT_MS"] / 1000 + 1)
+            cache.delete(fail_key)
+            return RateLimitState(locked=True, retry_after_ms=config["LOCKOUT_MS"])
+        return RateLimitState(locked=False)
+
+    def reset(self, address: str | None) -> None:
+        if address:
+            fail_key, _ = self._keys(address)
+            cache.delete(fail_key)
+
+
+shared_secret_limiter = AuthRateLimiter("shared-secret")
+device_token_limiter = AuthRateLimiter("device-token")
+
+
+# --- Auth failure messages (OpenClaw auth-messages) -----------------------------------------
+
+
+def _token_hint(client_id: str, client_mode: str, local: bool) -> str:
+    if client_id == "cli" and client_mode == "cli":
+        return (
+            "use this gateway's gateway.auth.token or pair the device"
+            if local
+            else "set gateway.remote.token to match gateway.auth.token"
+        )
+    return "provide gateway auth token"
+
+
+def _password_hint(client_id: str, client_mode: str, local: bool) -> str:
+    if client_id == "cli" and client_mode == "cli":
+        return (
+            "use this gateway's gateway.auth.password"
+            if local
+            else "set gateway.remote.password to match gateway.auth.password"
+        )
+    return "provide gateway auth password"
+
+
+AUTH_REASON_CODES = {
+    "token_missing": "AUTH_TOKEN_MISSING",
+    "token_mismatch": "AUTH_TOKEN_MISMATCH",
+    "token_missing_config": "AUTH_TOKEN_NOT_CONFIGURED",
+    "password_missing": "AUTH_PASSWORD_MISSING",
+    "password_mismatch": "AUTH_PASSWORD_MISMATCH",
+    "password_missing_config": "AUTH_PASSWORD_NOT_CONFIGURED",
+    "rate_limited": "AUTH_RATE_LIMITED",
+    "device_token_mismatch": "AUTH_DEVICE_TOKEN_MISMATCH",
+    "scope_mismatch": "AUTH_SCOPE_MISMATCH",
+}
+
+NEXT_STEPS = {
+    "token_missing": "update_auth_configuration",
+    "token_missing_config": "update_auth_configuration",
+    "password_missing": "update_auth_configuration",
+    "password_missing_config": "update_auth_configuration",
+    "token_mismatch": "update_auth_credentials",
+    "password_mismatch": "update_auth_credentials",
+    "device_token_mismatch": "update_auth_credentials",
+    "scope_mismatch": "review_auth_configuration",
+    "rate_limited": "wait_then_retry",
+}
+
+
+def auth_failure(
+    reason: str,
+    *,
+    params: ConnectParams,
+    local: bool,
+    retry_after_ms: int | None = None,
+) -> InvalidRequest:
+    client_id, client_mode = params.client.id, params.client.mode
+    messages = {
+        "token_missing": f"unauthorized: gateway token missing ({_token_hint(client_id, client_mode, local)})",
+        "token_mismatch": f"unauthorized: gateway token mismatch ({_token_hint(client_id, client_mode, local)})",
+        "token_missing_config": "unauthorized: gateway token not configured on gateway (set gateway.auth.token)",
+        "password_missing": (
+            f"unauthorized: gateway password missing ({_password_hint(client_id, client_mode, local)})"
+        ),
+        "password_mismatch": (
+            f"unauthorized: gateway password mismatch ({_password_hint(client_id, client_mode, local)})"
+        ),
+        "password_missing_config": (
+            "unauthorized: gateway password not configured on gateway (set gateway.auth.password)"
+        ),
+        "rate_limited": "unauthorized: too many failed authentication attempts (retry later)",
+        "device_token_mismatch": "unauthorized: device token mismatch (rotate/reissue device token)",
+        "scope_mismatch": "unauthorized: device token scope mismatch (re-pair or approve scope upgrade)",
+    }
+    auth = params.auth
+    provided_token = bool(auth and auth.token)
+    can_retry_with_device_token = (
+        reason == "token_mismatch" and params.device is not None and provided_token and not auth.deviceToken
+    )
+    details = {
+        "code": AUTH_REASON_CODES.get(reason, "AUTH_UNAUTHORIZED"),
+        "authReason": reason,
+        "canRetryWithDeviceToken": can_retry_with_device_token,
+        "recommendedNextStep": (
+            "retry_with_device_token"
+            if can_retry_with_device_token
+            else NEXT_STEPS.get(reason, "review_auth_configuration")
+        ),
+    }
+    return InvalidRequest(
+        messages.get(reason, "unauthorized"),
+        details=details,
+        retryable=True if reason == "rate_limited" else None,
+        retry_after_ms=retry_after_ms,
+    )
+
+
+# --- Device proof ---------------------------------------------------------------------------
+
+DEVICE_AUTH_CODES = {
+    "device-nonce-missing": "DEVICE_AUTH_NONCE_REQUIRED",
+    "device-nonce-mismatch": "DEVICE_AUTH_NONCE_MISMATCH",
+    "device-signature": "DEVICE_AUTH_SIGNATURE_INVALID",
+    "device-signature-stale": "DEVICE_AUTH_SIGNATURE_EXPIRED",
+    "device-id-mismatch": "DEVICE_AUTH_DEVICE_ID_MISMATCH",
+    "device-public-key": "DEVICE_AUTH_PUBLIC_KEY_INVALID",
+}
+
+
+def _device_auth_invalid(reason: str, message: str) -> InvalidRequest:
+    return InvalidRequest(message, details={"code": DEVICE_AUTH_CODES[reason], "reason": reason})
+
+
+def signature_token(params: ConnectParams) -> str | None:
+    """The credential a device signs: the shared token, else its device token."""
+    auth = params.auth
+    if auth is None:
+        return None
+    return auth.token or auth.deviceToken or auth.bootstrapToken
+
+
+def verify_device_proof(
+    params: ConnectParams, *, role: str, scopes: list[str], nonce: str, now_ms: int | None = None
+) -> tuple[str, str]:
+    """Check the device's signature over this connection's challenge.
+
+    Order of checks, each with OpenClaw's message: id derived from the key, signature age, nonce
+    present, nonce of this connection, key is a 32-byte Ed25519 key, signature over v3 then v2.
+    Returns (normalized public key, payload version).
+    """
+    device = params.device
+    assert device is not None
+    derived = derive_device_id(device.publicKey)
+    if not derived or derived != device.id:
+        raise _device_auth_invalid("device-id-mismatch", "device identity mismatch")
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    if abs(now - device.signedAt) > gateway_setting("DEVICE_SIGNATURE_SKEW_MS"):
+        raise _device_auth_invalid("device-signature-stale", "device signature expired")
+    provided_nonce = (device.nonce or "").strip()
+    if not provided_nonce:
+        raise _device_auth_invalid("device-nonce-missing", "device nonce required")
+    if not hmac.compare_digest(provided_nonce.encode(), nonce.encode()):
+        raise _device_auth_invalid("device-nonce-mismatch", "device nonce mismatch")
+    public_key = load_public_key(device.publicKey)
+    normalized = normalize_public_key(device.publicKey)
+    if public_key is None or normalized is None:
+        raise _device_auth_invalid("device-public-key", "device public key invalid")
+    common = dict(
+        device_id=device.id,
+        client_id=params.client.id,
+        client_mode=params.client.mode,
+        role=role,
+        scopes=scopes,
+        signed_at_ms=device.signedAt,
+        token=signature_token(params),
+        nonce=provided_nonce,
+    )
+    v3 = build_device_auth_payload(
+        version="v3", platform=params.client.platform, device_family=params.client.deviceFamily, **common
+    )
+    if verify_signature(public_key, v3, device.signature):
+        return normalized, "v3"
+    if verify_signature(public_key, build_device_auth_payload(version="v2", **common), device.signature):
+        return normalized, "v2"
+    raise _device_auth_invalid("device-signature", "device signature invalid")

@@ -1,0 +1,293 @@
+"""The gateway WebSocket: transport only.
+
+Frame size limits, JSON decoding, the handshake state machine, request task tracking and event
+delivery with the per-connection ``seq``. Decisions live in ``handshake.py`` and ``dispatch.py``;
+database work happens there, in one ``database_sync_to_async`` hop per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from . import runtime, services
+from .conf import gateway_setting
+from .context import RpcContext
+from .dispatch import error_response, parse_frame, run_request
+from .events import BROADCAST_GROUP
+from .exceptions import GatewayError, HandshakeRejected, InvalidRequest, Unavailable
+from .handshake import ConnectContext, FirstFrameInvalid, authenticate_connect, parse_connect
+from .hello import build_hello, presence_changed
+from .registry import registry
+from .scopes import ROLE_OPERATOR, scope_satisfied
+
+logger = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT_REQUESTS = 64
+
+
+def _dumps(frame: dict[str, Any]) -> str:
+    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+
+
+def _utf8_len_exceeds(text: str, limit: int) -> bool:
+    # A str of n code points takes between n and 4n bytes: encode only when it matters.
+    return len(text) > limit or (len(text) * 4 > limit and len(text.encode("utf-8")) > limit)
+
+
+class GatewayConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        self.conn_id = str(uuid.uuid4())
+        self.nonce = str(uuid.uuid4())
+        self.phase = "handshake"  # → "open" → "closed"
+        self.ctx: RpcContext | None = None
+        self.seq = 0
+        self.request_tasks: dict[str, asyncio.Task] = {}
+        client = self.scope.get("client") or (None, None)
+        self.remote_ip = client[0]
+        await self.accept()
+        await self._send_frame(
+            {
+                "type": "event",
+                "event": "connect.challenge",
+                "payload": {"nonce": self.nonce, "ts": int(time.time() * 1000)},
+            }
+        )
+        self.handshake_timer = asyncio.get_running_loop().call_later(
+            gateway_setting("HANDSHAKE_TIMEOUT_MS") / 1000, self._on_handshake_timeout
+        )
+
+    def _on_handshake_timeout(self) -> None:
+        if self.phase == "handshake":
+            self.phase = "closed"
+            self.close_task = asyncio.ensure_future(self.close(code=1000, reason="handshake timeout"))
+
+    async def _send_frame(self, frame: dict[str, Any]) -> None:
+        await self.send(text_data=_dumps(frame))
+
+    async def send_event(self, event: str, payload: Any, *, state_version: dict | None = None) -> None:
+        """A broadcast event: stamped with this connection's next ``seq``."""
+        if self.phase != "open":
+            return
+        self.seq += 1
+        frame = {"type": "event", "event": event, "payload": payload, "seq": self.seq}
+        if state_version is not None:
+            frame["stateVersion"] = state_version
+        await self._send_frame(frame)
+
+    # --- inbound frames -------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.phase == "handshake":
+            await self._receive_handshake(text_data, bytes_data)
+        elif self.phase == "open":
+            await self._receive_open(text_data, bytes_data)
+
+    async def _receive_handshake(self, text_data: str | None, bytes_data: bytes | None) -> None:
+        if bytes_data is not None or text_data is None:
+            await self._close_handshake(1008, "invalid request frame")
+            return
+        if _utf8_len_exceeds(text_data, gateway_setting("MAX_PREAUTH_PAYLOAD_BYTES")):
+            await self._close_handshake(1009, "preauth payload too large")
+            return
+        try:
+            request_id, params, protocol = parse_connect(json.loads(text_data))
+        except (json.JSONDecodeError, FirstFrameInvalid):
+            await self._close_handshake(1008, "invalid request frame")
+            return
+        except HandshakeRejected as rejected:
+            await self._reject_handshake(_frame_id(text_data), rejected)
+            return
+        self.handshake_timer.cancel()
+        self.phase = "authenticating"
+        try:
+            await runtime.ensure_process_registered()
+            outcome = await database_sync_to_async(authenticate_connect)(
+                params,
+                ConnectContext(
+                    conn_id=self.conn_id,
+                    boot_id=runtime.BOOT_ID,
+                    channel_name=self.channel_name,
+                    nonce=self.nonce,
+                    remote_ip=self.remote_ip,
+                ),
+            )
+        except HandshakeRejected as rejected:
+            await self._reject_handshake(request_id, rejected)
+            return
+        except Exception:
+            logger.exception("connect failed")
+            await self._reject_handshake(
+                request_id,
+                HandshakeRejected(Unavailable("gateway unavailable; retry", retryable=True), close_code=1011),
+            )
+            return
+        self.ctx = RpcContext(
+            conn_id=self.conn_id,
+            channel_name=self.channel_name,
+            role=outcome.role,
+            scopes=outcome.scopes,
+            auth_method=outcome.auth_method,
+            client_id=params.client.id,
+            client_mode=params.client.mode,
+            remote_ip=self.remote_ip,
+            device_id=outcome.device_id,
+            node_id=outcome.node_id,
+            commands=outcome.commands,
+        )
+        hello, presence = await database_sync_to_async(build_hello)(self.ctx, outcome, protocol)
+        await self.channel_layer.group_add(BROADCAST_GROUP, self.channel_name)
+        self.phase = "open"
+        runtime.local_connections.add(self)
+        await self._send_frame({"type": "res", "id": request_id, "ok": True, "payload": hello})
+        await presence_changed(presence)
+
+    async def _reject_handshake(self, request_id: str, rejected: HandshakeRejected) -> None:
+        await self._send_frame(error_response(request_id, rejected.error))
+        await self._close_handshake(rejected.close_code, rejected.close_reason)
+
+    async def _close_handshake(self, code: int, reason: str) -> None:
+        self.phase = "closed"
+        self.handshake_timer.cancel()
+        await self.close(code=code, reason=reason)
+
+    async def _receive_open(self, text_data: str | None, bytes_data: bytes | None) -> None:
+        if text_data is None:
+            await self._send_frame(error_response("invalid", InvalidRequest("invalid request frame: text frames only")))
+            return
+        max_payload = gateway_setting("MAX_PAYLOAD_BYTES")
+        if _utf8_len_exceeds(text_data, max_payload):
+            error = InvalidRequest(f"invalid request frame: frame exceeds maxPayload ({max_payload} bytes)")
+            await self._send_frame(error_response("invalid", error))
+            return
+        try:
+            raw = json.loads(text_data)
+        except json.JSONDecodeError as exc:
+            await self._send_frame(
+                error_response("invalid", InvalidRequest(f"invalid request frame: malformed JSON ({exc.msg})"))
+            )
+            return
+        try:
+            frame = parse_frame(raw)
+        except InvalidRequest as error:
+            await self._send_frame(error_response(error.frame_id, error))
+            return
+        if frame.type == "cancel":
+            task = self.request_tasks.get(frame.id)
+            if task is not None:
+                task.cancel()
+            return
+        if frame.id in self.request_tasks:
+            await self._send_frame(error_response(frame.id, InvalidRequest("duplicate request id in flight")))
+            return
+        if len(self.request_tasks) >= MAX_IN_FLIGHT_REQUESTS:
+            await self._send_frame(
+                error_response(frame.id, Unavailable("too many requests in flight", retryable=True, retry_after_ms=100))
+            )
+            return
+        task = asyncio.get_running_loop().create_task(self._answer(frame))
+        self.request_tasks[frame.id] = task
+
+    async def _answer(self, frame) -> None:
+        try:
+            response = await run_request(self.ctx, frame)
+            if self.phase == "open":
+                await self._send_frame(response)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self.request_tasks.pop(frame.id, None)
+
+    # --- channel-layer messages -----------------------------------------------------------
+
+    async def gateway_event(self, message: dict[str, Any]) -> None:
+        if self.phase != "open" or self.ctx is None:
+            return
+        spec = registry.events.get(message["event"])
+        if spec is None:
+            return  # unknown event families are denied by default
+        if spec.operators_only and self.ctx.role != ROLE_OPERATOR:
+            return
+        if spec.scope is not None and not scope_satisfied(self.ctx.scopes, spec.scope):
+            return
+        await self.send_event(message["event"], message["payload"], state_version=message.get("stateVersion"))
+
+    async def gateway_close(self, message: dict[str, Any]) -> None:
+        if self.phase == "open":
+            self.phase = "closed"
+            await self.close(code=message.get("code", 1008), reason=message.get("reason") or None)
+
+    async def gateway_invoke_request(self, message: dict[str, Any]) -> None:
+        """Forward a node.invoke to the node behind this socket, remembering where to answer."""
+        ctx = self.ctx
+        if self.phase != "open" or ctx is None or ctx.node_id != message["nodeId"]:
+            await self.channel_layer.send(
+                message["replyChannel"],
+                _invoke_failure(message["id"], "NOT_CONNECTED", "node not connected"),
+            )
+            return
+        ctx.pending_invokes[message["id"]] = (message["replyChannel"], message["command"])
+        payload = {k: message[k] for k in ("id", "nodeId", "command", "paramsJSON") if k in message}
+        for optional in ("timeoutMs", "idempotencyKey"):
+            if message.get(optional) is not None:
+                payload[optional] = message[optional]
+        await self._send_frame({"type": "event", "event": "node.invoke.request", "payload": payload})
+
+    async def gateway_invoke_result(self, message: dict[str, Any]) -> None:
+        runtime.invoke_broker.resolve(message["id"], message)
+
+    # --- teardown -------------------------------------------------------------------------
+
+    async def disconnect(self, code: int) -> None:
+        was_open = self.ctx is not None
+        self.phase = "closed"
+        timer = getattr(self, "handshake_timer", None)
+        if timer is not None:
+            timer.cancel()
+        for task in list(getattr(self, "request_tasks", {}).values()):
+            task.cancel()
+        if not was_open:
+            return
+        runtime.local_connections.discard(self)
+        await self.channel_layer.group_discard(BROADCAST_GROUP, self.channel_name)
+        for invoke_id, (reply_channel, command) in list(self.ctx.pending_invokes.items()):
+            await self.channel_layer.send(
+                reply_channel, _invoke_failure(invoke_id, "NOT_CONNECTED", f"node disconnected ({command})")
+            )
+        self.ctx.pending_invokes.clear()
+        if runtime.is_stopping():
+            return
+        try:
+            removed = await database_sync_to_async(services.connection_unregister)(conn_id=self.conn_id)
+            if removed:
+                await presence_changed(None)
+        except Exception:
+            logger.exception("failed to unregister connection %s", self.conn_id)
+
+
+def _invoke_failure(invoke_id: str, code: str, message: str) -> dict[str, Any]:
+    return {
+        "type": "gateway.invoke.result",
+        "id": invoke_id,
+        "ok": False,
+        "error": {"code": code, "message": message},
+    }
+
+
+def _frame_id(text: str) -> str:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError:
+        return "invalid"
+    frame_id = raw.get("id") if isinstance(raw, dict) else None
+    return frame_id if isinstance(frame_id, str) and frame_id else "invalid"
+
+
+__all__ = ["GatewayConsumer", "GatewayError"]

@@ -1,0 +1,41 @@
+"""What an RPC handler knows about its caller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import scopes as sc
+from .services import Actor
+
+
+@dataclass
+class RpcContext:
+    conn_id: str
+    channel_name: str
+    role: str
+    scopes: list[str]
+    auth_method: str
+    client_id: str
+    client_mode: str
+    remote_ip: str | None = None
+    device_id: str | None = None
+    node_id: str | None = None
+    commands: list[str] = field(default_factory=list)
+    # node.invoke.request ids this node connection still owes a result for → (reply channel, command).
+    pending_invokes: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == sc.ROLE_OPERATOR and sc.ADMIN in self.scopes
+
+    def has_scope(self, scope: str) -> bool:
+        return sc.scope_satisfied(self.scopes, scope)
+
+    def actor(self) -> Actor:
+        label = f"device:{self.device_id}" if self.device_id else f"conn:{self.conn_id}"
+        return Actor(
+            label=label,
+            scopes=tuple(self.scopes),
+            device_id=self.device_id,
+            conn_id=self.conn_id,
+        )

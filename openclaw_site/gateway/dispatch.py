@@ -1,0 +1,75 @@
+"""Post-handshake request handling: frame validation, authorization, params, handler call."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from pydantic import ValidationError
+
+from . import scopes as sc
+from .context import RpcContext
+from .exceptions import GatewayError, InvalidRequest, PermissionDenied
+from .protocol import CancelFrame, RequestFrame, format_validation_error
+from .registry import MethodSpec, registry
+
+logger = logging.getLogger(__name__)
+
+
+def error_response(request_id: str, error: GatewayError) -> dict[str, Any]:
+    return {"type": "res", "id": request_id, "ok": False, "error": error.to_shape()}
+
+
+def ok_response(request_id: str, payload: Any) -> dict[str, Any]:
+    return {"type": "res", "id": request_id, "ok": True, "payload": payload}
+
+
+def parse_frame(raw: Any) -> RequestFrame | CancelFrame:
+    """A request (or cancel) frame, or InvalidRequest carrying the id to answer under."""
+    frame_type = raw.get("type") if isinstance(raw, dict) else None
+    try:
+        if frame_type == "cancel":
+            return CancelFrame.model_validate(raw)
+        return RequestFrame.model_validate(raw)
+    except ValidationError as exc:
+        error = InvalidRequest(f"invalid request frame: {format_validation_error(exc)}")
+        frame_id = raw.get("id") if isinstance(raw, dict) else None
+        error.frame_id = frame_id if isinstance(frame_id, str) and frame_id else "invalid"
+        raise error from None
+
+
+def authorize(ctx: RpcContext, spec: MethodSpec) -> None:
+    if spec.name == "health":
+        return
+    if spec.role != ctx.role:
+        raise PermissionDenied(f"unauthorized role: {ctx.role}")
+    if ctx.role == sc.ROLE_NODE or spec.scope is None:
+        return
+    if not sc.scope_satisfied(ctx.scopes, spec.scope):
+        raise PermissionDenied(
+            f"missing scope: {spec.scope}",
+            details={"code": "MISSING_SCOPE", "missingScope": spec.scope, "requiredScopes": [spec.scope]},
+        )
+
+
+async def run_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any]:
+    spec = registry.methods.get(frame.method)
+    try:
+        if spec is None:
+            raise InvalidRequest(f"unknown method: {frame.method}")
+        authorize(ctx, spec)
+        try:
+            params = spec.params.model_validate(frame.params if frame.params is not None else {})
+        except ValidationError as exc:
+            raise InvalidRequest(f"invalid {frame.method} params: {format_validation_error(exc)}") from None
+        if spec.is_async:
+            payload = await spec.handler(ctx, params)
+        else:
+            payload = await database_sync_to_async(spec.handler)(ctx, params)
+        return ok_response(frame.id, payload)
+    except GatewayError as error:
+        return error_response(frame.id, error)
+    except Exception as exc:
+        logger.exception("gateway method %s failed", frame.method)
+        return error_response(frame.id, GatewayError(f"{frame.method} failed: {type(exc).__name__}: {exc}"))

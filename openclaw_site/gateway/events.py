@@ -1,0 +1,71 @@
+"""Events the gateway core publishes, built server-side and sent only after commit.
+
+Every authenticated connection of every gateway process is in the ``gateway.broadcast`` group;
+each consumer filters by role and scope and stamps its own ``seq``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from . import scopes as sc
+from .registry import registry
+
+logger = logging.getLogger(__name__)
+
+BROADCAST_GROUP = "gateway.broadcast"
+
+EVENT_DEVICE_PAIR_REQUESTED = registry.event("device.pair.requested", scope=sc.PAIRING)
+EVENT_DEVICE_PAIR_RESOLVED = registry.event("device.pair.resolved", scope=sc.PAIRING)
+EVENT_NODE_PAIR_REQUESTED = registry.event("node.pair.requested", scope=sc.PAIRING)
+EVENT_NODE_PAIR_RESOLVED = registry.event("node.pair.resolved", scope=sc.PAIRING)
+# Targeted at one node connection, never broadcast; listed so hello-ok advertises it.
+EVENT_NODE_INVOKE_REQUEST = registry.event("node.invoke.request", scope=None, operators_only=False)
+
+
+def broadcast_message(event: str, payload: Any, *, state_version: dict | None = None) -> dict:
+    message = {"type": "gateway.event", "event": event, "payload": payload}
+    if state_version is not None:
+        message["stateVersion"] = state_version
+    return message
+
+
+def publish_rollback_unsafe(event: str, payload: Any, *, state_version: dict | None = None) -> None:
+    """Send now, whatever the surrounding transaction does. Prefer :func:`publish_on_commit`."""
+    try:
+        async_to_sync(get_channel_layer().group_send)(
+            BROADCAST_GROUP, broadcast_message(event, payload, state_version=state_version)
+        )
+    except Exception:
+        # A lost event is recoverable (clients refetch on a seq gap); a failed write is not,
+        # so publication problems are logged and never raised into the service.
+        logger.exception("failed to publish %s", event)
+
+
+def publish_on_commit(event: str, payload: Any, *, state_version: dict | None = None) -> None:
+    transaction.on_commit(lambda: publish_rollback_unsafe(event, payload, state_version=state_version))
+
+
+def send_to_channels_on_commit(channel_names: list[str], message: dict) -> None:
+    """Deliver a control message (close, invoke routing) to specific connections after commit."""
+    if not channel_names:
+        return
+
+    def send() -> None:
+        layer = get_channel_layer()
+        for name in channel_names:
+            try:
+                async_to_sync(layer.send)(name, message)
+            except Exception:
+                logger.exception("failed to send %s to %s", message.get("type"), name)
+
+    transaction.on_commit(send)
+
+
+def close_message(code: int, reason: str) -> dict:
+    return {"type": "gateway.close", "code": code, "reason": reason}

@@ -1,0 +1,93 @@
+"""The one error hierarchy of the project.
+
+Services raise these; the RPC dispatcher turns them into the protocol ``ErrorShape`` and the JSON
+API into HTTP statuses. The protocol ``code`` follows OpenClaw's conventions: validation, unknown
+method, role/scope and policy denials are ``INVALID_REQUEST``; transient or backend failures and an
+offline node are ``UNAVAILABLE``; pairing is ``NOT_PAIRED``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GatewayError(Exception):
+    code = "UNAVAILABLE"
+    http_status = 503
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: dict[str, Any] | None = None,
+        retryable: bool | None = None,
+        retry_after_ms: int | None = None,
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.details = details
+        self.retryable = retryable
+        self.retry_after_ms = retry_after_ms
+        if code is not None:
+            self.code = code
+
+    def to_shape(self) -> dict[str, Any]:
+        shape: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details is not None:
+            shape["details"] = self.details
+        if self.retryable is not None:
+            shape["retryable"] = self.retryable
+        if self.retry_after_ms is not None:
+            shape["retryAfterMs"] = self.retry_after_ms
+        return shape
+
+
+class InvalidRequest(GatewayError):
+    code = "INVALID_REQUEST"
+    http_status = 400
+
+
+class NotFound(InvalidRequest):
+    http_status = 404
+
+
+class Conflict(InvalidRequest):
+    """A compare-and-set or idempotency check lost against a concurrent writer."""
+
+    http_status = 409
+
+
+class PermissionDenied(InvalidRequest):
+    """Role or scope refusal; OpenClaw reports these as INVALID_REQUEST."""
+
+    http_status = 403
+
+
+class Unauthorized(InvalidRequest):
+    http_status = 401
+
+
+class NotPaired(GatewayError):
+    code = "NOT_PAIRED"
+    http_status = 403
+
+
+class Unavailable(GatewayError):
+    code = "UNAVAILABLE"
+    http_status = 503
+
+
+class AgentTimeout(GatewayError):
+    code = "AGENT_TIMEOUT"
+    http_status = 504
+
+
+class HandshakeRejected(Exception):
+    """A connect that must be answered with an error and then closed with ``close_code``."""
+
+    def __init__(self, error: GatewayError, *, close_code: int = 1008, close_reason: str | None = None):
+        super().__init__(error.message)
+        self.error = error
+        self.close_code = close_code
+        self.close_reason = close_reason if close_reason is not None else error.message

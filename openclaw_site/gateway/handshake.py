@@ -1,0 +1,324 @@
+"""The ``connect`` request: validation, protocol negotiation, authentication, device proof, pairing.
+
+:func:`parse_connect` is pure and runs on the event loop; :func:`authenticate_connect` touches the
+database and runs in one ``database_sync_to_async`` hop. Both raise :class:`HandshakeRejected`,
+which carries the error ``res`` and the close code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import scopes as sc
+from . import services
+from .auth import (
+    auth_failure,
+    device_token_limiter,
+    is_loopback,
+    secret_matches,
+    shared_secret_limiter,
+    verify_device_proof,
+)
+from .conf import shared_password, shared_token
+from .exceptions import GatewayError, HandshakeRejected, InvalidRequest, NotPaired
+from .models import PairedDevice
+from .protocol import PROTOCOL_VERSION, ConnectParams, RequestFrame, format_validation_error, negotiate_protocol
+
+PAIRING_REQUIREMENTS = {
+    "not-paired": "device is not approved yet",
+    "role-upgrade": "device is asking for a higher role than currently approved",
+    "scope-upgrade": "device is asking for more scopes than currently approved",
+}
+
+
+class FirstFrameInvalid(Exception):
+    """Not a request frame at all: closed without a response."""
+
+
+def parse_connect(raw: Any) -> tuple[str, ConnectParams, int]:
+    """Validate the first frame. Returns (request id, params, negotiated protocol)."""
+    try:
+        frame = RequestFrame.model_validate(raw)
+    except ValidationError:
+        raise FirstFrameInvalid() from None
+    if frame.method != "connect":
+        raise HandshakeRejected(InvalidRequest("invalid handshake: first request must be connect"))
+    try:
+        params = ConnectParams.model_validate(frame.params)
+    except ValidationError as exc:
+        raise HandshakeRejected(InvalidRequest(f"invalid connect params: {format_validation_error(exc)}")) from None
+    protocol = negotiate_protocol(params.minProtocol, params.maxProtocol)
+    if protocol is None:
+        raise HandshakeRejected(
+            InvalidRequest(
+                "protocol mismatch",
+                details={"code": "PROTOCOL_MISMATCH", "expectedProtocol": PROTOCOL_VERSION},
+            ),
+            close_code=1002,
+        )
+    role = params.role or sc.ROLE_OPERATOR
+    if role not in sc.ROLES:
+        raise HandshakeRejected(InvalidRequest("invalid role"))
+    return frame.id, params, protocol
+
+
+@dataclass(frozen=True)
+class ConnectContext:
+    conn_id: str
+    boot_id: str
+    channel_name: str
+    nonce: str
+    remote_ip: str | None
+
+
+@dataclass(frozen=True)
+class ConnectOutcome:
+    role: str
+    scopes: list[str]
+    auth_method: str
+    device_id: str | None
+    node_id: str | None
+    commands: list[str]
+    device_token: str | None
+    device_token_issued_at_ms: int | None
+
+
+def _reject(error: Exception) -> HandshakeRejected:
+    return HandshakeRejected(error)
+
+
+def _check_credentials(params: ConnectParams, ctx: ConnectContext, role: str) -> tuple[str, Any]:
+    """Shared secret first, then a device token. Returns (auth method, device token record|None)."""
+    auth = params.auth
+    local = is_loopback(ctx.remote_ip)
+    token = auth.token if auth else None
+    password = auth.password if auth else None
+    device_token = auth.deviceToken if auth else None
+
+    if not (token or password or device_token):
+        if params.device is None:
+            raise _reject(NotPaired("device identity required", details={"code": "DEVICE_IDENTITY_REQUIRED"}))
+        expected_kind = "password" if shared_password() and not shared_token() else "token"
+        raise _reject(auth_failure(f"{expected_kind}_missing", params=params, local=local))
+
+    limit = shared_secret_limiter.check(ctx.remote_ip)
+    if limit.locked:
+        raise _reject(auth_failure("rate_limited", params=params, local=local, retry_after_ms=limit.retry_after_ms))
+
+    failure: str | None = None
+    if password:
+        configured = shared_password()
+        if configured is None:
+            failure = "password_missing_config"
+        elif secret_matches(password, configured):
+            shared_secret_limiter.reset(ctx.remote_ip)
+            return "password", None
+        else:
+            failure = "password_mismatch"
+    if token:
+        configured = shared_token()
+        if configured is None:
+            failure = failure or "token_missing_config"
+        elif secret_matches(token, configured):
+            shared_secret_limiter.reset(ctx.remote_ip)
+            return "token", None
+        else:
+            failure = failure or "token_mismatch"
+
+    # `auth.token` may carry a device token when it is not the shared secret.
+    candidate = device_token or (token if failure == "token_mismatch" else None)
+    if candidate and params.device is not None:
+        device_limit = device_token_limiter.check(ctx.remote_ip)
+        if device_limit.locked:
+            raise _reject(
+                auth_failure("rate_limited", params=params, local=local, retry_after_ms=device_limit.retry_after_ms)
+            )
+        try:
+            record = services.device_token_verify(device_id=params.device.id, role=role, token=candidate)
+        except services.DeviceTokenRejected:
+            if device_token:
+                state = device_token_limiter.record_failure(ctx.remote_ip)
+                reason = "rate_limited" if state.locked else "device_token_mismatch"
+                raise _reject(
+                    auth_failure(reason, params=params, local=local, retry_after_ms=state.retry_after_ms or None)
+                ) from None
+        else:
+            device_token_limiter.reset(ctx.remote_ip)
+            if role == sc.ROLE_OPERATOR and not sc.scopes_cover(record.scopes, sc.normalize_scopes(params.scopes)):
+                raise _reject(auth_failure("scope_mismatch", params=params, local=local))
+            return "device-token", record
+
+    if failure is None:
+        # A device token without the device identity it is bound to.
+        failure = "device_token_mismatch"
+    if failure.endswith("_mismatch"):
+        state = shared_secret_limiter.record_failure(ctx.remote_ip)
+        if state.locked:
+            raise _reject(auth_failure("rate_limited", params=params, local=local, retry_after_ms=state.retry_after_ms))
+    raise _reject(auth_failure(failure, params=params, local=local))
+
+
+def _claim(
+    params: ConnectParams,
+    ctx: ConnectContext,
+    role: str,
+    scopes: list[str],
+    public_key: str,
+    reason: str,
+    is_repair: bool,
+) -> services.PairingClaim:
+    client = params.client
+    return services.PairingClaim(
+        device_id=params.device.id,
+        public_key=public_key,
+        role=role,
+        scopes=scopes,
+        reason=reason,
+        is_repair=is_repair,
+        display_name=client.displayName or "",
+        platform=client.platform,
+        device_family=client.deviceFamily or "",
+        model_identifier=client.modelIdentifier or "",
+        client_id=client.id,
+        client_mode=client.mode,
+        client_version=client.version,
+        commands=sorted(set(params.commands or [])) if role == sc.ROLE_NODE else [],
+        caps=sorted(set(params.caps or [])) if role == sc.ROLE_NODE else [],
+        permissions=dict(params.permissions or {}) if role == sc.ROLE_NODE else {},
+        remote_ip=ctx.remote_ip or "",
+    )
+
+
+def _pairing_required(request, reason: str, role: str, scopes: list[str], device: PairedDevice | None):
+    requirement = PAIRING_REQUIREMENTS[reason]
+    request_id = str(request.request_id)
+    details = {
+        "code": "PAIRING_REQUIRED",
+        "reason": reason,
+        "requestId": request_id,
+        "remediationHint": f"approve with: python manage.py pairing approve {request_id}",
+        "recommendedNextStep": "wait_for_approval",
+        "retryable": True,
+        "waitForResolution": True,
+        "deviceId": request.device_id,
+        "requestedRole": role,
+        "requestedScopes": scopes,
+    }
+    if device is not None:
+        details["approvedRoles"] = list(device.roles)
+        details["approvedScopes"] = list(device.approved_scopes)
+    return HandshakeRejected(
+        NotPaired(f"pairing required: {requirement}", details=details),
+        close_reason=f"pairing required: {requirement} (requestId: {request_id})",
+    )
+
+
+def authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> ConnectOutcome:
+    try:
+        return _authenticate_connect(params, ctx)
+    except GatewayError as error:
+        raise HandshakeRejected(error) from None
+
+
+def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> ConnectOutcome:
+    """Decide a connect, in OpenClaw's order: credentials, device identity, device proof, pairing.
+
+    Side effects that must survive a refusal (a pending pairing request, a limiter count) are
+    committed by their own services before the refusal is raised.
+    """
+    role = params.role or sc.ROLE_OPERATOR
+    requested_scopes = sc.normalize_scopes(params.scopes) if role == sc.ROLE_OPERATOR else []
+    auth_method, token_record = _check_credentials(params, ctx, role)
+
+    if params.device is None:
+        if role == sc.ROLE_NODE:
+            raise _reject(NotPaired("device identity required", details={"code": "DEVICE_IDENTITY_REQUIRED"}))
+        services.connection_register(record=_record(params, ctx, role, requested_scopes, auth_method, None, None, []))
+        return ConnectOutcome(role, requested_scopes, auth_method, None, None, [], None, None)
+
+    public_key, _version = verify_device_proof(params, role=role, scopes=list(params.scopes or []), nonce=ctx.nonce)
+    device_id = params.device.id
+    device = PairedDevice.objects.filter(device_id=device_id).first()
+
+    if role == sc.ROLE_NODE:
+        if device is None or not device.has_role(sc.ROLE_NODE):
+            reason = "not-paired" if device is None else "role-upgrade"
+            claim = _claim(params, ctx, role, [], public_key, reason, is_repair=device is not None)
+            request, _created = services.pairing_request_ensure(claim=claim)
+            raise _pairing_required(request, reason, role, [], device)
+    elif auth_method in ("token", "password"):
+        claim = _claim(params, ctx, role, requested_scopes, public_key, "not-paired", is_repair=device is not None)
+        device, _changed = services.operator_device_auto_approve(claim=claim)
+    elif device is None or not device.has_role(role):
+        # A device token of a device that was since removed.
+        raise _reject(auth_failure("device_token_mismatch", params=params, local=is_loopback(ctx.remote_ip)))
+
+    if token_record is not None:
+        services.device_token_touch(token_record)
+        issued_token, issued_at = params.auth.deviceToken or params.auth.token, None
+    else:
+        token_scopes = requested_scopes if role == sc.ROLE_OPERATOR else []
+        issued_token, issued_at = services.device_token_ensure(device=device, role=role, scopes=token_scopes)
+
+    commands: list[str] = []
+    if role == sc.ROLE_NODE:
+        approved = set(device.approved_commands or [])
+        commands = sorted(c for c in set(params.commands or []) if c in approved)
+    services.connection_register(
+        record=_record(params, ctx, role, requested_scopes, auth_method, device_id, device, commands)
+    )
+    return ConnectOutcome(
+        role=role,
+        scopes=requested_scopes,
+        auth_method=auth_method,
+        device_id=device_id,
+        node_id=device_id if role == sc.ROLE_NODE else None,
+        commands=commands,
+        device_token=issued_token,
+        device_token_issued_at_ms=issued_at,
+    )
+
+
+def _record(
+    params: ConnectParams,
+    ctx: ConnectContext,
+    role: str,
+    scopes: list[str],
+    auth_method: str,
+    device_id: str | None,
+    device: PairedDevice | None,
+    commands: list[str],
+) -> services.ConnectionRecord:
+    client = params.client
+    is_node = role == sc.ROLE_NODE
+    return services.ConnectionRecord(
+        conn_id=ctx.conn_id,
+        boot_id=ctx.boot_id,
+        channel_name=ctx.channel_name,
+        role=role,
+        scopes=scopes,
+        auth_method=auth_method,
+        device_id=device_id or "",
+        node_id=device_id if is_node else None,
+        client_id=client.id,
+        client_mode=client.mode,
+        client_version=client.version,
+        display_name=client.displayName or "",
+        platform=client.platform,
+        device_family=client.deviceFamily or "",
+        model_identifier=client.modelIdentifier or "",
+        instance_id=client.instanceId or "",
+        remote_ip=ctx.remote_ip or "",
+        caps=sorted(set(params.caps or [])) if is_node else [],
+        commands=commands,
+        permissions=dict(params.permissions or {}) if is_node else {},
+        path_env=(params.pathEnv or "") if is_node else "",
+    )
+
+
+def decode_frame(text: str) -> Any:
+    return json.loads(text)

@@ -1,0 +1,86 @@
+"""The ``hello-ok`` payload and presence broadcasts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.core.cache import cache
+
+from . import runtime
+from .conf import auth_mode, gateway_setting
+from .context import RpcContext
+from .events import BROADCAST_GROUP, broadcast_message
+from .handshake import ConnectOutcome
+from .protocol import SERVER_VERSION
+from .registry import EVENT_PRESENCE, registry
+from .selectors import presence_entries
+
+PRESENCE_VERSION_KEY = "gateway:state:presence"
+HEALTH_VERSION_KEY = "gateway:state:health"
+
+
+def _version(key: str) -> int:
+    return int(cache.get(key) or 0)
+
+
+def _bump(key: str) -> int:
+    cache.add(key, 0, timeout=None)
+    try:
+        return cache.incr(key)
+    except ValueError:  # evicted between add and incr
+        cache.set(key, 1, timeout=None)
+        return 1
+
+
+def state_version() -> dict[str, int]:
+    return {"presence": _version(PRESENCE_VERSION_KEY), "health": _version(HEALTH_VERSION_KEY)}
+
+
+def presence_snapshot(*, bump: bool) -> tuple[list[dict], dict[str, int]]:
+    if bump:
+        _bump(PRESENCE_VERSION_KEY)
+    return presence_entries(), state_version()
+
+
+def build_hello(ctx: RpcContext, outcome: ConnectOutcome, protocol: int) -> tuple[dict, tuple[list, dict]]:
+    presence, version = presence_snapshot(bump=True)
+    snapshot: dict[str, Any] = {
+        "presence": presence,
+        "health": {"ok": True},
+        "stateVersion": version,
+        "uptimeMs": runtime.uptime_ms(),
+        "authMode": auth_mode(),
+    }
+    for provider in registry.snapshot_providers:
+        snapshot.update(provider(ctx))
+    auth: dict[str, Any] = {"method": outcome.auth_method, "role": outcome.role, "scopes": outcome.scopes}
+    if outcome.device_token:
+        auth["deviceToken"] = outcome.device_token
+        if outcome.device_token_issued_at_ms:
+            auth["issuedAtMs"] = outcome.device_token_issued_at_ms
+    hello = {
+        "type": "hello-ok",
+        "protocol": protocol,
+        "server": {"version": SERVER_VERSION, "connId": ctx.conn_id, "bootId": runtime.BOOT_ID},
+        "features": {"methods": registry.method_names(), "events": registry.event_names(), "capabilities": []},
+        "snapshot": snapshot,
+        "auth": auth,
+        "policy": {
+            "maxPayload": gateway_setting("MAX_PAYLOAD_BYTES"),
+            "maxBufferedBytes": gateway_setting("MAX_BUFFERED_BYTES"),
+            "tickIntervalMs": gateway_setting("TICK_INTERVAL_MS"),
+        },
+    }
+    return hello, (presence, version)
+
+
+async def presence_changed(snapshot: tuple[list, dict] | None) -> None:
+    """Broadcast presence to every connection of every process."""
+    if snapshot is None:
+        snapshot = await database_sync_to_async(presence_snapshot)(bump=True)
+    presence, version = snapshot
+    await get_channel_layer().group_send(
+        BROADCAST_GROUP, broadcast_message(EVENT_PRESENCE, {"presence": presence}, state_version=version)
+    )

@@ -1,0 +1,43 @@
+"""First start of the embedded profile: state dir, gateway token and an admin login."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from openclaw_site.gateway.conf import ensure_gateway_token
+
+
+class Command(BaseCommand):
+    help = "Migrate, create the gateway token and the first admin login if missing, and print where they are."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--admin-username", default=os.environ.get("OPENCLAW_ADMIN_USERNAME", "admin"))
+
+    def handle(self, *args, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        _token, created = ensure_gateway_token()
+        state_dir = settings.STATE_DIR
+        self.stdout.write(f"State directory: {state_dir}")
+        self.stdout.write(
+            f"Gateway token: {'generated in' if created else 'kept in'} {state_dir / 'gateway-token'}"
+            if not os.environ.get("OPENCLAW_GATEWAY_TOKEN")
+            else "Gateway token: from OPENCLAW_GATEWAY_TOKEN"
+        )
+        User = get_user_model()
+        username = options["admin_username"]
+        credentials_file = state_dir / "admin-credentials"
+        if not User.objects.filter(username=username).exists():
+            password = os.environ.get("OPENCLAW_ADMIN_PASSWORD") or secrets.token_urlsafe(18)
+            User.objects.create_superuser(username=username, email="", password=password)
+            fd = os.open(credentials_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(f"username={username}\npassword={password}\n")
+            self.stdout.write(f"Admin login created: {username} (password in {credentials_file})")
+        else:
+            self.stdout.write(f"Admin login: {username} (password in {credentials_file} if generated here)")

@@ -1,0 +1,45 @@
+"""Start the gateway (HTTP + WebSocket on one port) under Daphne."""
+
+from __future__ import annotations
+
+import sys
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from openclaw_site.gateway.conf import ensure_gateway_token, gateway_setting
+
+
+class Command(BaseCommand):
+    help = "Run the gateway: Daphne serving HTTP, the JSON API, the admin and the gateway WebSocket."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default=None, help="Address to listen on (OPENCLAW_GATEWAY_BIND).")
+        parser.add_argument("--port", type=int, default=None, help="Port (OPENCLAW_GATEWAY_PORT); 0 picks one.")
+
+    def handle(self, *args, **options):
+        from openclaw_site.asgi import application
+        from openclaw_site.gateway.daphne_server import run_gateway_server
+
+        host = options["bind"] or gateway_setting("BIND")
+        port = options["port"] if options["port"] is not None else gateway_setting("PORT")
+        _token, created = ensure_gateway_token()
+        if created:
+            self.stdout.write(f"Generated a gateway token in {settings.STATE_DIR / 'gateway-token'}")
+        layer = "Redis" if settings.REDIS_URL else "in-memory"
+        database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+
+        def ready():
+            self.stdout.write(
+                f"OpenClaw gateway listening on ws://{host}:{port} (database: {database}, channel layer: {layer})"
+            )
+            sys.stdout.flush()
+
+        run_gateway_server(
+            application,
+            host=host,
+            port=port,
+            max_message_bytes=2 * gateway_setting("MAX_PAYLOAD_BYTES"),
+            ready_callable=ready,
+            verbosity=int(options.get("verbosity", 1)),
+        )

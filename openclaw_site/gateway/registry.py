@@ -1,0 +1,105 @@
+"""The method and event registry that every app fills from its own ``rpc.py``.
+
+The gateway core never imports an app: apps call :meth:`MethodRegistry.method` at import time and
+register the events they publish with the scope a receiver needs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from . import scopes as sc
+from .protocol import ClosedModel
+
+Role = Literal["operator", "node"]
+
+
+class EmptyParams(ClosedModel):
+    pass
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    handler: Callable[..., Any]
+    params: type[BaseModel]
+    role: Role
+    # None only for `health`, which every authenticated connection may call.
+    scope: str | None
+    is_async: bool
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    name: str
+    # None: every authenticated connection receives it (tick, presence, shutdown, health).
+    scope: str | None
+    operators_only: bool
+
+
+@dataclass
+class MethodRegistry:
+    methods: dict[str, MethodSpec] = field(default_factory=dict)
+    events: dict[str, EventSpec] = field(default_factory=dict)
+    # Callables (ctx) -> dict merged into hello-ok.snapshot, e.g. sessionDefaults from sessions_app.
+    snapshot_providers: list[Callable[[Any], dict]] = field(default_factory=list)
+    # node.event name -> handler(ctx, payload) -> {"handled": bool, "reason"?: str}; filled by apps.
+    node_event_handlers: dict[str, Callable[[Any, Any], dict]] = field(default_factory=dict)
+
+    def method(
+        self,
+        name: str,
+        *,
+        params: type[BaseModel] = EmptyParams,
+        scope: str | None = sc.ADMIN,
+        role: Role = "operator",
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register ``handler(ctx, params)``. Unclassified methods default to ``operator.admin``."""
+
+        def decorator(handler: Callable[..., Any]) -> Callable[..., Any]:
+            if name in self.methods:
+                raise RuntimeError(f"gateway method registered twice: {name}")
+            self.methods[name] = MethodSpec(
+                name=name,
+                handler=handler,
+                params=params,
+                role=role,
+                scope=scope,
+                is_async=inspect.iscoroutinefunction(handler),
+            )
+            return handler
+
+        return decorator
+
+    def event(self, name: str, *, scope: str | None, operators_only: bool | None = None) -> str:
+        if name not in self.events:
+            self.events[name] = EventSpec(
+                name=name,
+                scope=scope,
+                operators_only=scope is not None if operators_only is None else operators_only,
+            )
+        return name
+
+    def snapshot_provider(self, provider: Callable[[Any], dict]) -> Callable[[Any], dict]:
+        self.snapshot_providers.append(provider)
+        return provider
+
+    def method_names(self) -> list[str]:
+        return list(self.methods)
+
+    def event_names(self) -> list[str]:
+        return list(self.events)
+
+
+registry = MethodRegistry()
+
+# Transport-level events every connection may receive.
+EVENT_CONNECT_CHALLENGE = registry.event("connect.challenge", scope=None)
+EVENT_TICK = registry.event("tick", scope=None)
+EVENT_SHUTDOWN = registry.event("shutdown", scope=None)
+EVENT_PRESENCE = registry.event("presence", scope=None)

@@ -1,0 +1,153 @@
+"""Process-local gateway state: boot id, live consumers, pending node invokes, background loop.
+
+Everything here lives in one gateway process; what other processes must see goes through the
+database (``GatewayConnection``) or the channel layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from .conf import gateway_setting
+
+if TYPE_CHECKING:
+    from .consumers import GatewayConsumer
+
+logger = logging.getLogger(__name__)
+
+BOOT_ID = str(uuid.uuid4())
+STARTED_AT = time.time()
+
+
+def uptime_ms() -> int:
+    return int((time.time() - STARTED_AT) * 1000)
+
+
+class LocalConnections:
+    """The authenticated consumers of this process, for ticks and the shutdown broadcast."""
+
+    def __init__(self) -> None:
+        self._consumers: set[GatewayConsumer] = set()
+
+    def add(self, consumer: GatewayConsumer) -> None:
+        self._consumers.add(consumer)
+        ensure_background_loop()
+
+    def discard(self, consumer: GatewayConsumer) -> None:
+        self._consumers.discard(consumer)
+
+    def __iter__(self):
+        return iter(list(self._consumers))
+
+    def __len__(self) -> int:
+        return len(self._consumers)
+
+
+local_connections = LocalConnections()
+
+
+class InvokeBroker:
+    """Futures of ``node.invoke`` calls made on this process, resolved by routed results."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, asyncio.Future] = {}
+
+    def create(self, invoke_id: str) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._pending[invoke_id] = future
+        return future
+
+    def resolve(self, invoke_id: str, result: dict[str, Any]) -> bool:
+        future = self._pending.pop(invoke_id, None)
+        if future is None or future.done():
+            return False
+        future.set_result(result)
+        return True
+
+    def discard(self, invoke_id: str) -> None:
+        self._pending.pop(invoke_id, None)
+
+
+invoke_broker = InvokeBroker()
+
+_state: dict[str, Any] = {"loop_task": None, "registered": False, "stopping": False}
+
+
+def ensure_background_loop() -> None:
+    task = _state["loop_task"]
+    if task is None or task.done():
+        _state["loop_task"] = asyncio.get_running_loop().create_task(_background_loop())
+
+
+def is_stopping() -> bool:
+    return bool(_state["stopping"])
+
+
+async def ensure_process_registered() -> None:
+    if not _state["registered"]:
+        from . import services
+
+        await database_sync_to_async(services.process_register)(boot_id=BOOT_ID)
+        _state["registered"] = True
+
+
+async def _background_loop() -> None:
+    """Ticks to local connections, this process's heartbeat and (embedded profile) the sweep."""
+    from . import services
+
+    tick_s = gateway_setting("TICK_INTERVAL_MS") / 1000
+    heartbeat_s = gateway_setting("PROCESS_HEARTBEAT_INTERVAL_MS") / 1000
+    run_sweeps_here = not settings.REDIS_URL  # production runs the sweep in Celery beat
+    now = time.monotonic()
+    next_tick, next_heartbeat, next_sweep = now + tick_s, now + heartbeat_s, now + 30
+    while not _state["stopping"]:
+        await asyncio.sleep(max(0.05, min(next_tick, next_heartbeat, next_sweep) - time.monotonic()))
+        now = time.monotonic()
+        try:
+            if now >= next_tick:
+                next_tick = now + tick_s
+                ts = int(time.time() * 1000)
+                for consumer in local_connections:
+                    await consumer.send_event("tick", {"ts": ts})
+            if now >= next_heartbeat:
+                next_heartbeat = now + heartbeat_s
+                await database_sync_to_async(services.process_heartbeat)(boot_id=BOOT_ID)
+            if run_sweeps_here and now >= next_sweep:
+                next_sweep = now + 30
+                await database_sync_to_async(services.gateway_sweep)()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The loop must outlive a database hiccup; the next round retries.
+            logger.exception("gateway background loop round failed")
+
+
+async def shutdown(reason: str = "gateway stopping", restart_expected_ms: int | None = None) -> None:
+    """Tell every local connection we are going away, close them, and leave the registry."""
+    from . import services
+
+    _state["stopping"] = True
+    payload: dict[str, Any] = {"reason": reason}
+    if restart_expected_ms is not None:
+        payload["restartExpectedMs"] = restart_expected_ms
+    consumers = list(local_connections)
+    for consumer in consumers:
+        try:
+            await consumer.send_event("shutdown", payload)
+            await consumer.close(code=1012, reason="gateway shutdown")
+        except Exception:
+            logger.exception("failed to send shutdown to a connection")
+    try:
+        await database_sync_to_async(services.process_unregister)(boot_id=BOOT_ID)
+    except Exception:
+        logger.exception("failed to unregister gateway process")
+    task = _state["loop_task"]
+    if task is not None:
+        task.cancel()

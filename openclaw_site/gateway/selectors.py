@@ -1,0 +1,324 @@
+"""Reads and wire projections for devices, pairing requests, nodes and connections."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from .conf import gateway_setting
+from .models import (
+    DevicePairingRequest,
+    DeviceToken,
+    GatewayConnection,
+    GatewayProcess,
+    PairedDevice,
+    PairingStatus,
+)
+from .scopes import ROLE_NODE
+
+EXEC_COMMANDS = frozenset({"system.run", "system.run.prepare", "system.which"})
+
+
+def to_ms(value: datetime | None) -> int | None:
+    return int(value.timestamp() * 1000) if value else None
+
+
+def now_ms() -> int:
+    return int(timezone.now().timestamp() * 1000)
+
+
+def _drop_empty(data: dict) -> dict:
+    return {k: v for k, v in data.items() if v not in (None, "")}
+
+
+# --- liveness -------------------------------------------------------------------------------
+
+
+def process_stale_before() -> datetime:
+    return timezone.now() - timedelta(milliseconds=gateway_setting("PROCESS_STALE_AFTER_MS"))
+
+
+def live_connections() -> QuerySet[GatewayConnection]:
+    """Connections whose gateway process is still heartbeating."""
+    return GatewayConnection.objects.filter(process__heartbeat_at__gte=process_stale_before())
+
+
+def live_node_connection(node_id: str) -> GatewayConnection | None:
+    return live_connections().filter(role=ROLE_NODE, node_id=node_id).first()
+
+
+def stale_processes() -> QuerySet[GatewayProcess]:
+    return GatewayProcess.objects.filter(heartbeat_at__lt=process_stale_before())
+
+
+# --- pairing --------------------------------------------------------------------------------
+
+
+def open_pairing_requests(*, role: str | None = None) -> QuerySet[DevicePairingRequest]:
+    qs = DevicePairingRequest.objects.filter(status=PairingStatus.PENDING, expires_at__gt=timezone.now())
+    if role is not None:
+        qs = qs.filter(role=role)
+    return qs.order_by("-created_at")
+
+
+def pairing_request_shape(request: DevicePairingRequest) -> dict:
+    return _drop_empty(
+        {
+            "requestId": str(request.request_id),
+            "deviceId": request.device_id,
+            "publicKey": request.public_key,
+            "displayName": request.display_name,
+            "platform": request.platform,
+            "deviceFamily": request.device_family,
+            "clientId": request.client_id,
+            "clientMode": request.client_mode,
+            "role": request.role,
+            "roles": [request.role],
+            "scopes": list(request.scopes),
+            "remoteIp": request.remote_ip,
+            "silent": request.silent,
+            "isRepair": request.is_repair,
+            "reason": request.reason,
+            "ts": to_ms(request.created_at),
+        }
+    )
+
+
+def node_pairing_request_shape(request: DevicePairingRequest) -> dict:
+    return _drop_empty(
+        {
+            "requestId": str(request.request_id),
+            "nodeId": request.device_id,
+            "displayName": request.display_name,
+            "platform": request.platform,
+            "version": request.client_version,
+            "deviceFamily": request.device_family,
+            "modelIdentifier": request.model_identifier,
+            "caps": sorted(set(request.caps)),
+            "commands": sorted(set(request.commands)),
+            "permissions": request.permissions or None,
+            "remoteIp": request.remote_ip,
+            "silent": request.silent,
+            "isRepair": request.is_repair,
+            "ts": to_ms(request.created_at),
+        }
+    )
+
+
+def token_summary(token: DeviceToken) -> dict:
+    return _drop_empty(
+        {
+            "role": token.role,
+            "scopes": list(token.scopes),
+            "createdAtMs": to_ms(token.created_at),
+            "rotatedAtMs": to_ms(token.rotated_at),
+            "revokedAtMs": to_ms(token.revoked_at),
+            "lastUsedAtMs": to_ms(token.last_used_at),
+        }
+    )
+
+
+def paired_device_shape(device: PairedDevice, *, connected: bool) -> dict:
+    shape = _drop_empty(
+        {
+            "deviceId": device.device_id,
+            "publicKey": device.public_key,
+            "displayName": device.display_name,
+            "operatorLabel": device.operator_label,
+            "platform": device.platform,
+            "deviceFamily": device.device_family,
+            "clientId": device.client_id,
+            "clientMode": device.client_mode,
+            "role": device.roles[0] if device.roles else None,
+            "roles": list(device.roles),
+            "scopes": list(device.approved_scopes),
+            "remoteIp": device.remote_ip,
+            "createdAtMs": to_ms(device.created_at),
+            "approvedAtMs": to_ms(device.approved_at),
+            "lastSeenAtMs": to_ms(device.last_seen_at),
+            "lastSeenReason": device.last_seen_reason,
+        }
+    )
+    shape["tokens"] = [token_summary(t) for t in device.tokens.all()]
+    shape["connected"] = connected
+    return shape
+
+
+def device_pair_list(*, only_device_id: str | None = None) -> dict:
+    pending = open_pairing_requests()
+    devices = PairedDevice.objects.prefetch_related("tokens").order_by("-approved_at")
+    if only_device_id is not None:
+        pending = pending.filter(device_id=only_device_id)
+        devices = devices.filter(device_id=only_device_id)
+    connected_ids = set(live_connections().exclude(device_id="").values_list("device_id", flat=True).distinct())
+    return {
+        "pending": [pairing_request_shape(r) for r in pending],
+        "paired": [paired_device_shape(d, connected=d.device_id in connected_ids) for d in devices],
+    }
+
+
+def paired_node_shape(device: PairedDevice) -> dict:
+    return _drop_empty(
+        {
+            "nodeId": device.device_id,
+            "displayName": device.label,
+            "platform": device.platform,
+            "version": device.client_version,
+            "deviceFamily": device.device_family,
+            "modelIdentifier": device.model_identifier,
+            "caps": sorted(set(device.approved_caps)),
+            "commands": sorted(set(device.approved_commands)),
+            "permissions": device.approved_permissions or None,
+            "remoteIp": device.remote_ip,
+            "createdAtMs": to_ms(device.created_at),
+            "approvedAtMs": to_ms(device.approved_at),
+            "lastConnectedAtMs": to_ms(device.last_connected_at),
+        }
+    )
+
+
+def node_pair_list() -> dict:
+    return {
+        "pending": [node_pairing_request_shape(r) for r in open_pairing_requests(role=ROLE_NODE)],
+        "paired": [
+            paired_node_shape(d) for d in PairedDevice.objects.order_by("-approved_at") if d.has_role(ROLE_NODE)
+        ],
+    }
+
+
+# --- node catalog ---------------------------------------------------------------------------
+
+
+def node_catalog(*, include_pending: bool) -> list[dict]:
+    """Known nodes: paired node devices | pending node requests | live node connections.
+
+    Three queries whatever the number of nodes; sorted connected first, then by name, then id.
+    """
+    live = {c.node_id: c for c in live_connections().filter(role=ROLE_NODE)}
+    paired = {d.device_id: d for d in PairedDevice.objects.all() if d.has_role(ROLE_NODE)}
+    pending = {}
+    if include_pending:
+        for request in open_pairing_requests(role=ROLE_NODE):
+            pending.setdefault(request.device_id, request)
+    node_ids = set(live) | set(paired) | set(pending)
+    nodes = [_node_entry(nid, live.get(nid), paired.get(nid), pending.get(nid)) for nid in node_ids]
+    nodes.sort(key=lambda n: (not n["connected"], (n.get("displayName") or n["nodeId"]).lower(), n["nodeId"]))
+    return nodes
+
+
+def _first(*values):
+    """The first non-empty value: live connection data wins over stored data."""
+    for value in values:
+        if value:
+            return value
+    return None
+
+
+def _node_entry(
+    node_id: str,
+    conn: GatewayConnection | None,
+    device: PairedDevice | None,
+    request: DevicePairingRequest | None,
+) -> dict:
+    if conn is not None:
+        commands, caps, permissions = sorted(set(conn.commands)), sorted(set(conn.caps)), conn.permissions or None
+    elif device is not None:
+        commands = sorted(set(device.approved_commands))
+        caps = sorted(set(device.approved_caps))
+        permissions = device.approved_permissions or None
+    else:
+        commands, caps, permissions = [], [], None
+
+    if device is not None:
+        approval_state = "pending-reapproval" if request is not None else "approved"
+    else:
+        approval_state = "pending-approval" if request is not None else "unapproved"
+
+    def field(name: str, conn_attr: str | None = None, device_attr: str | None = None):
+        return _first(
+            getattr(conn, conn_attr or name, None) if conn else None,
+            getattr(device, device_attr or name, None) if device else None,
+            getattr(request, device_attr or name, None) if request else None,
+        )
+
+    entry = {
+        "nodeId": node_id,
+        # An operator's rename wins over what the node announces.
+        "displayName": _first(device.operator_label if device else None, field("display_name")),
+        "platform": field("platform"),
+        "version": field("client_version"),
+        "clientId": field("client_id"),
+        "clientMode": field("client_mode"),
+        "deviceFamily": field("device_family"),
+        "modelIdentifier": field("model_identifier"),
+        "remoteIp": field("remote_ip"),
+        "caps": caps,
+        "commands": commands,
+        "permissions": permissions,
+        "pathEnv": conn.path_env if conn else None,
+        "paired": device is not None,
+        "connected": conn is not None,
+        "connectedAtMs": to_ms(conn.connected_at) if conn else None,
+        "lastConnectedAtMs": to_ms(conn.connected_at) if conn else to_ms(device.last_connected_at if device else None),
+        "lastDisconnectedAtMs": to_ms(device.last_disconnected_at) if device else None,
+        "lastSeenAtMs": to_ms(conn.connected_at) if conn else to_ms(device.last_seen_at if device else None),
+        "lastSeenReason": "connect" if conn else (device.last_seen_reason if device else None),
+        "approvedAtMs": to_ms(device.approved_at) if device else None,
+        "approvalState": approval_state,
+    }
+    if request is not None:
+        entry["pendingRequestId"] = str(request.request_id)
+        entry["pendingDeclaredCaps"] = sorted(set(request.caps))
+        entry["pendingDeclaredCommands"] = sorted(set(request.commands))
+        entry["pendingDeclaredPermissions"] = request.permissions or {}
+    return {k: v for k, v in entry.items() if v is not None and v != ""}
+
+
+def strip_pending_fields(node: dict) -> dict:
+    return {k: v for k, v in node.items() if not k.startswith("pending")}
+
+
+def node_describe(node_id: str, *, include_pending: bool) -> dict | None:
+    for node in node_catalog(include_pending=include_pending):
+        if node["nodeId"] == node_id:
+            return node
+    return None
+
+
+def connection_counts() -> dict:
+    counts = {"operator": 0, "node": 0}
+    for role in live_connections().values_list("role", flat=True):
+        counts[role] = counts.get(role, 0) + 1
+    return counts
+
+
+def presence_entries() -> list[dict]:
+    """One entry per device (or per connection without a device), newest connection first."""
+    entries: dict[str, dict] = {}
+    for conn in live_connections().order_by("-connected_at"):
+        key = conn.device_id or str(conn.conn_id)
+        entry = entries.get(key)
+        if entry is None:
+            entries[key] = _drop_empty(
+                {
+                    "host": conn.display_name,
+                    "ip": conn.remote_ip,
+                    "version": conn.client_version,
+                    "platform": conn.platform,
+                    "deviceFamily": conn.device_family,
+                    "modelIdentifier": conn.model_identifier,
+                    "mode": conn.client_mode,
+                    "reason": "connect",
+                    "deviceId": conn.device_id,
+                    "instanceId": conn.instance_id,
+                    "roles": [conn.role],
+                    "scopes": list(conn.scopes),
+                    "onlineSince": to_ms(conn.connected_at),
+                    "ts": to_ms(conn.connected_at),
+                }
+            )
+        elif conn.role not in entry["roles"]:
+            entry["roles"].append(conn.role)
+    return list(entries.values())
