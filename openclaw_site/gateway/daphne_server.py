@@ -32,6 +32,11 @@ class ReasonCarryingWebSocketProtocol(ws_protocol.WebSocketProtocol):
     is sent the way Daphne itself sends 1011.
     """
 
+    def _connectionMade(self):
+        super()._connectionMade()
+        # Frames over the hard size limit get a 1009 close frame instead of a dropped TCP stream.
+        self.failByDrop = False
+
     def handle_reply(self, message):
         if message.get("type") == "websocket.close" and self.state != self.STATE_CONNECTING:
             reason = message.get("reason") or ""

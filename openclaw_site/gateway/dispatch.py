@@ -27,14 +27,18 @@ def ok_response(request_id: str, payload: Any) -> dict[str, Any]:
 
 def parse_frame(raw: Any) -> RequestFrame | CancelFrame:
     """A request (or cancel) frame, or InvalidRequest carrying the id to answer under."""
-    frame_type = raw.get("type") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict):
+        error = InvalidRequest(f"invalid request frame: must be an object, got {type(raw).__name__}")
+        error.frame_id = "invalid"
+        raise error
+    frame_type = raw.get("type")
     try:
         if frame_type == "cancel":
             return CancelFrame.model_validate(raw)
         return RequestFrame.model_validate(raw)
     except ValidationError as exc:
         error = InvalidRequest(f"invalid request frame: {format_validation_error(exc)}")
-        frame_id = raw.get("id") if isinstance(raw, dict) else None
+        frame_id = raw.get("id")
         error.frame_id = frame_id if isinstance(frame_id, str) and frame_id else "invalid"
         raise error from None
 
