@@ -1,0 +1,106 @@
+"""Ticks, presence, graceful shutdown, and the CLI against a running gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.clients import operator
+from tests.gateway_process import ROOT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def test_ticks_arrive_with_contiguous_seq(gateway_factory):
+    server = gateway_factory(extra_env={"OPENCLAW_TICK_INTERVAL_MS": "200"})
+
+    async def scenario():
+        client = operator(server)
+        hello = await client.connect()
+        ticks = [await client.next_event("tick", timeout=5) for _ in range(3)]
+        await client.close()
+        return hello, ticks
+
+    hello, ticks = asyncio.run(scenario())
+    assert hello["policy"]["tickIntervalMs"] == 200
+    seqs = [t["seq"] for t in ticks]
+    assert all(isinstance(t["payload"]["ts"], int) for t in ticks)
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+
+
+def test_presence_is_broadcast_on_connect_and_disconnect(gateway):
+    async def scenario():
+        watcher = operator(gateway)
+        await watcher.connect()
+        other = operator(gateway, display_name="second operator")
+        await other.connect()
+        joined = await watcher.next_event(
+            "presence", predicate=lambda e: any(p.get("deviceId") == other.device_id for p in e["payload"]["presence"])
+        )
+        await other.close()
+        left = await watcher.next_event(
+            "presence",
+            predicate=lambda e: all(p.get("deviceId") != other.device_id for p in e["payload"]["presence"]),
+        )
+        await watcher.close()
+        return joined, left
+
+    joined, left = asyncio.run(scenario())
+    assert joined["stateVersion"]["presence"] < left["stateVersion"]["presence"]
+    assert joined["seq"] < left["seq"]
+
+
+def test_sigterm_sends_shutdown_before_closing(gateway_factory):
+    server = gateway_factory()
+
+    async def scenario():
+        client = operator(server)
+        await client.connect()
+        server.process.terminate()
+        shutdown = await client.next_event("shutdown", timeout=10)
+        await asyncio.wait_for(client.closed.wait(), 10)
+        return shutdown, client.close_code
+
+    shutdown, close_code = asyncio.run(scenario())
+    assert shutdown["payload"] == {"reason": "gateway stopping"}
+    assert close_code == 1012
+    assert server.process.wait(20) == 0
+
+
+def test_gateway_call_cli_prints_json(gateway, tmp_path):
+    def cli(*args):
+        return subprocess.run(
+            [
+                sys.executable,
+                "manage.py",
+                "gateway",
+                "call",
+                *args,
+                "--url",
+                gateway.url,
+                "--token",
+                gateway.token,
+                "--state-dir",
+                str(tmp_path),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    ok = cli("node.list")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["nodes"] == []
+    failed = cli("no.such.method")
+    assert failed.returncode == 1
+    assert json.loads(failed.stdout) == {
+        "ok": False,
+        "error": {"code": "INVALID_REQUEST", "message": "unknown method: no.such.method"},
+    }
+    bad_params = cli("health", "--params", "{not json")
+    assert bad_params.returncode == 2
