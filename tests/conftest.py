@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.gateway_process import start_gateway
@@ -26,3 +28,24 @@ def gateway_factory(django_db_setup):
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _gateway_settles_before_flush(request):
+    """Let gateway processes finish their disconnect bookkeeping before the test database is flushed.
+
+    pytest-django flushes with one TRUNCATE of every table; run while a gateway process is still
+    unregistering a connection (a transaction over several tables), PostgreSQL may pick the
+    TRUNCATE as a deadlock victim. Requesting ``transactional_db`` first makes this teardown run
+    before the flush.
+    """
+    if request.node.get_closest_marker("e2e") is None:
+        yield
+        return
+    request.getfixturevalue("transactional_db")
+    yield
+    from openclaw_site.gateway.models import GatewayConnection
+
+    deadline = time.monotonic() + 10
+    while GatewayConnection.objects.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)

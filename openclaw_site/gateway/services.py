@@ -420,15 +420,17 @@ def device_token_rotate(*, device_id: str, role: str, scopes: list[str] | None, 
 
 
 def device_token_revoke(*, device_id: str, role: str, actor: Actor) -> dict:
+    """Revoke (idempotent: revoking a revoked token changes, closes and audits nothing)."""
     with transaction.atomic():
         now = timezone.now()
         updated = DeviceToken.objects.filter(device_id=device_id, role=role, revoked_at__isnull=True).update(
             revoked_at=now
         )
         if not updated:
-            if not DeviceToken.objects.filter(device_id=device_id, role=role).exists():
+            record = DeviceToken.objects.filter(device_id=device_id, role=role).first()
+            if record is None:
                 raise NotFound("unknown device token")
-            now = DeviceToken.objects.get(device_id=device_id, role=role).revoked_at
+            return {"deviceId": device_id, "role": role, "revokedAtMs": to_ms(record.revoked_at)}
         others = GatewayConnection.objects.filter(device_id=device_id, role=role, auth_method="device-token")
         if actor.conn_id:
             others = others.exclude(conn_id=actor.conn_id)
