@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -196,7 +197,7 @@ def _open_request(request_id: str, *, role: str | None) -> DevicePairingRequest:
         request = DevicePairingRequest.objects.get(
             request_id=request_id, status=PairingStatus.PENDING, expires_at__gt=timezone.now()
         )
-    except (DevicePairingRequest.DoesNotExist, ValueError, TypeError):
+    except (DevicePairingRequest.DoesNotExist, ValidationError, ValueError, TypeError):
         raise InvalidRequest("unknown requestId") from None
     if role is not None and request.role != role:
         raise InvalidRequest("unknown requestId")

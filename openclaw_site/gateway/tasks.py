@@ -1,0 +1,11 @@
+"""Periodic gateway maintenance (Celery beat in production; the gateway's own loop when embedded)."""
+
+from celery import shared_task
+
+from . import services
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def gateway_sweep() -> dict:
+    """Expire overdue pairing requests and forget gateway processes that stopped heartbeating."""
+    return services.gateway_sweep()

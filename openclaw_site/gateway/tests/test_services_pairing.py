@@ -1,0 +1,158 @@
+"""Pairing services: idempotent requests, expiry, compare-and-set approval, audit, events."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import close_old_connections
+from django.utils import timezone
+
+from openclaw_site.gateway import services
+from openclaw_site.gateway.exceptions import InvalidRequest, PermissionDenied
+from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, PairedDevice, PairingStatus
+from openclaw_site.gateway.services import Actor, PairingClaim
+
+
+def claim(device_id: str = "d" * 64, *, role: str = "node", commands: list[str] | None = None, **extra) -> PairingClaim:
+    return PairingClaim(
+        device_id=device_id,
+        public_key="pk",
+        role=role,
+        scopes=[],
+        reason="not-paired",
+        is_repair=False,
+        commands=commands if commands is not None else ["echo"],
+        **extra,
+    )
+
+
+@pytest.mark.django_db
+def test_a_device_has_one_open_request_which_follows_its_latest_claim(django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks() as callbacks:
+        first, created = services.pairing_request_ensure(claim=claim())
+        again, created_again = services.pairing_request_ensure(claim=claim(commands=["echo", "run"]))
+    assert created and not created_again
+    assert first.pk == again.pk
+    assert again.commands == ["echo", "run"]
+    assert DevicePairingRequest.objects.get().commands == ["echo", "run"]
+    # device.pair.requested and node.pair.requested, once.
+    assert len(callbacks) == 2
+
+
+@pytest.mark.django_db
+def test_an_expired_request_is_replaced_by_a_new_one():
+    old, _ = services.pairing_request_ensure(claim=claim())
+    DevicePairingRequest.objects.filter(pk=old.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    new, created = services.pairing_request_ensure(claim=claim())
+    assert created and new.pk != old.pk
+    assert DevicePairingRequest.objects.get(pk=old.pk).status == PairingStatus.EXPIRED
+    with pytest.raises(InvalidRequest, match="unknown requestId"):
+        services.pairing_request_approve(request_id=str(old.pk), actor=Actor.system())
+
+
+@pytest.mark.django_db
+def test_the_sweep_expires_overdue_requests():
+    request, _ = services.pairing_request_ensure(claim=claim())
+    DevicePairingRequest.objects.filter(pk=request.pk).update(expires_at=timezone.now())
+    assert services.gateway_sweep()["expiredRequests"] == 1
+    assert DevicePairingRequest.objects.get().status == PairingStatus.EXPIRED
+
+
+@pytest.mark.django_db
+def test_approval_of_exec_commands_needs_admin():
+    request, _ = services.pairing_request_ensure(claim=claim(commands=["system.run"]))
+    pairer = Actor(label="device:x", scopes=("operator.pairing", "operator.write"))
+    with pytest.raises(PermissionDenied, match=r"missing scope: operator\.admin"):
+        services.pairing_request_approve(request_id=str(request.pk), actor=pairer)
+    assert DevicePairingRequest.objects.get().status == PairingStatus.PENDING
+    assert not PairedDevice.objects.exists()
+    assert not AuditLog.objects.exists()
+
+
+@pytest.mark.django_db
+def test_approval_of_plain_commands_needs_write():
+    request, _ = services.pairing_request_ensure(claim=claim(commands=["echo"]))
+    with pytest.raises(PermissionDenied, match=r"missing scope: operator\.write"):
+        services.pairing_request_approve(
+            request_id=str(request.pk), actor=Actor(label="x", scopes=("operator.pairing",))
+        )
+    device = services.pairing_request_approve(
+        request_id=str(request.pk), actor=Actor(label="y", scopes=("operator.pairing", "operator.write"))
+    )
+    assert device.approved_commands == ["echo"]
+    assert AuditLog.objects.get().actor == "y"
+
+
+@pytest.mark.django_db
+def test_approving_twice_fails_the_second_time():
+    request, _ = services.pairing_request_ensure(claim=claim())
+    services.pairing_request_approve(request_id=str(request.pk), actor=Actor.system())
+    with pytest.raises(InvalidRequest, match="unknown requestId"):
+        services.pairing_request_approve(request_id=str(request.pk), actor=Actor.system())
+    with pytest.raises(InvalidRequest, match="unknown requestId"):
+        services.pairing_request_reject(request_id=str(request.pk), actor=Actor.system())
+    assert AuditLog.objects.filter(action="device.pair.approve").count() == 1
+
+
+@pytest.mark.django_db
+def test_malformed_request_ids_are_unknown():
+    with pytest.raises(InvalidRequest, match="unknown requestId"):
+        services.pairing_request_approve(request_id="not-a-uuid", actor=Actor.system())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_approve_and_reject_resolve_the_request_once():
+    request, _ = services.pairing_request_ensure(claim=claim())
+    outcomes: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def decide(action):
+        barrier.wait()
+        try:
+            action(request_id=str(request.pk), actor=Actor.system(action.__name__))
+            outcomes.append(action.__name__)
+        except InvalidRequest:
+            outcomes.append("refused")
+        finally:
+            close_old_connections()
+
+    threads = [
+        threading.Thread(target=decide, args=(services.pairing_request_approve,)),
+        threading.Thread(target=decide, args=(services.pairing_request_reject,)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes.count("refused") == 1
+    status = DevicePairingRequest.objects.get().status
+    assert (status == PairingStatus.APPROVED) == PairedDevice.objects.exists()
+    assert AuditLog.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_token_ensure_mints_once_and_verify_reports_the_reason():
+    device = PairedDevice.objects.create(
+        device_id="e" * 64, public_key="pk", roles=["node"], approved_at=timezone.now()
+    )
+    token, issued_at = services.device_token_ensure(device=device, role="node", scopes=[])
+    assert token and issued_at
+    assert services.device_token_ensure(device=device, role="node", scopes=[]) == (None, None)
+    assert services.device_token_verify(device_id=device.device_id, role="node", token=token).role == "node"
+    for device_id, role, presented, reason in [
+        ("f" * 64, "node", token, "device-not-paired"),
+        (device.device_id, "operator", token, "token-missing"),
+        (device.device_id, "node", "wrong", "token-mismatch"),
+    ]:
+        with pytest.raises(services.DeviceTokenRejected) as rejected:
+            services.device_token_verify(device_id=device_id, role=role, token=presented)
+        assert rejected.value.reason == reason
+    services.device_token_revoke(device_id=device.device_id, role="node", actor=Actor.system())
+    with pytest.raises(services.DeviceTokenRejected) as revoked:
+        services.device_token_verify(device_id=device.device_id, role="node", token=token)
+    assert revoked.value.reason == "token-revoked"
+    # Revoking again is a no-op, not a second audit entry.
+    services.device_token_revoke(device_id=device.device_id, role="node", actor=Actor.system())
+    assert AuditLog.objects.filter(action="device.token.revoke").count() == 1
