@@ -286,3 +286,58 @@ def test_handshake_timeout_closes_an_idle_socket(gateway_factory):
         return ws.close_code, ws.close_reason
 
     assert asyncio.run(scenario()) == (1000, "handshake timeout")
+
+
+def test_the_ws_path_serves_the_same_protocol(gateway):
+    async def scenario():
+        client = operator(gateway, url=f"{gateway.url}/ws")
+        hello = await client.connect()
+        await client.close()
+        return hello
+
+    assert asyncio.run(scenario())["type"] == "hello-ok"
+
+
+def test_password_auth(gateway_factory):
+    server = gateway_factory(extra_env={"OPENCLAW_GATEWAY_PASSWORD": "correct horse"})
+
+    async def scenario():
+        ok = operator(server, token=None, password="correct horse")
+        hello = await ok.connect()
+        await ok.close()
+        wrong = operator(
+            server, token=None, password="battery staple", client_id="gateway-client", client_mode="backend"
+        )
+        with pytest.raises(ConnectError) as refused:
+            await wrong.connect()
+        return hello, refused.value
+
+    hello, refused = asyncio.run(scenario())
+    assert hello["auth"]["method"] == "password"
+    assert refused.message == "unauthorized: gateway password mismatch (provide gateway auth password)"
+    assert refused.details["code"] == "AUTH_PASSWORD_MISMATCH"
+
+
+def test_an_operator_reconnects_with_its_device_token_alone(gateway, tmp_path):
+    async def scenario():
+        first = operator(gateway, identity=None, state_dir=str(tmp_path), scopes=["operator.read"])
+        hello = await first.connect()
+        await first.close()
+        again = operator(gateway, identity=None, state_dir=str(tmp_path), token=None, scopes=["operator.read"])
+        hello_again = await again.connect()
+        status = await again.request("status")
+        await again.close()
+        wider = operator(
+            gateway, identity=None, state_dir=str(tmp_path), token=None, scopes=["operator.read", "operator.write"]
+        )
+        with pytest.raises(ConnectError) as refused:
+            await wider.connect()
+        return hello, hello_again, status, refused.value
+
+    hello, hello_again, status, refused = asyncio.run(scenario())
+    assert hello["auth"]["deviceToken"]
+    assert hello_again["auth"]["method"] == "device-token"
+    assert hello_again["auth"]["scopes"] == ["operator.read"]
+    assert status["runtimeVersion"]
+    assert refused.message == "unauthorized: device token scope mismatch (re-pair or approve scope upgrade)"
+    assert refused.details["code"] == "AUTH_SCOPE_MISMATCH"

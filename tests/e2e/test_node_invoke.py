@@ -214,3 +214,20 @@ def test_a_newer_connection_of_the_same_node_replaces_the_older(gateway):
     assert (worker.close_code, worker.close_reason) == (1008, "replaced by a newer connection")
     assert result["payload"] == {"echoed": "via newer"}
     assert [n["connected"] for n in nodes["nodes"]] == [True]
+
+
+def test_node_events(gateway):
+    async def scenario():
+        admin, worker = await _admin_and_node(gateway)
+        alive = await worker.request("node.event", {"event": "node.presence.alive", "payload": {"trigger": "manual"}})
+        unknown = await worker.request("node.event", {"event": "something.else", "payloadJSON": "{}"})
+        with pytest.raises(GatewayError) as bad:
+            await worker.request("node.event", {"event": ""})
+        await worker.close()
+        await admin.close()
+        return alive, unknown, bad.value
+
+    alive, unknown, bad = asyncio.run(scenario())
+    assert alive == {"ok": True, "event": "node.presence.alive", "handled": True, "reason": "persisted"}
+    assert unknown == {"ok": True, "event": "something.else", "handled": False, "reason": "unknown-event"}
+    assert bad.message.startswith("invalid node.event params: at /event:")

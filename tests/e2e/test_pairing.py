@@ -222,3 +222,28 @@ def test_node_without_device_identity_is_refused(gateway):
     refused = asyncio.run(scenario())
     assert (refused.code, refused.message) == ("NOT_PAIRED", "device identity required")
     assert refused.details == {"code": "DEVICE_IDENTITY_REQUIRED"}
+
+
+def test_removing_a_device_closes_its_sessions_and_forgets_its_tokens(gateway):
+    async def scenario():
+        admin = operator(gateway)
+        await admin.connect()
+        other = operator(gateway)
+        await other.connect()
+        removed = await admin.request("device.pair.remove", {"deviceId": other.device_id})
+        await asyncio.wait_for(other.closed.wait(), 10)
+        listed = await admin.request("device.pair.list")
+        from openclaw_client.client import GatewayError as Error
+
+        with pytest.raises(Error) as unknown:
+            await admin.request("device.pair.remove", {"deviceId": other.device_id})
+        await admin.close()
+        return other, removed, listed, unknown.value
+
+    other, removed, listed, unknown = asyncio.run(scenario())
+    assert removed == {"deviceId": other.device_id}
+    assert (other.close_code, other.close_reason) == (1008, "device removed")
+    assert other.device_id not in {d["deviceId"] for d in listed["paired"]}
+    assert all("token" not in t for d in listed["paired"] for t in d["tokens"])
+    assert (unknown.code, unknown.message) == ("INVALID_REQUEST", "unknown deviceId")
+    assert not DeviceToken.objects.filter(device_id=other.device_id).exists()
