@@ -92,7 +92,6 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the gateway read while a task writes; IMMEDIATE makes a write transaction take
     # the lock at BEGIN, so two writers queue instead of failing with "database is locked".
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
@@ -111,7 +110,13 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_PREFIX}:asgi", "capacity": 1000},
+            "CONFIG": {
+                # channels_redis blocks in BRPOP for 5 s; redis-py 8 gives up reading after 5 s by
+                # default, which killed idle consumers (close 1011). Wait longer than the BRPOP.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+                "prefix": f"{REDIS_PREFIX}:asgi",
+                "capacity": 1000,
+            },
         }
     }
     CACHES = {

@@ -23,8 +23,8 @@ from .context import RpcContext
 from .dispatch import error_response, parse_frame, run_request
 from .events import BROADCAST_GROUP
 from .exceptions import GatewayError, HandshakeRejected, InvalidRequest, Unavailable
-from .handshake import ConnectContext, FirstFrameInvalid, authenticate_connect, parse_connect
-from .hello import build_hello, presence_changed
+from .handshake import ConnectContext, FirstFrameInvalid, parse_connect
+from .hello import accept_connect, presence_changed
 from .registry import registry
 from .scopes import ROLE_OPERATOR, scope_satisfied
 
@@ -43,9 +43,18 @@ def _utf8_len_exceeds(text: str, limit: int) -> bool:
 
 
 class GatewayConsumer(AsyncWebsocketConsumer):
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # Also after a crash inside the consumer, where Daphne closes with 1011 and
+            # `disconnect` is never called: the connection must not stay registered.
+            await self._cleanup()
+
     async def connect(self) -> None:
         self.conn_id = str(uuid.uuid4())
         self.nonce = str(uuid.uuid4())
+        self.cleaned_up = False
         self.phase = "handshake"  # → "open" → "closed"
         self.ctx: RpcContext | None = None
         self.seq = 0
@@ -70,7 +79,15 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self.close_task = asyncio.ensure_future(self.close(code=1000, reason="handshake timeout"))
 
     async def _send_frame(self, frame: dict[str, Any]) -> None:
-        await self.send(text_data=_dumps(frame))
+        if self.phase == "closed" and frame.get("type") == "event":
+            return
+        try:
+            await self.send(text_data=_dumps(frame))
+        except Exception:
+            # The peer went away between our check and the send (Daphne raises "Attempt to send on
+            # a closed protocol"); the disconnect that follows does the bookkeeping.
+            logger.debug("send on a closed socket dropped (%s)", frame.get("type"))
+            self.phase = "closed"
 
     async def send_event(self, event: str, payload: Any, *, state_version: dict | None = None) -> None:
         """A broadcast event: stamped with this connection's next ``seq``."""
@@ -109,7 +126,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.phase = "authenticating"
         try:
             await runtime.ensure_process_registered()
-            outcome = await database_sync_to_async(authenticate_connect)(
+            self.ctx, hello, presence = await database_sync_to_async(accept_connect)(
                 params,
                 ConnectContext(
                     conn_id=self.conn_id,
@@ -118,6 +135,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                     nonce=self.nonce,
                     remote_ip=self.remote_ip,
                 ),
+                protocol,
             )
         except HandshakeRejected as rejected:
             await self._reject_handshake(request_id, rejected)
@@ -129,20 +147,6 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 HandshakeRejected(Unavailable("gateway unavailable; retry", retryable=True), close_code=1011),
             )
             return
-        self.ctx = RpcContext(
-            conn_id=self.conn_id,
-            channel_name=self.channel_name,
-            role=outcome.role,
-            scopes=outcome.scopes,
-            auth_method=outcome.auth_method,
-            client_id=params.client.id,
-            client_mode=params.client.mode,
-            remote_ip=self.remote_ip,
-            device_id=outcome.device_id,
-            node_id=outcome.node_id,
-            commands=outcome.commands,
-        )
-        hello, presence = await database_sync_to_async(build_hello)(self.ctx, outcome, protocol)
         await self.channel_layer.group_add(BROADCAST_GROUP, self.channel_name)
         self.phase = "open"
         runtime.local_connections.add(self)
@@ -246,30 +250,35 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     # --- teardown -------------------------------------------------------------------------
 
     async def disconnect(self, code: int) -> None:
+        await self._cleanup()
+
+    async def _cleanup(self) -> None:
+        if getattr(self, "cleaned_up", True):
+            return  # never connected, or already cleaned up
+        self.cleaned_up = True
         was_open = self.ctx is not None
         self.phase = "closed"
         timer = getattr(self, "handshake_timer", None)
         if timer is not None:
             timer.cancel()
-        for task in list(getattr(self, "request_tasks", {}).values()):
+        for task in list(self.request_tasks.values()):
             task.cancel()
         if not was_open:
             return
         runtime.local_connections.discard(self)
-        await self.channel_layer.group_discard(BROADCAST_GROUP, self.channel_name)
-        for invoke_id, (reply_channel, command) in list(self.ctx.pending_invokes.items()):
-            await self.channel_layer.send(
-                reply_channel, _invoke_failure(invoke_id, "NOT_CONNECTED", f"node disconnected ({command})")
-            )
-        self.ctx.pending_invokes.clear()
-        if runtime.is_stopping():
-            return
         try:
-            removed = await database_sync_to_async(services.connection_unregister)(conn_id=self.conn_id)
-            if removed:
+            await self.channel_layer.group_discard(BROADCAST_GROUP, self.channel_name)
+            for invoke_id, (reply_channel, command) in list(self.ctx.pending_invokes.items()):
+                await self.channel_layer.send(
+                    reply_channel, _invoke_failure(invoke_id, "NOT_CONNECTED", f"node disconnected ({command})")
+                )
+            self.ctx.pending_invokes.clear()
+            if runtime.is_stopping():
+                return
+            if await database_sync_to_async(services.connection_unregister)(conn_id=self.conn_id):
                 await presence_changed(None)
         except Exception:
-            logger.exception("failed to unregister connection %s", self.conn_id)
+            logger.exception("failed to clean up connection %s", self.conn_id)
 
 
 def _invoke_failure(invoke_id: str, code: str, message: str) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from . import runtime
 from .conf import auth_mode, gateway_setting
 from .context import RpcContext
 from .events import BROADCAST_GROUP, broadcast_message
-from .handshake import ConnectOutcome
-from .protocol import SERVER_VERSION
+from .handshake import ConnectContext, ConnectOutcome, authenticate_connect
+from .protocol import SERVER_VERSION, ConnectParams
 from .registry import EVENT_PRESENCE, registry
 from .selectors import presence_entries
 
@@ -44,11 +44,33 @@ def presence_snapshot(*, bump: bool) -> tuple[list[dict], dict[str, int]]:
     return presence_entries(), state_version()
 
 
+def accept_connect(
+    params: ConnectParams, connect_ctx: ConnectContext, protocol: int
+) -> tuple[RpcContext, dict, tuple[list, dict]]:
+    """The whole accepted-connect database work in one hop: decide, register, build ``hello-ok``."""
+    outcome = authenticate_connect(params, connect_ctx)
+    ctx = RpcContext(
+        conn_id=connect_ctx.conn_id,
+        channel_name=connect_ctx.channel_name,
+        role=outcome.role,
+        scopes=outcome.scopes,
+        auth_method=outcome.auth_method,
+        client_id=params.client.id,
+        client_mode=params.client.mode,
+        remote_ip=connect_ctx.remote_ip,
+        device_id=outcome.device_id,
+        node_id=outcome.node_id,
+        commands=outcome.commands,
+    )
+    hello, presence = build_hello(ctx, outcome, protocol)
+    return ctx, hello, presence
+
+
 def build_hello(ctx: RpcContext, outcome: ConnectOutcome, protocol: int) -> tuple[dict, tuple[list, dict]]:
     presence, version = presence_snapshot(bump=True)
     snapshot: dict[str, Any] = {
         "presence": presence,
-        "health": {"ok": True},
+        "health": runtime.last_health() or {},
         "stateVersion": version,
         "uptimeMs": runtime.uptime_ms(),
         "authMode": auth_mode(),

@@ -22,6 +22,8 @@ class PairedDevice(models.Model):
     client_mode = models.CharField(max_length=32, blank=True)
     client_version = models.CharField(max_length=100, blank=True)
     roles = models.JSONField(default=list)
+    # Derived from roles on save: lets node.list select node devices in SQL on every backend.
+    is_node = models.BooleanField(default=False, db_index=True, editable=False)
     approved_scopes = models.JSONField(default=list)
     # The node command surface an operator approved; invocations outside it are refused.
     approved_commands = models.JSONField(default=list)
@@ -40,6 +42,13 @@ class PairedDevice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.label} ({self.device_id[:12]})"
+
+    def save(self, *args, **kwargs):
+        self.is_node = self.has_role("node")
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None and "roles" in update_fields:
+            kwargs["update_fields"] = {*update_fields, "is_node"}
+        super().save(*args, **kwargs)
 
     @property
     def label(self) -> str:

@@ -28,19 +28,25 @@ method = registry.method
 # --- health and status ----------------------------------------------------------------------
 
 
-@method("health", scope=None)
-def health_rpc(ctx: RpcContext, params) -> dict:
+def _probe_health() -> dict:
     started = time.perf_counter()
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return {
         "ok": True,
-        "ts": selectors.now_ms(),
         "durationMs": round((time.perf_counter() - started) * 1000, 3),
-        "version": SERVER_VERSION,
-        "uptimeMs": runtime.uptime_ms(),
+        "probedAtMs": selectors.now_ms(),
         "database": {"ok": True, "vendor": connection.vendor},
     }
+
+
+@method("health", scope=None)
+async def health_rpc(ctx: RpcContext, params) -> dict:
+    try:
+        probe = await runtime.health_snapshot(_probe_health)
+    except Exception as exc:
+        raise Unavailable(f"health probe failed: {type(exc).__name__}: {exc}", retryable=True) from exc
+    return {**probe, "ts": selectors.now_ms(), "version": SERVER_VERSION, "uptimeMs": runtime.uptime_ms()}
 
 
 def _rss_bytes() -> int | None:

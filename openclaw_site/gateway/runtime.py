@@ -79,6 +79,29 @@ invoke_broker = InvokeBroker()
 
 _state: dict[str, Any] = {"loop_task": None, "registered": False, "stopping": False}
 
+HEALTH_MAX_AGE_S = 1.0
+_health: dict[str, Any] = {"snapshot": None, "probed_at": 0.0, "lock": None}
+
+
+def last_health() -> dict[str, Any] | None:
+    return _health["snapshot"]
+
+
+async def health_snapshot(probe) -> dict[str, Any]:
+    """The latest health probe, re-run (once, whoever asks) when older than a second.
+
+    Like OpenClaw's gateway, ``health`` answers from a recent probe instead of probing the
+    database on every call; ``probedAtMs`` says how fresh it is.
+    """
+    if _health["lock"] is None:
+        _health["lock"] = asyncio.Lock()
+    if time.monotonic() - _health["probed_at"] > HEALTH_MAX_AGE_S:
+        async with _health["lock"]:
+            if time.monotonic() - _health["probed_at"] > HEALTH_MAX_AGE_S:
+                _health["snapshot"] = await database_sync_to_async(probe)()
+                _health["probed_at"] = time.monotonic()
+    return _health["snapshot"]
+
 
 def ensure_background_loop() -> None:
     task = _state["loop_task"]

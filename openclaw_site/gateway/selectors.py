@@ -182,9 +182,7 @@ def paired_node_shape(device: PairedDevice) -> dict:
 def node_pair_list() -> dict:
     return {
         "pending": [node_pairing_request_shape(r) for r in open_pairing_requests(role=ROLE_NODE)],
-        "paired": [
-            paired_node_shape(d) for d in PairedDevice.objects.order_by("-approved_at") if d.has_role(ROLE_NODE)
-        ],
+        "paired": [paired_node_shape(d) for d in PairedDevice.objects.filter(is_node=True).order_by("-approved_at")],
     }
 
 
@@ -197,7 +195,7 @@ def node_catalog(*, include_pending: bool) -> list[dict]:
     Three queries whatever the number of nodes; sorted connected first, then by name, then id.
     """
     live = {c.node_id: c for c in live_connections().filter(role=ROLE_NODE)}
-    paired = {d.device_id: d for d in PairedDevice.objects.all() if d.has_role(ROLE_NODE)}
+    paired = {d.device_id: d for d in PairedDevice.objects.filter(is_node=True)}
     pending = {}
     if include_pending:
         for request in open_pairing_requests(role=ROLE_NODE):

@@ -56,5 +56,5 @@ def test_a_node_reconnects_after_the_gateway_restarts(gateway_factory):
 
 async def _wait_for(predicate, timeout: float = 10) -> None:
     async with asyncio.timeout(timeout):
-        while not predicate():  # noqa: ASYNC110 - polling a plain list the callback appends to
+        while not predicate():
             await asyncio.sleep(0.05)

@@ -104,3 +104,28 @@ def test_gateway_call_cli_prints_json(gateway, tmp_path):
     }
     bad_params = cli("health", "--params", "{not json")
     assert bad_params.returncode == 2
+
+
+def test_connection_churn_leaves_no_stale_registrations(gateway):
+    """Clients that vanish while presence is broadcast to them must still be unregistered."""
+
+    async def churn_round():
+        clients = [operator(gateway) for _ in range(8)]
+        await asyncio.gather(*(c.connect() for c in clients))
+        await asyncio.gather(*(c.close() for c in clients))
+
+    async def scenario():
+        for _ in range(10):
+            await churn_round()
+        watcher = operator(gateway)
+        await watcher.connect()
+        async with asyncio.timeout(10):
+            while (status := await watcher.request("status"))["connections"]["operator"] != 1:
+                await asyncio.sleep(0.1)
+        await watcher.close()
+        return status
+
+    status = asyncio.run(scenario())
+    assert status["connections"]["operator"] == 1
+    assert status["connections"]["local"] == 1
+    assert "Exception inside application" not in gateway.log()

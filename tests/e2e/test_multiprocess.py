@@ -34,16 +34,18 @@ def test_a_node_on_process_a_is_invoked_through_process_b(gateway_factory):
                 "node.invoke", {"nodeId": worker.device_id, "command": "fail", "idempotencyKey": "k2"}
             )
         status = await admin_b.request("status")
+        boot_ids = {admin_a.hello["server"]["bootId"], admin_b.hello["server"]["bootId"]}
         await worker.close()
         await admin_a.close()
         await admin_b.close()
-        return worker.device_id, nodes_seen_by_b, result, failed.value, status
+        return worker.device_id, nodes_seen_by_b, result, failed.value, status, boot_ids
 
-    node_id, nodes_seen_by_b, result, failed, status = asyncio.run(scenario())
+    node_id, nodes_seen_by_b, result, failed, status, boot_ids = asyncio.run(scenario())
     assert [(n["nodeId"], n["connected"]) for n in nodes_seen_by_b["nodes"]] == [(node_id, True)]
     assert result["payload"] == {"echoed": {"from": "b"}}
     assert failed.details == {"nodeError": {"code": "SYSTEM_RUN_DENIED", "message": "denied by policy"}}
-    assert len(status["gatewayProcesses"]) == 2
+    assert len(boot_ids) == 2
+    assert boot_ids <= {p["bootId"] for p in status["gatewayProcesses"]}
 
 
 def test_pairing_events_cross_processes_and_removal_closes_the_node_elsewhere(gateway_factory):
@@ -94,3 +96,23 @@ def test_a_killed_process_stops_routing_to_its_nodes(gateway_factory):
     offline, nodes = asyncio.run(scenario())
     assert (offline.message, offline.details) == ("node not connected", {"code": "NOT_CONNECTED"})
     assert [n["connected"] for n in nodes["nodes"]] == [False]
+
+
+@pytest.mark.slow
+def test_idle_connections_survive_the_redis_layer_poll(gateway_factory):
+    """channels_redis polls with a 5 s BRPOP: an idle socket must outlive several polls."""
+    server = gateway_factory()
+
+    async def scenario():
+        client = operator(server)
+        await client.connect()
+        await asyncio.sleep(12)
+        health = await client.request("health")
+        status = await client.request("status")
+        await client.close()
+        return client.closed.is_set(), health, status
+
+    _closed, health, status = asyncio.run(scenario())
+    assert health["ok"] is True
+    assert status["connections"]["local"] == 1
+    assert "Exception inside application" not in server.log()

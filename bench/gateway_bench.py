@@ -1,0 +1,770 @@
+"""Gateway benchmark: handshake time, RPC round trips, throughput and memory of ``manage.py serve``.
+
+Starts a gateway as a subprocess (embedded profile by default; PostgreSQL and Redis when their
+URLs are given), drives it with :class:`openclaw_client.client.GatewayClient` and prints a table.
+See ``bench/README.md`` for what each figure means.
+
+    .venv/bin/python bench/gateway_bench.py
+    .venv/bin/python bench/gateway_bench.py --database-url postgres://postgres@127.0.0.1:5432/postgres \\
+        --redis-url redis://127.0.0.1:6379/0 --json bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import re
+import resource
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from openclaw_client.client import (  # noqa: E402  (the repository root must be importable first)
+    ClientOptions,
+    ConnectionClosed,
+    GatewayClient,
+    GatewayError,
+)
+from openclaw_client.identity import DeviceIdentity  # noqa: E402
+
+SCOPES = ["operator.admin", "operator.read", "operator.write", "operator.approvals", "operator.pairing"]
+METHODS = ("health", "node.list")
+STARTUP_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+LOAD_WARMUP_CALLS = 20
+# Inherited variables that would change the profile under test; the benchmark sets its own.
+STRIPPED_ENV_PREFIXES = ("OPENCLAW_", "DATABASE_URL", "REDIS_URL", "DJANGO_DEBUG")
+
+
+# --- statistics -------------------------------------------------------------------------------
+
+
+def summarize(samples_s: list[float]) -> dict[str, float]:
+    """n, mean, min, p50, p90, p99 and max of durations in seconds, reported in milliseconds."""
+    ms = [s * 1000 for s in samples_s]
+    if not ms:
+        return {"n": 0}
+    if len(ms) == 1:
+        cuts = ms * 99
+    else:
+        cuts = statistics.quantiles(ms, n=100, method="inclusive")
+    return {
+        "n": len(ms),
+        "mean": statistics.fmean(ms),
+        "min": min(ms),
+        "p50": cuts[49],
+        "p90": cuts[89],
+        "p99": cuts[98],
+        "max": max(ms),
+    }
+
+
+def own_cpu_seconds() -> float:
+    """User + system CPU of this process (all its threads) so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# --- /proc readings of the gateway process ----------------------------------------------------
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    return text[text.rfind(")") + 2 :].split()
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    return tree
+
+
+def _status_kib(pid: int, key: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def rss_mib(pid: int) -> float:
+    """VmRSS of the process and its children, in MiB."""
+    return sum(_status_kib(p, "VmRSS") for p in process_tree(pid)) / 1024
+
+
+def peak_rss_mib(pid: int) -> float:
+    """VmHWM (peak RSS) of the process itself, in MiB."""
+    return _status_kib(pid, "VmHWM") / 1024
+
+
+def thread_count(pid: int) -> int:
+    return _status_kib(pid, "Threads")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU of the process (all threads) and its live children."""
+    ticks = 0
+    for p in process_tree(pid):
+        fields = _stat_fields(p)
+        if fields is not None:
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+# --- services: a scratch PostgreSQL database and a Redis key prefix ---------------------------
+
+
+class ScratchPostgres:
+    """A fresh database on the server of ``server_url``, dropped by :meth:`drop`."""
+
+    def __init__(self, server_url: str):
+        parts = urlsplit(server_url)
+        self.name = f"openclaw_bench_{os.getpid()}"
+        self.admin_url = urlunsplit(parts._replace(path="/postgres"))
+        self.url = urlunsplit(parts._replace(path=f"/{self.name}"))
+        self.server_version = ""
+        self.created = False
+
+    def create(self) -> None:
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            self.server_version = str(conn.execute("SHOW server_version").fetchone()[0])
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(self.name)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
+        self.created = True
+
+    def drop(self) -> None:
+        if not self.created:
+            return
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name)))
+        self.created = False
+
+
+class ScratchRedisPrefix:
+    """A key prefix of its own on the Redis of ``url``; :meth:`cleanup` deletes its keys."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.prefix = f"openclaw_bench_{os.getpid()}_{secrets.token_hex(3)}"
+        self.server_version = ""
+
+    def check(self) -> None:
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        try:
+            self.server_version = str(client.info("server").get("redis_version", ""))
+        finally:
+            client.close()
+
+    def cleanup(self) -> int:
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        try:
+            keys = list(client.scan_iter(match=f"{self.prefix}*", count=500))
+            for start in range(0, len(keys), 500):
+                client.delete(*keys[start : start + 500])
+            return len(keys)
+        finally:
+            client.close()
+
+
+# --- the gateway process ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class GatewayProcess:
+    """``manage.py migrate`` then ``manage.py serve`` in a fresh state directory."""
+
+    READY_PATTERN = re.compile(r"listening on (\S+) \(database: ([^,]+), channel layer: ([^)]+)\)")
+
+    def __init__(self, *, database_url: str | None, redis_url: str | None, redis_prefix: str | None):
+        self.state_dir = tempfile.mkdtemp(prefix="openclaw-bench-state-")
+        self.port = free_port()
+        self.token = secrets.token_urlsafe(32)
+        self.log_path = Path(self.state_dir) / "gateway.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED_ENV_PREFIXES)}
+        env.update(
+            OPENCLAW_STATE_DIR=self.state_dir,
+            OPENCLAW_GATEWAY_TOKEN=self.token,
+            PYTHONUNBUFFERED="1",
+        )
+        if database_url:
+            env["DATABASE_URL"] = database_url
+        if redis_url:
+            env["REDIS_URL"] = redis_url
+            env["OPENCLAW_REDIS_PREFIX"] = redis_prefix or "openclaw_bench"
+        self.env = env
+        self.process: subprocess.Popen[bytes] | None = None
+        self.stop_seconds: float | None = None
+        self.returncode: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def migrate(self) -> None:
+        result = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--verbosity", "0", "--no-input"],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"manage.py migrate failed ({result.returncode}):\n{result.stdout}{result.stderr}")
+
+    def start(self) -> None:
+        with open(self.log_path, "w", encoding="utf-8") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "manage.py", "serve", "--port", str(self.port)],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(
+            f"gateway did not listen on port {self.port} within {STARTUP_TIMEOUT_S:.0f} s:\n{self.log()}"
+        )
+
+    def ready_line(self, timeout: float = 5.0) -> tuple[str, str] | None:
+        """(database, channel layer) as the gateway announced them when ready."""
+        deadline = time.monotonic() + timeout
+        while True:
+            match = self.READY_PATTERN.search(self.log())
+            if match or time.monotonic() >= deadline:
+                return (match.group(2), match.group(3)) if match else None
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM (the gateway's graceful shutdown), then SIGKILL after STOP_TIMEOUT_S."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        started = time.perf_counter()
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+        self.stop_seconds = time.perf_counter() - started
+        self.returncode = process.returncode
+
+    def error_counts(self) -> dict[str, int]:
+        """ERROR records of the gateway log, by message (timestamps stripped), in order of appearance."""
+        counts: dict[str, int] = {}
+        for line in self.log().splitlines():
+            if " ERROR " in line:
+                message = line.split(" ERROR ", 1)[1]
+                counts[message] = counts.get(message, 0) + 1
+        return counts
+
+    def remove_state(self) -> None:
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+# --- client side ------------------------------------------------------------------------------
+
+
+def client_for(url: str, token: str, identity: DeviceIdentity | None = None) -> GatewayClient:
+    return GatewayClient(
+        ClientOptions(url=url, token=token, scopes=list(SCOPES), identity=identity or DeviceIdentity.generate())
+    )
+
+
+async def connected_client(url: str, token: str) -> GatewayClient:
+    client = client_for(url, token)
+    await client.connect()
+    return client
+
+
+async def timed_handshakes(url: str, token: str, count: int, *, same_device: bool) -> list[float]:
+    """Seconds per full handshake (open, challenge, signed connect, hello-ok); closed after each."""
+    identity = DeviceIdentity.generate() if same_device else None
+    if same_device:  # the first connect pairs the device; it is not measured
+        first = client_for(url, token, identity)
+        await first.connect()
+        await first.close()
+    samples = []
+    for _ in range(count):
+        client = client_for(url, token, identity)  # a new identity each time unless same_device
+        started = time.perf_counter()
+        await client.connect()
+        samples.append(time.perf_counter() - started)
+        await client.close()
+    return samples
+
+
+async def timed_calls(client: GatewayClient, method: str, count: int) -> list[float]:
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        await client.request(method)
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+@dataclass
+class LoadResult:
+    """One client process's share of a throughput run."""
+
+    connections: int
+    completed: int = 0
+    errors: int = 0
+    elapsed_s: float = 0.0
+    client_cpu_s: float = 0.0
+    gateway_cpu_s: float = 0.0
+    latencies_s: list[float] = field(default_factory=list)
+    error_samples: list[str] = field(default_factory=list)
+
+
+async def _call_loop(client: GatewayClient, method: str, deadline: float, result: LoadResult) -> None:
+    while time.perf_counter() < deadline:
+        started = time.perf_counter()
+        try:
+            await client.request(method)
+        except GatewayError as error:
+            result.errors += 1
+            if len(result.error_samples) < 5:
+                result.error_samples.append(str(error))
+            continue
+        except ConnectionClosed as closed:
+            result.errors += 1
+            result.error_samples.append(str(closed))
+            return
+        result.latencies_s.append(time.perf_counter() - started)
+        result.completed += 1
+
+
+async def run_load(
+    url: str,
+    token: str,
+    *,
+    connections: int,
+    method: str,
+    seconds: float,
+    gateway_pid: int,
+    gate: Callable[[], Awaitable[None]] | None = None,
+) -> LoadResult:
+    """``connections`` sockets, each looping sequential ``method`` calls for ``seconds``.
+
+    Connecting and a short warm-up happen before ``gate`` (where several client processes line
+    up); only the window after it is measured.
+    """
+    clients = await asyncio.gather(*(connected_client(url, token) for _ in range(connections)))
+    result = LoadResult(connections=connections)
+    try:
+        for client in clients:
+            await timed_calls(client, method, LOAD_WARMUP_CALLS)
+        if gate is not None:
+            await gate()
+        client_cpu, gateway_cpu = own_cpu_seconds(), process_cpu_seconds(gateway_pid)
+        started = time.perf_counter()
+        await asyncio.gather(*(_call_loop(c, method, started + seconds, result) for c in clients))
+        result.elapsed_s = time.perf_counter() - started
+        result.client_cpu_s = own_cpu_seconds() - client_cpu
+        result.gateway_cpu_s = process_cpu_seconds(gateway_pid) - gateway_cpu
+    finally:
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+    return result
+
+
+def _load_process_main(kwargs: dict[str, Any], barrier: Any, results: Any) -> None:
+    """Entry point of a client process (``--client-procs``): one asyncio loop, its connections."""
+
+    async def gate() -> None:
+        await asyncio.to_thread(barrier.wait, 120)
+
+    try:
+        result = asyncio.run(run_load(**kwargs, gate=gate))
+        results.put(asdict(result))
+    except BaseException as exc:
+        barrier.abort()
+        results.put({"failure": f"{type(exc).__name__}: {exc}"})
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def run_throughput(
+    url: str, token: str, *, method: str, connections: int, seconds: float, procs: int, gateway_pid: int
+) -> LoadResult:
+    """The summed result of ``procs`` client processes (or this process alone when procs is 1)."""
+    kwargs: dict[str, Any] = {"method": method, "seconds": seconds, "gateway_pid": gateway_pid}
+    if procs <= 1:
+        return asyncio.run(run_load(url, token, connections=connections, **kwargs))
+    shares = [n for n in split_evenly(connections, procs) if n > 0]
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(len(shares))
+    queue = context.Queue()
+    workers = [
+        context.Process(
+            target=_load_process_main,
+            args=({"url": url, "token": token, "connections": share, **kwargs}, barrier, queue),
+            daemon=True,
+        )
+        for share in shares
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        parts = [queue.get(timeout=seconds + 180) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(10)
+            if worker.is_alive():
+                worker.kill()
+    failures = [p["failure"] for p in parts if "failure" in p]
+    if failures:
+        raise RuntimeError(f"client process failed: {failures[0]}")
+    total = LoadResult(connections=connections)
+    for part in parts:
+        total.completed += part["completed"]
+        total.errors += part["errors"]
+        total.elapsed_s = max(total.elapsed_s, part["elapsed_s"])
+        total.client_cpu_s += part["client_cpu_s"]
+        total.latencies_s.extend(part["latencies_s"])
+        total.error_samples.extend(part["error_samples"])
+    # Every process measured the gateway over (nearly) the same window; take the widest reading.
+    total.gateway_cpu_s = max(part["gateway_cpu_s"] for part in parts)
+    return total
+
+
+async def latency_and_facts(url: str, token: str, calls: int, warmup: int) -> tuple[dict, dict]:
+    """Sequential round trips of each method on one connection, plus facts about the gateway."""
+    client = await connected_client(url, token)
+    try:
+        hello = client.hello or {}
+        health = await client.request("health")
+        pairs = await client.request("device.pair.list")
+        nodes = await client.request("node.list")
+        facts = {
+            "gatewayVersion": (hello.get("server") or {}).get("version"),
+            "protocol": hello.get("protocol"),
+            "databaseVendor": (health.get("database") or {}).get("vendor"),
+            "pairedDevices": len(pairs.get("paired") or []),
+            "nodes": len(nodes.get("nodes") or []),
+        }
+        latency = {}
+        for method in METHODS:
+            await timed_calls(client, method, warmup)
+            latency[method] = summarize(await timed_calls(client, method, calls))
+        return latency, facts
+    finally:
+        await client.close()
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in ("django", "channels", "daphne", "channels-redis", "websockets"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "-"
+    return versions
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    postgres: ScratchPostgres | None = None
+    redis_prefix: ScratchRedisPrefix | None = None
+    database_url = args.database_url
+    if database_url and urlsplit(database_url).scheme in ("postgres", "postgresql", "pgsql"):
+        postgres = ScratchPostgres(database_url)
+    if args.redis_url:
+        redis_prefix = ScratchRedisPrefix(args.redis_url)
+    gateway: GatewayProcess | None = None
+    report: dict[str, Any] = {}
+    try:
+        if postgres is not None:
+            postgres.create()
+            database_url = postgres.url
+        if redis_prefix is not None:
+            redis_prefix.check()
+        gateway = GatewayProcess(
+            database_url=database_url,
+            redis_url=args.redis_url,
+            redis_prefix=redis_prefix.prefix if redis_prefix else None,
+        )
+        progress("migrating a fresh database")
+        gateway.migrate()
+        progress("starting the gateway")
+        gateway.start()
+        announced = gateway.ready_line()
+        time.sleep(0.5)  # let the process settle before the idle reading
+        idle_rss = rss_mib(gateway.pid)
+
+        progress(f"{args.handshakes} handshakes with new devices, then {args.handshakes} with one known device")
+        new_device = asyncio.run(timed_handshakes(gateway.url, gateway.token, args.handshakes, same_device=False))
+        known_device = asyncio.run(timed_handshakes(gateway.url, gateway.token, args.handshakes, same_device=True))
+
+        progress(f"{args.calls} sequential calls of each method on one connection")
+        latency, facts = asyncio.run(latency_and_facts(gateway.url, gateway.token, args.calls, args.warmup))
+
+        throughput = {}
+        for method in METHODS:
+            progress(f"{method}: {args.connections} connections for {args.seconds:g} s")
+            load = run_throughput(
+                gateway.url,
+                gateway.token,
+                method=method,
+                connections=args.connections,
+                seconds=args.seconds,
+                procs=args.client_procs,
+                gateway_pid=gateway.pid,
+            )
+            throughput[method] = {
+                "connections": args.connections,
+                "clientProcesses": max(1, min(args.client_procs, args.connections)),
+                "seconds": load.elapsed_s,
+                "completed": load.completed,
+                "errors": load.errors,
+                "errorSamples": load.error_samples[:5],
+                "callsPerSecond": load.completed / load.elapsed_s if load.elapsed_s else 0.0,
+                "latencyUnderLoad": summarize(load.latencies_s),
+                "clientCpuPercentOfCore": 100 * load.client_cpu_s / load.elapsed_s if load.elapsed_s else 0.0,
+                "gatewayCpuPercentOfCore": 100 * load.gateway_cpu_s / load.elapsed_s if load.elapsed_s else 0.0,
+            }
+
+        report = {
+            "environment": {
+                "database": announced[0] if announced else facts["databaseVendor"],
+                "databaseVendor": facts["databaseVendor"],
+                "databaseServerVersion": postgres.server_version if postgres else None,
+                "databaseName": postgres.name if postgres else None,
+                "channelLayer": announced[1] if announced else ("Redis" if args.redis_url else "in-memory"),
+                "redisServerVersion": redis_prefix.server_version if redis_prefix else None,
+                "redisPrefix": redis_prefix.prefix if redis_prefix else None,
+                "gatewayVersion": facts["gatewayVersion"],
+                "protocol": facts["protocol"],
+                "python": f"{platform.python_implementation()} {platform.python_version()}",
+                "cpuCount": os.cpu_count(),
+                "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
+                "packages": package_versions(),
+                "gatewayPid": gateway.pid,
+                "gatewayThreadsAfterLoad": thread_count(gateway.pid),
+                "pairedDevicesDuringLatencyRun": facts["pairedDevices"],
+                "nodes": facts["nodes"],
+            },
+            "handshake": {"newDevice": summarize(new_device), "knownDevice": summarize(known_device)},
+            "latency": latency,
+            "throughput": throughput,
+            "memory": {
+                "idleRssMiB": idle_rss,
+                "afterLoadRssMiB": rss_mib(gateway.pid),
+                "peakRssMiB": peak_rss_mib(gateway.pid),
+            },
+        }
+    finally:
+        if gateway is not None:
+            progress("stopping the gateway")
+            gateway.stop()
+            errors = gateway.error_counts()
+            if not report:  # the run failed: show what the gateway said
+                tail = gateway.log().splitlines()[-30:]
+                print("--- last lines of the gateway log ---", *tail, sep="\n", file=sys.stderr)
+            else:
+                report["gatewayLog"] = {
+                    "stopSeconds": gateway.stop_seconds,
+                    "exitCode": gateway.returncode,
+                    "errorRecords": sum(errors.values()),
+                    "errorsByMessage": errors,
+                }
+            if args.keep_state:
+                progress(f"state and log kept in {gateway.state_dir}")
+            else:
+                gateway.remove_state()
+        if postgres is not None:
+            postgres.drop()
+        if redis_prefix is not None:
+            redis_prefix.cleanup()
+    return report
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def progress(message: str) -> None:
+    print(f"... {message}", file=sys.stderr, flush=True)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:8.2f}"
+
+
+def render(report: dict[str, Any], args: argparse.Namespace) -> str:
+    env = report["environment"]
+    database = env["database"]
+    if env["databaseServerVersion"]:
+        database += f" {env['databaseServerVersion']} (scratch database {env['databaseName']})"
+    layer = env["channelLayer"]
+    if env["redisServerVersion"]:
+        layer += f" {env['redisServerVersion']} (prefix {env['redisPrefix']})"
+    packages = ", ".join(f"{name} {version}" for name, version in env["packages"].items())
+    lines = [
+        "OpenClaw gateway benchmark",
+        f"  gateway        {env['gatewayVersion']} (protocol {env['protocol']}), pid {env['gatewayPid']}",
+        f"  database       {database}",
+        f"  channel layer  {layer}",
+        f"  python         {env['python']} (gateway and client)",
+        f"  cpus           {env['cpuCount']} ({env['platform']})",
+        f"  packages       {packages}",
+        "",
+        f"{'round trips (ms)':<36}{'n':>6}{'p50':>9}{'p90':>9}{'p99':>9}{'mean':>9}{'max':>9}",
+    ]
+    rows = [
+        ("connect+handshake, new device", report["handshake"]["newDevice"]),
+        ("connect+handshake, known device", report["handshake"]["knownDevice"]),
+        *((f"{method}, one connection", stats) for method, stats in report["latency"].items()),
+    ]
+    for label, stats in rows:
+        lines.append(
+            f"{label:<36}{stats['n']:>6}"
+            + "".join(f"{_ms(stats.get(key)):>9}" for key in ("p50", "p90", "p99", "mean", "max"))
+        )
+    first = next(iter(report["throughput"].values()))
+    lines += [
+        "",
+        f"throughput: {first['connections']} connections, {args.seconds:g} s, "
+        f"{first['clientProcesses']} client process(es); CPU in % of one core",
+        f"{'method':<12}{'calls/s':>10}{'calls':>9}{'errors':>8}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'client CPU':>12}{'gateway CPU':>13}",
+    ]
+    for method, load in report["throughput"].items():
+        stats = load["latencyUnderLoad"]
+        lines.append(
+            f"{method:<12}{load['callsPerSecond']:>10.0f}{load['completed']:>9}{load['errors']:>8}"
+            f"{_ms(stats.get('p50')):>9}{_ms(stats.get('p99')):>9}"
+            f"{load['clientCpuPercentOfCore']:>11.0f}%{load['gatewayCpuPercentOfCore']:>12.0f}%"
+        )
+        for sample in load["errorSamples"]:
+            lines.append(f"    error: {sample}")
+    memory = report["memory"]
+    lines += [
+        "",
+        "gateway memory (RSS of the process and its children, MiB)",
+        f"  idle after startup   {memory['idleRssMiB']:8.1f}",
+        f"  after the load       {memory['afterLoadRssMiB']:8.1f}",
+        f"  peak (VmHWM)         {memory['peakRssMiB']:8.1f}",
+        "",
+        f"gateway threads after the load: {env['gatewayThreadsAfterLoad']}; "
+        f"paired devices during the round-trip run: {env['pairedDevicesDuringLatencyRun']}; nodes: {env['nodes']}",
+    ]
+    log = report.get("gatewayLog")
+    if log:
+        stop = f"{log['stopSeconds']:.2f} s" if log["stopSeconds"] is not None else "-"
+        lines.append(
+            f"gateway stop: exit code {log['exitCode']} after {stop}; ERROR records in its log: {log['errorRecords']}"
+        )
+        lines += [f"  {count:>5} x {message}" for message, count in list(log["errorsByMessage"].items())[:10]]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--database-url", help="PostgreSQL server to use (a scratch database is created and dropped)")
+    parser.add_argument("--redis-url", help="Redis for the channel layer and cache (a unique key prefix per run)")
+    parser.add_argument("--connections", type=int, default=8, help="concurrent connections of the throughput runs")
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
+    parser.add_argument("--calls", type=int, default=1000, help="sequential calls per method on one connection")
+    parser.add_argument("--warmup", type=int, default=50, help="unmeasured calls before the sequential ones")
+    parser.add_argument("--handshakes", type=int, default=50, help="sequential handshakes per kind")
+    parser.add_argument("--client-procs", type=int, default=1, help="spread the throughput load over N processes")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--keep-state", action="store_true", help="keep the gateway state dir and log")
+    args = parser.parse_args(argv)
+    for name in ("connections", "calls", "handshakes", "client_procs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.seconds <= 0 or args.warmup < 0:
+        parser.error("--seconds must be positive and --warmup not negative")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    print(render(report, args))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        progress(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
