@@ -201,17 +201,13 @@ def _visible(ctx: RpcContext, node: dict) -> dict | None:
 
 @method("node.list", scope=sc.READ)
 def node_list_rpc(ctx: RpcContext, params) -> dict:
-    nodes = [
-        shown
-        for node in selectors.node_catalog(include_pending=_sees_pending(ctx))
-        if (shown := _visible(ctx, node)) is not None
-    ]
+    nodes = [shown for node in selectors.node_catalog_snapshot() if (shown := _visible(ctx, node)) is not None]
     return {"ts": selectors.now_ms(), "nodes": nodes}
 
 
 @method("node.describe", params=NodeIdParams, scope=sc.READ)
 def node_describe_rpc(ctx: RpcContext, params: NodeIdParams) -> dict:
-    node = selectors.node_describe(params.nodeId.strip(), include_pending=_sees_pending(ctx))
+    node = selectors.node_describe(params.nodeId.strip())
     shown = _visible(ctx, node) if node is not None else None
     if shown is None:
         raise NotFound("unknown nodeId")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
 
+from django.core.cache import cache
+from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -274,12 +277,47 @@ def _node_entry(
     return {k: v for k, v in entry.items() if v is not None and v != ""}
 
 
+NODE_CATALOG_VERSION_KEY = "gateway:node-catalog:version"
+# Bounds how late a node whose gateway process died shows as disconnected (no event marks that).
+NODE_CATALOG_MAX_AGE_S = 2.0
+_node_catalog_memo: dict = {"version": None, "at": 0.0, "nodes": None}
+
+
+def node_catalog_changed() -> None:
+    """Invalidate every process's memoized node catalog once the current transaction commits."""
+
+    def bump() -> None:
+        cache.add(NODE_CATALOG_VERSION_KEY, 0, timeout=None)
+        try:
+            cache.incr(NODE_CATALOG_VERSION_KEY)
+        except ValueError:  # evicted between add and incr
+            cache.set(NODE_CATALOG_VERSION_KEY, 1, timeout=None)
+
+    transaction.on_commit(bump)
+
+
+def node_catalog_snapshot() -> list[dict]:
+    """``node_catalog`` memoized per process until a catalog change or for at most 2 s.
+
+    node.list is called far more often than nodes pair, connect or get renamed; this saves the
+    three queries on the common path. Treat the result as read-only.
+    """
+    version = cache.get(NODE_CATALOG_VERSION_KEY, 0)
+    memo = _node_catalog_memo
+    now = time.monotonic()
+    if memo["nodes"] is not None and memo["version"] == version and now - memo["at"] < NODE_CATALOG_MAX_AGE_S:
+        return memo["nodes"]
+    nodes = node_catalog(include_pending=True)
+    memo.update(version=version, at=now, nodes=nodes)
+    return nodes
+
+
 def strip_pending_fields(node: dict) -> dict:
     return {k: v for k, v in node.items() if not k.startswith("pending")}
 
 
-def node_describe(node_id: str, *, include_pending: bool) -> dict | None:
-    for node in node_catalog(include_pending=include_pending):
+def node_describe(node_id: str) -> dict | None:
+    for node in node_catalog_snapshot():
         if node["nodeId"] == node_id:
             return node
     return None

@@ -34,6 +34,7 @@ from .models import (
 from .selectors import (
     EXEC_COMMANDS,
     live_connections,
+    node_catalog_changed,
     node_pairing_request_shape,
     now_ms,
     pairing_request_shape,
@@ -117,6 +118,8 @@ def _expire_overdue(device_id: str | None = None) -> list[DevicePairingRequest]:
 
 
 def _publish_resolved(request: DevicePairingRequest, decision: str) -> None:
+    if request.role == sc.ROLE_NODE:
+        node_catalog_changed()
     ts = now_ms()
     events.publish_on_commit(
         events.EVENT_DEVICE_PAIR_RESOLVED,
@@ -169,6 +172,8 @@ def pairing_request_ensure(*, claim: PairingClaim) -> tuple[DevicePairingRequest
                     changed = {k: v for k, v in fields.items() if getattr(existing, k) != v}
                     if changed:
                         DevicePairingRequest.objects.filter(pk=existing.pk).update(**changed)
+                        if claim.role == sc.ROLE_NODE or existing.role == sc.ROLE_NODE:
+                            node_catalog_changed()
                         for key, value in changed.items():
                             setattr(existing, key, value)
                     return existing, False
@@ -177,6 +182,7 @@ def pairing_request_ensure(*, claim: PairingClaim) -> tuple[DevicePairingRequest
                 )
                 events.publish_on_commit(events.EVENT_DEVICE_PAIR_REQUESTED, pairing_request_shape(request))
                 if request.role == sc.ROLE_NODE:
+                    node_catalog_changed()
                     events.publish_on_commit(events.EVENT_NODE_PAIR_REQUESTED, node_pairing_request_shape(request))
                 return request, True
         except IntegrityError:
@@ -282,6 +288,7 @@ def paired_device_remove(*, device_id: str, actor: Actor) -> None:
             raise NotFound("unknown deviceId")
         _close_connections(list(GatewayConnection.objects.filter(device_id=device_id)), reason="device removed")
         audit(actor, "device.pair.remove", "device", device_id)
+        node_catalog_changed()
         events.publish_on_commit(
             events.EVENT_DEVICE_PAIR_RESOLVED,
             {"requestId": "", "deviceId": device_id, "decision": "removed", "ts": now_ms()},
@@ -308,6 +315,7 @@ def node_remove(*, node_id: str, actor: Actor) -> None:
             reason="node pairing removed",
         )
         audit(actor, "node.pair.remove", "node", node_id)
+        node_catalog_changed()
         events.publish_on_commit(
             events.EVENT_NODE_PAIR_RESOLVED,
             {"requestId": "", "nodeId": node_id, "decision": "removed", "ts": now_ms()},
@@ -323,6 +331,7 @@ def node_rename(*, node_id: str, display_name: str, actor: Actor) -> PairedDevic
         if not updated:
             raise NotFound("unknown nodeId")
         audit(actor, "node.rename", "node", node_id, {"displayName": name})
+        node_catalog_changed()
     return PairedDevice.objects.get(device_id=node_id)
 
 
@@ -514,6 +523,7 @@ def process_unregister(*, boot_id: str) -> None:
             .values_list("device_id", flat=True)
         )
         GatewayProcess.objects.filter(boot_id=boot_id).delete()
+        node_catalog_changed()
         if device_ids:
             PairedDevice.objects.filter(device_id__in=device_ids).update(
                 last_disconnected_at=timezone.now(), last_seen_at=timezone.now(), last_seen_reason="disconnect"
@@ -582,6 +592,8 @@ def connection_register(*, record: ConnectionRecord) -> None:
             PairedDevice.objects.filter(device_id=record.device_id).update(
                 last_connected_at=now, last_seen_at=now, last_seen_reason="connect"
             )
+        if record.role == sc.ROLE_NODE:
+            node_catalog_changed()
 
 
 def connection_unregister(*, conn_id: str) -> bool:
@@ -590,6 +602,8 @@ def connection_unregister(*, conn_id: str) -> bool:
         if conn is None:
             return False
         conn.delete()
+        if conn.role == sc.ROLE_NODE:
+            node_catalog_changed()
         if conn.device_id:
             now = timezone.now()
             PairedDevice.objects.filter(device_id=conn.device_id).update(
@@ -599,9 +613,13 @@ def connection_unregister(*, conn_id: str) -> bool:
 
 
 def node_presence_touch(*, node_id: str, reason: str) -> bool:
-    return bool(
-        PairedDevice.objects.filter(device_id=node_id).update(last_seen_at=timezone.now(), last_seen_reason=reason)
-    )
+    with transaction.atomic():
+        touched = PairedDevice.objects.filter(device_id=node_id).update(
+            last_seen_at=timezone.now(), last_seen_reason=reason
+        )
+        if touched:
+            node_catalog_changed()
+    return bool(touched)
 
 
 def gateway_sweep() -> dict:

@@ -28,17 +28,41 @@ def claim(device_id: str = "d" * 64, *, role: str = "node", commands: list[str] 
     )
 
 
+@pytest.fixture
+def published(monkeypatch):
+    """Events the services publish, captured where they would leave for the channel layer."""
+    from openclaw_site.gateway import events
+
+    sent: list[tuple[str, dict]] = []
+    monkeypatch.setattr(events, "publish_rollback_unsafe", lambda event, payload, **_: sent.append((event, payload)))
+    return sent
+
+
 @pytest.mark.django_db
-def test_a_device_has_one_open_request_which_follows_its_latest_claim(django_capture_on_commit_callbacks):
-    with django_capture_on_commit_callbacks() as callbacks:
+def test_a_device_has_one_open_request_which_follows_its_latest_claim(django_capture_on_commit_callbacks, published):
+    with django_capture_on_commit_callbacks(execute=True):
         first, created = services.pairing_request_ensure(claim=claim())
+    with django_capture_on_commit_callbacks(execute=True):
         again, created_again = services.pairing_request_ensure(claim=claim(commands=["echo", "run"]))
     assert created and not created_again
     assert first.pk == again.pk
     assert again.commands == ["echo", "run"]
     assert DevicePairingRequest.objects.get().commands == ["echo", "run"]
-    # device.pair.requested and node.pair.requested, once.
-    assert len(callbacks) == 2
+    # Announced once, when the request was created; the refresh is not a new request.
+    assert [event for event, _ in published] == ["device.pair.requested", "node.pair.requested"]
+    assert published[1][1]["requestId"] == str(first.pk)
+    assert published[1][1]["commands"] == ["echo"]
+
+
+@pytest.mark.django_db
+def test_nothing_is_published_when_the_transaction_rolls_back(published):
+    from django.db import transaction
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.pairing_request_ensure(claim=claim())
+        raise RuntimeError("caller failed after the service")
+    assert published == []
+    assert not DevicePairingRequest.objects.exists()
 
 
 @pytest.mark.django_db
@@ -156,3 +180,20 @@ def test_token_ensure_mints_once_and_verify_reports_the_reason():
     # Revoking again is a no-op, not a second audit entry.
     services.device_token_revoke(device_id=device.device_id, role="node", actor=Actor.system())
     assert AuditLog.objects.filter(action="device.token.revoke").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_node_catalog_memo_is_invalidated_by_pairing_changes():
+    from openclaw_site.gateway import selectors
+
+    assert selectors.node_catalog_snapshot() == []
+    request, _ = services.pairing_request_ensure(claim=claim())
+    (pending,) = selectors.node_catalog_snapshot()
+    assert pending["approvalState"] == "pending-approval"
+    services.pairing_request_approve(request_id=str(request.pk), actor=Actor.system())
+    (approved,) = selectors.node_catalog_snapshot()
+    assert approved["approvalState"] == "approved"
+    services.node_rename(node_id=request.device_id, display_name="renamed", actor=Actor.system())
+    assert selectors.node_catalog_snapshot()[0]["displayName"] == "renamed"
+    services.node_remove(node_id=request.device_id, actor=Actor.system())
+    assert selectors.node_catalog_snapshot() == []
