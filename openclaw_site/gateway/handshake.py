@@ -252,7 +252,7 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
             raise _pairing_required(request, reason, role, [], device)
     elif auth_method in ("token", "password"):
         claim = _claim(params, ctx, role, requested_scopes, public_key, "not-paired", is_repair=device is not None)
-        device, _changed = services.operator_device_auto_approve(claim=claim)
+        device, _changed = services.operator_device_auto_approve(claim=claim, known=device)
     elif device is None or not device.has_role(role):
         # A device token of a device that was since removed.
         raise _reject(auth_failure("device_token_mismatch", params=params, local=is_loopback(ctx.remote_ip)))

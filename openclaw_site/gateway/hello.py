@@ -21,27 +21,26 @@ PRESENCE_VERSION_KEY = "gateway:state:presence"
 HEALTH_VERSION_KEY = "gateway:state:health"
 
 
-def _version(key: str) -> int:
-    return int(cache.get(key) or 0)
-
-
 def _bump(key: str) -> int:
-    cache.add(key, 0, timeout=None)
     try:
         return cache.incr(key)
-    except ValueError:  # evicted between add and incr
-        cache.set(key, 1, timeout=None)
-        return 1
+    except ValueError:  # first use, or evicted
+        cache.add(key, 0, timeout=None)
+        return cache.incr(key)
 
 
-def state_version() -> dict[str, int]:
-    return {"presence": _version(PRESENCE_VERSION_KEY), "health": _version(HEALTH_VERSION_KEY)}
+def state_version(*, presence: int | None = None) -> dict[str, int]:
+    keys = [HEALTH_VERSION_KEY] if presence is not None else [PRESENCE_VERSION_KEY, HEALTH_VERSION_KEY]
+    values = cache.get_many(keys)
+    return {
+        "presence": presence if presence is not None else int(values.get(PRESENCE_VERSION_KEY) or 0),
+        "health": int(values.get(HEALTH_VERSION_KEY) or 0),
+    }
 
 
 def presence_snapshot(*, bump: bool) -> tuple[list[dict], dict[str, int]]:
-    if bump:
-        _bump(PRESENCE_VERSION_KEY)
-    return presence_entries(), state_version()
+    presence_version = _bump(PRESENCE_VERSION_KEY) if bump else None
+    return presence_entries(), state_version(presence=presence_version)
 
 
 def accept_connect(

@@ -280,13 +280,16 @@ def _node_entry(
 NODE_CATALOG_VERSION_KEY = "gateway:node-catalog:version"
 # Bounds how late a node whose gateway process died shows as disconnected (no event marks that).
 NODE_CATALOG_MAX_AGE_S = 2.0
-_node_catalog_memo: dict = {"version": None, "at": 0.0, "nodes": None}
+# How late another process's change shows here: the shared version is read at most this often.
+NODE_CATALOG_VERSION_CHECK_S = 0.25
+_node_catalog_memo: dict = {"version": None, "at": 0.0, "checked_at": 0.0, "nodes": None}
 
 
 def node_catalog_changed() -> None:
     """Invalidate every process's memoized node catalog once the current transaction commits."""
 
     def bump() -> None:
+        _node_catalog_memo["nodes"] = None  # this process sees its own change at once
         cache.add(NODE_CATALOG_VERSION_KEY, 0, timeout=None)
         try:
             cache.incr(NODE_CATALOG_VERSION_KEY)
@@ -300,15 +303,20 @@ def node_catalog_snapshot() -> list[dict]:
     """``node_catalog`` memoized per process until a catalog change or for at most 2 s.
 
     node.list is called far more often than nodes pair, connect or get renamed; this saves the
-    three queries on the common path. Treat the result as read-only.
+    three queries on the common path. A change made here shows at once, one made by another
+    gateway process within 250 ms. Treat the result as read-only.
     """
-    version = cache.get(NODE_CATALOG_VERSION_KEY, 0)
     memo = _node_catalog_memo
     now = time.monotonic()
-    if memo["nodes"] is not None and memo["version"] == version and now - memo["at"] < NODE_CATALOG_MAX_AGE_S:
+    fresh = memo["nodes"] is not None and now - memo["at"] < NODE_CATALOG_MAX_AGE_S
+    if fresh and now - memo["checked_at"] < NODE_CATALOG_VERSION_CHECK_S:
+        return memo["nodes"]
+    version = cache.get(NODE_CATALOG_VERSION_KEY, 0)
+    if fresh and memo["version"] == version:
+        memo["checked_at"] = now
         return memo["nodes"]
     nodes = node_catalog(include_pending=True)
-    memo.update(version=version, at=now, nodes=nodes)
+    memo.update(version=version, at=now, checked_at=now, nodes=nodes)
     return nodes
 
 
@@ -330,10 +338,20 @@ def connection_counts() -> dict:
     return counts
 
 
+PRESENCE_MAX_ENTRIES = 100
+
+
 def presence_entries() -> list[dict]:
-    """One entry per device (or per connection without a device), newest connection first."""
+    """One entry per device (or per connection without a device), newest connection first.
+
+    Capped: every connect and disconnect broadcasts presence to every connection, so the list
+    must not grow with the number of clients; ``status`` has the full counts.
+    """
     entries: dict[str, dict] = {}
-    for conn in live_connections().order_by("-connected_at"):
+    recent = live_connections().order_by("-connected_at")[: PRESENCE_MAX_ENTRIES * 2]
+    for conn in recent:
+        if len(entries) >= PRESENCE_MAX_ENTRIES and (conn.device_id or str(conn.conn_id)) not in entries:
+            continue
         key = conn.device_id or str(conn.conn_id)
         entry = entries.get(key)
         if entry is None:

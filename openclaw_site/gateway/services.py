@@ -14,7 +14,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from . import events
@@ -365,6 +365,9 @@ def device_token_ensure(*, device: PairedDevice, role: str, scopes: list[str]) -
     Only hashes are stored, so an existing token cannot be handed out again: a device that lost
     its token rotates it (``device.token.rotate``) or re-pairs.
     """
+    current = DeviceToken.objects.filter(device=device, role=role).first()
+    if current is not None and current.revoked_at is None and sc.scopes_cover(current.scopes, scopes):
+        return None, None  # the common reconnect: nothing to mint, no lock needed
     with transaction.atomic():
         record = DeviceToken.objects.select_for_update(no_key=True).filter(device=device, role=role).first()
         # Locked: two first connects of one device must not both mint.
@@ -452,21 +455,26 @@ def device_token_revoke(*, device_id: str, role: str, actor: Actor) -> dict:
 # --- silent operator pairing ----------------------------------------------------------------
 
 
-def operator_device_auto_approve(*, claim: PairingClaim) -> tuple[PairedDevice, bool]:
+def _operator_covered(device: PairedDevice | None, scopes: list[str]) -> bool:
+    return device is not None and device.has_role(sc.ROLE_OPERATOR) and sc.scopes_cover(device.approved_scopes, scopes)
+
+
+def operator_device_auto_approve(
+    *, claim: PairingClaim, known: PairedDevice | None = None
+) -> tuple[PairedDevice, bool]:
     """Pair (or widen) an operator device that proved possession of the shared secret.
 
     The shared secret is the operator credential of this gateway, so its holder needs no second
-    approval; OpenClaw does the same for local clients ("silent" pairing).
+    approval; OpenClaw does the same for local clients ("silent" pairing). ``known`` is the device
+    as the caller just read it: when it already covers the claim, nothing is locked or written.
     """
+    if _operator_covered(known, claim.scopes):
+        return known, False
     with transaction.atomic():
         device = PairedDevice.objects.select_for_update(no_key=True).filter(device_id=claim.device_id).first()
         # Locked: concurrent first connects of one device must merge, not overwrite, scopes.
         now = timezone.now()
-        if (
-            device is not None
-            and device.has_role(sc.ROLE_OPERATOR)
-            and sc.scopes_cover(device.approved_scopes, claim.scopes)
-        ):
+        if _operator_covered(device, claim.scopes):
             return device, False
         created = device is None
         if device is None:
@@ -557,10 +565,22 @@ class ConnectionRecord:
 
 def connection_register(*, record: ConnectionRecord) -> None:
     """Make a connection routable from every gateway process; a node replaces its older socket."""
+    try:
+        _connection_insert(record)
+    except IntegrityError:
+        # Our process row was swept (a long pause without heartbeats): register again and retry.
+        process_register(boot_id=record.boot_id)
+        _connection_insert(record)
+
+
+def _connection_insert(record: ConnectionRecord) -> None:
     now = timezone.now()
     with transaction.atomic():
-        if not GatewayProcess.objects.filter(boot_id=record.boot_id).exists():
-            process_register(boot_id=record.boot_id)
+        if connection.vendor == "postgresql":
+            # Connection rows die with their process anyway; their commit need not wait for the
+            # WAL flush (pairing decisions and tokens keep full durability).
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
         if record.role == sc.ROLE_NODE and record.node_id:
             replaced = list(GatewayConnection.objects.filter(role=sc.ROLE_NODE, node_id=record.node_id))
             _close_connections(replaced, reason="replaced by a newer connection")
