@@ -79,6 +79,7 @@ def start_gateway(*, extra_env: dict[str, str] | None = None, port: int | None =
         "OPENCLAW_GATEWAY_TOKEN": TEST_TOKEN,
         "OPENCLAW_STATE_DIR": state_dir,
         "PYTHONUNBUFFERED": "1",
+        "DB_CONN_MAX_AGE": "60",
         **(extra_env or {}),
     }
     log_path = os.path.join(state_dir, "gateway.log")

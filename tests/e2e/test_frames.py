@@ -6,7 +6,7 @@ import asyncio
 import json
 
 import pytest
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async as sync_to_async
 
 from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, DeviceToken, GatewayConnection, PairedDevice
 from tests.clients import operator

@@ -6,7 +6,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import close_old_connections
+from django.db import connection
 from django.utils import timezone
 
 from openclaw_site.gateway import services
@@ -140,7 +140,7 @@ def test_concurrent_approve_and_reject_resolve_the_request_once():
         except InvalidRequest:
             outcomes.append("refused")
         finally:
-            close_old_connections()
+            connection.close()
 
     threads = [
         threading.Thread(target=decide, args=(services.pairing_request_approve,)),
