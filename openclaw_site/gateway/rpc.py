@@ -14,7 +14,7 @@ from channels.layers import get_channel_layer
 from django.db import connection
 from pydantic import Field
 
-from . import runtime, selectors, services
+from . import idempotency, runtime, selectors, services
 from . import scopes as sc
 from .conf import gateway_setting
 from .context import RpcContext
@@ -279,6 +279,59 @@ async def node_invoke_rpc(ctx: RpcContext, params: NodeInvokeParams) -> dict:
             details={"reason": "command not declared by node", "command": command},
         )
     timeout_ms = params.timeoutMs if params.timeoutMs else gateway_setting("NODE_INVOKE_TIMEOUT_MS")
+    # A retried invoke (same caller, node and key) within 5 minutes gets the first outcome instead
+    # of running the command twice.
+    claimed = await idempotency.claim(
+        "node.invoke",
+        f"{ctx.device_id or ctx.auth_method}:{node_id}",
+        params.idempotencyKey,
+        in_flight_ttl_s=timeout_ms / 1000 + 5,
+    )
+    if claimed.recorded is not None:
+        return _replay(claimed.recorded)
+    try:
+        result = await _invoke_node(ctx, params, node_id, command, channel_name, conn_id, timeout_ms)
+    except BaseException:
+        # Not delivered or not answered: the node may not have run it, so a retry may.
+        await idempotency.release(claimed)
+        raise
+    if result.get("ok"):
+        payload, payload_json = _invoke_payload(result)
+        response = {"ok": True, "nodeId": node_id, "command": command, "payload": payload}
+        if payload_json is not None:
+            response["payloadJSON"] = payload_json
+        await idempotency.record(claimed, {"ok": True, "payload": response})
+        return response
+    error = result.get("error") or {}
+    code = error.get("code") or "UNAVAILABLE"
+    message = error.get("message") or "node invoke failed"
+    details: dict[str, Any] = {"nodeError": {"code": code, "message": message}}
+    failure = Unavailable(message, details=details)
+    if code == "NOT_CONNECTED":
+        details["code"] = "NOT_CONNECTED"
+        await idempotency.release(claimed)
+    else:
+        await idempotency.record(claimed, {"ok": False, "error": failure.to_shape()})
+    raise failure
+
+
+def _replay(recorded: dict[str, Any]) -> dict:
+    if recorded["ok"]:
+        return recorded["payload"]
+    shape = recorded["error"]
+    raise Unavailable(shape["message"], details=shape.get("details"), code=shape["code"])
+
+
+async def _invoke_node(
+    ctx: RpcContext,
+    params: NodeInvokeParams,
+    node_id: str,
+    command: str,
+    channel_name: str,
+    conn_id: str,
+    timeout_ms: int,
+) -> dict[str, Any]:
+    """Route one invoke to the node's connection (on whichever process) and wait for its result."""
     invoke_id = str(uuid.uuid4())
     future = runtime.invoke_broker.create(invoke_id)
     try:
@@ -297,7 +350,7 @@ async def node_invoke_rpc(ctx: RpcContext, params: NodeInvokeParams) -> dict:
             },
         )
         try:
-            result = await asyncio.wait_for(future, timeout_ms / 1000)
+            return await asyncio.wait_for(future, timeout_ms / 1000)
         except TimeoutError:
             raise Unavailable(
                 "node invoke timed out",
@@ -305,19 +358,6 @@ async def node_invoke_rpc(ctx: RpcContext, params: NodeInvokeParams) -> dict:
             ) from None
     finally:
         runtime.invoke_broker.discard(invoke_id)
-    if not result.get("ok"):
-        error = result.get("error") or {}
-        code = error.get("code") or "UNAVAILABLE"
-        message = error.get("message") or "node invoke failed"
-        details: dict[str, Any] = {"nodeError": {"code": code, "message": message}}
-        if code == "NOT_CONNECTED":
-            details["code"] = "NOT_CONNECTED"
-        raise Unavailable(message, details=details)
-    payload, payload_json = _invoke_payload(result)
-    response = {"ok": True, "nodeId": node_id, "command": command, "payload": payload}
-    if payload_json is not None:
-        response["payloadJSON"] = payload_json
-    return response
 
 
 class NodeInvokeError(ClosedModel):

@@ -231,3 +231,82 @@ def test_node_events(gateway):
     assert alive == {"ok": True, "event": "node.presence.alive", "handled": True, "reason": "persisted"}
     assert unknown == {"ok": True, "event": "something.else", "handled": False, "reason": "unknown-event"}
     assert bad.message.startswith("invalid node.event params: at /event:")
+
+
+def test_a_retried_invoke_is_answered_from_the_first_outcome(gateway):
+    async def scenario():
+        admin, worker = await _admin_and_node(gateway)
+        call = {"nodeId": worker.device_id, "command": "echo", "params": {"n": 1}, "idempotencyKey": "once"}
+        first = await admin.request("node.invoke", call)
+        second = await admin.request("node.invoke", {**call, "params": {"n": 2}})
+        fresh = await admin.request("node.invoke", {**call, "idempotencyKey": "twice"})
+        failing = {"nodeId": worker.device_id, "command": "fail", "idempotencyKey": "fails"}
+        errors = []
+        for _ in range(2):
+            with pytest.raises(GatewayError) as failed:
+                await admin.request("node.invoke", failing)
+            errors.append(failed.value.shape)
+        await asyncio.sleep(0.2)
+        requests = []
+        while not worker.events.empty():
+            frame = worker.events.get_nowait()
+            if frame["event"] == "node.invoke.request":
+                requests.append(frame["payload"]["idempotencyKey"])
+        await worker.close()
+        await admin.close()
+        return first, second, fresh, errors, requests
+
+    first, second, fresh, errors, requests = asyncio.run(scenario())
+    assert first == second
+    assert second["payload"] == {"echoed": {"n": 1}}
+    assert fresh["payload"] == {"echoed": {"n": 1}}
+    assert errors[0] == errors[1]
+    assert errors[0]["details"]["nodeError"]["code"] == "SYSTEM_RUN_DENIED"
+    # The node ran each distinct key exactly once.
+    assert requests == ["once", "twice", "fails"]
+
+
+def test_a_duplicate_of_a_running_invoke_is_a_conflict(gateway):
+    async def scenario():
+        admin, worker = await _admin_and_node(gateway)
+        call = {"nodeId": worker.device_id, "command": "sleep", "params": {"seconds": 1}, "idempotencyKey": "slow"}
+        running = asyncio.create_task(admin.request("node.invoke", call))
+        await worker.next_event("node.invoke.request")
+        with pytest.raises(GatewayError) as duplicate:
+            await admin.request("node.invoke", call)
+        result = await running
+        replayed = await admin.request("node.invoke", call)
+        await worker.close()
+        await admin.close()
+        return duplicate.value, result, replayed
+
+    duplicate, result, replayed = asyncio.run(scenario())
+    assert duplicate.code == "INVALID_REQUEST"
+    assert duplicate.message == "node.invoke with this idempotencyKey is still in flight"
+    assert duplicate.details == {"code": "IDEMPOTENCY_IN_FLIGHT"}
+    assert duplicate.retryable is True
+    assert result == replayed
+    assert result["payload"] == {"slept": True}
+
+
+def test_an_invoke_that_never_reached_the_node_can_be_retried(gateway):
+    async def scenario():
+        admin, worker = await _admin_and_node(gateway)
+        call = {
+            "nodeId": worker.device_id,
+            "command": "sleep",
+            "params": {"seconds": 1},
+            "timeoutMs": 100,
+            "idempotencyKey": "retry-me",
+        }
+        with pytest.raises(GatewayError) as timed_out:
+            await admin.request("node.invoke", call)
+        await asyncio.sleep(1.1)
+        retried = await admin.request("node.invoke", {**call, "timeoutMs": 5000})
+        await worker.close()
+        await admin.close()
+        return timed_out.value, retried
+
+    timed_out, retried = asyncio.run(scenario())
+    assert timed_out.message == "node invoke timed out"
+    assert retried["payload"] == {"slept": True}
