@@ -8,7 +8,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.core.cache import cache
 
-from . import runtime
+from . import counters, runtime
 from .conf import auth_mode, gateway_setting
 from .context import RpcContext
 from .events import BROADCAST_GROUP, broadcast_message
@@ -21,14 +21,6 @@ PRESENCE_VERSION_KEY = "gateway:state:presence"
 HEALTH_VERSION_KEY = "gateway:state:health"
 
 
-def _bump(key: str) -> int:
-    try:
-        return cache.incr(key)
-    except ValueError:  # first use, or evicted
-        cache.add(key, 0, timeout=None)
-        return cache.incr(key)
-
-
 def state_version(*, presence: int | None = None) -> dict[str, int]:
     keys = [HEALTH_VERSION_KEY] if presence is not None else [PRESENCE_VERSION_KEY, HEALTH_VERSION_KEY]
     values = cache.get_many(keys)
@@ -39,7 +31,7 @@ def state_version(*, presence: int | None = None) -> dict[str, int]:
 
 
 def presence_snapshot(*, bump: bool) -> tuple[list[dict], dict[str, int]]:
-    presence_version = _bump(PRESENCE_VERSION_KEY) if bump else None
+    presence_version = counters.bump(PRESENCE_VERSION_KEY) if bump else None
     return presence_entries(), state_version(presence=presence_version)
 
 

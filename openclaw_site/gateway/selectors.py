@@ -10,6 +10,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from . import counters
 from .conf import gateway_setting
 from .models import (
     DevicePairingRequest,
@@ -290,11 +291,7 @@ def node_catalog_changed() -> None:
 
     def bump() -> None:
         _node_catalog_memo["nodes"] = None  # this process sees its own change at once
-        cache.add(NODE_CATALOG_VERSION_KEY, 0, timeout=None)
-        try:
-            cache.incr(NODE_CATALOG_VERSION_KEY)
-        except ValueError:  # evicted between add and incr
-            cache.set(NODE_CATALOG_VERSION_KEY, 1, timeout=None)
+        counters.bump(NODE_CATALOG_VERSION_KEY)
 
     transaction.on_commit(bump)
 

@@ -190,6 +190,36 @@ def pairing_request_ensure(*, claim: PairingClaim) -> tuple[DevicePairingRequest
     raise InvalidRequest("pairing request could not be recorded; retry")
 
 
+_DEVICE_METADATA = (
+    "public_key",
+    "platform",
+    "device_family",
+    "model_identifier",
+    "client_id",
+    "client_mode",
+    "client_version",
+    "remote_ip",
+)
+
+
+def _grant(device: PairedDevice, source: PairingClaim | DevicePairingRequest, *, role: str, now) -> None:
+    """Give ``device`` the role asked for by ``source`` (a request or a claim) and its metadata.
+
+    Operator scopes accumulate; a node's command surface is replaced by the one just approved.
+    """
+    for name in _DEVICE_METADATA:
+        setattr(device, name, getattr(source, name))
+    device.display_name = source.display_name or device.display_name
+    device.roles = sorted({*(device.roles or []), role})
+    if role == sc.ROLE_OPERATOR:
+        device.approved_scopes = sc.normalize_scopes([*(device.approved_scopes or []), *source.scopes])
+    else:
+        device.approved_commands = sorted(set(source.commands))
+        device.approved_caps = sorted(set(source.caps))
+        device.approved_permissions = dict(source.permissions or {})
+    device.approved_at = now
+
+
 def _required_approval_scopes(request: DevicePairingRequest) -> list[str]:
     if request.role != sc.ROLE_NODE or not request.commands:
         return [sc.PAIRING]
@@ -227,23 +257,7 @@ def pairing_request_approve(*, request_id: str, actor: Actor, role: str | None =
         # Locked: a concurrent approval of another role for this device must not lose ours.
         if device is None:
             device = PairedDevice(device_id=request.device_id, approved_at=now)
-        device.public_key = request.public_key
-        device.display_name = request.display_name or device.display_name
-        device.platform = request.platform
-        device.device_family = request.device_family
-        device.model_identifier = request.model_identifier
-        device.client_id = request.client_id
-        device.client_mode = request.client_mode
-        device.client_version = request.client_version
-        device.remote_ip = request.remote_ip
-        device.roles = sorted(set(device.roles or []) | {request.role})
-        if request.role == sc.ROLE_OPERATOR:
-            device.approved_scopes = sc.normalize_scopes([*(device.approved_scopes or []), *request.scopes])
-        else:
-            device.approved_commands = sorted(set(request.commands))
-            device.approved_caps = sorted(set(request.caps))
-            device.approved_permissions = dict(request.permissions or {})
-        device.approved_at = now
+        _grant(device, request, role=request.role, now=now)
         device.save()
         audit(
             actor,
@@ -479,17 +493,7 @@ def operator_device_auto_approve(
         created = device is None
         if device is None:
             device = PairedDevice(device_id=claim.device_id, approved_at=now)
-        device.public_key = claim.public_key
-        device.display_name = device.display_name or claim.display_name
-        device.platform = claim.platform
-        device.device_family = claim.device_family
-        device.client_id = claim.client_id
-        device.client_mode = claim.client_mode
-        device.client_version = claim.client_version
-        device.remote_ip = claim.remote_ip
-        device.roles = sorted(set(device.roles or []) | {sc.ROLE_OPERATOR})
-        device.approved_scopes = sc.normalize_scopes([*(device.approved_scopes or []), *claim.scopes])
-        device.approved_at = now
+        _grant(device, claim, role=sc.ROLE_OPERATOR, now=now)
         device.save()
         audit(
             Actor.system("gateway:shared-secret"),
