@@ -247,3 +247,24 @@ def test_removing_a_device_closes_its_sessions_and_forgets_its_tokens(gateway):
     assert all("token" not in t for d in listed["paired"] for t in d["tokens"])
     assert (unknown.code, unknown.message) == ("INVALID_REQUEST", "unknown deviceId")
     assert not DeviceToken.objects.filter(device_id=other.device_id).exists()
+
+
+def test_device_pair_approve_also_approves_a_node(gateway):
+    async def scenario():
+        admin = operator(gateway)
+        await admin.connect()
+        candidate = node(gateway)
+        with pytest.raises(ConnectError) as refused:
+            await candidate.connect()
+        listed = await admin.request("device.pair.list")
+        approved = await admin.request("device.pair.approve", {"requestId": refused.value.details["requestId"]})
+        accepted = node(gateway, state_dir=candidate.options.state_dir)
+        hello = await accepted.connect()
+        await accepted.close()
+        await admin.close()
+        return refused.value, listed, approved, hello
+
+    refused, listed, approved, hello = asyncio.run(scenario())
+    assert [p["requestId"] for p in listed["pending"] if p["role"] == "node"] == [refused.details["requestId"]]
+    assert approved["device"]["roles"] == ["node"]
+    assert hello["auth"]["role"] == "node"

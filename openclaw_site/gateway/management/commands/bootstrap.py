@@ -21,14 +21,17 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         call_command("migrate", interactive=False, verbosity=0)
-        _token, created = ensure_gateway_token()
+        token, created = ensure_gateway_token()
         state_dir = settings.STATE_DIR
         self.stdout.write(f"State directory: {state_dir}")
-        self.stdout.write(
-            f"Gateway token: {'generated in' if created else 'kept in'} {state_dir / 'gateway-token'}"
-            if not os.environ.get("OPENCLAW_GATEWAY_TOKEN")
-            else "Gateway token: from OPENCLAW_GATEWAY_TOKEN"
-        )
+        if os.environ.get("OPENCLAW_GATEWAY_TOKEN"):
+            self.stdout.write("Gateway token: from OPENCLAW_GATEWAY_TOKEN")
+        elif created:
+            # Shown once, on the start that generated it; afterwards only where it is kept.
+            self.stdout.write(f"Gateway token (generated): {token}")
+            self.stdout.write(f"  kept in {state_dir / 'gateway-token'}")
+        else:
+            self.stdout.write(f"Gateway token: kept in {state_dir / 'gateway-token'}")
         User = get_user_model()
         username = options["admin_username"]
         credentials_file = state_dir / "admin-credentials"

@@ -23,9 +23,9 @@ class Command(BaseCommand):
 
         host = options["bind"] or gateway_setting("BIND")
         port = options["port"] if options["port"] is not None else gateway_setting("PORT")
-        _token, created = ensure_gateway_token()
+        token, created = ensure_gateway_token()
         if created:
-            self.stdout.write(f"Generated a gateway token in {settings.STATE_DIR / 'gateway-token'}")
+            self.stdout.write(f"Gateway token (generated): {token}\n  kept in {settings.STATE_DIR / 'gateway-token'}")
         layer = "Redis" if settings.REDIS_URL else "in-memory"
         database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
 
