@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import transaction
 from pydantic import ValidationError
 
 from . import scopes as sc
@@ -250,19 +251,23 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
             claim = _claim(params, ctx, role, [], public_key, reason, is_repair=device is not None)
             request, _created = services.pairing_request_ensure(claim=claim)
             raise _pairing_required(request, reason, role, [], device)
-    elif auth_method in ("token", "password"):
-        claim = _claim(params, ctx, role, requested_scopes, public_key, "not-paired", is_repair=device is not None)
-        device, _changed = services.operator_device_auto_approve(claim=claim, known=device)
     elif device is None or not device.has_role(role):
-        # A device token of a device that was since removed.
-        raise _reject(auth_failure("device_token_mismatch", params=params, local=is_loopback(ctx.remote_ip)))
+        if auth_method not in ("token", "password"):
+            # A device token of a device that was since removed.
+            raise _reject(auth_failure("device_token_mismatch", params=params, local=is_loopback(ctx.remote_ip)))
 
-    if token_record is not None:
-        services.device_token_touch(token_record)
-        issued_token, issued_at = params.auth.deviceToken or params.auth.token, None
-    else:
-        token_scopes = requested_scopes if role == sc.ROLE_OPERATOR else []
-        issued_token, issued_at = services.device_token_ensure(device=device, role=role, scopes=token_scopes)
+    # Pairing (silent, for shared-secret operators) and the first device token commit together:
+    # one durable transaction, so a crash cannot leave a paired device without its token record.
+    with transaction.atomic():
+        if role == sc.ROLE_OPERATOR and auth_method in ("token", "password"):
+            claim = _claim(params, ctx, role, requested_scopes, public_key, "not-paired", is_repair=device is not None)
+            device, _changed = services.operator_device_auto_approve(claim=claim, known=device)
+        if token_record is not None:
+            services.device_token_touch(token_record)
+            issued_token, issued_at = params.auth.deviceToken or params.auth.token, None
+        else:
+            token_scopes = requested_scopes if role == sc.ROLE_OPERATOR else []
+            issued_token, issued_at = services.device_token_ensure(device=device, role=role, scopes=token_scopes)
 
     commands: list[str] = []
     if role == sc.ROLE_NODE:
