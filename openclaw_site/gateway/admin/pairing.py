@@ -1,217 +1,41 @@
-"""Admin for inspecting the gateway core and for audited recovery.
-
-Everything the protocol creates is read-only here. State changes only through the actions below,
-each of which calls a service once per selected object with ``Actor.for_user(request.user)``: the
-service validates the transition and writes our ``AuditLog`` row; the admin adds Django's history
-entry and reports "N done, M skipped: <reasons>".
-"""
+"""Admin for paired devices, pairing requests and device tokens, with audited actions."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.auth import get_permission_codename
-from django.core.paginator import Paginator
-from django.db import connections
-from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from . import services
-from .exceptions import GatewayError
-from .models import (
-    AuditLog,
+from openclaw_site.gateway import services
+from openclaw_site.gateway.exceptions import GatewayError
+from openclaw_site.gateway.models import (
     DevicePairingRequest,
     DeviceToken,
-    GatewayConnection,
-    GatewayProcess,
     PairedDevice,
     PairingStatus,
 )
-from .scopes import ROLES
-from .selectors import live_connections, process_stale_before
+from openclaw_site.gateway.selectors import live_connections
 
-# --- shared helpers -------------------------------------------------------------------------
-
-
-def _short(value: object, size: int = 12) -> str:
-    return str(value)[:size]
-
-
-def _join(values: Iterable[str] | None) -> str:
-    return ", ".join(values or []) or "—"
-
-
-def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, done: int, skipped: list[str]) -> None:
-    message = f"{done} done, {len(skipped)} skipped"
-    if skipped:
-        message += ": " + "; ".join(skipped)
-    modeladmin.message_user(request, message, level=messages.WARNING if skipped else messages.SUCCESS)
-
-
-class EstimatedCountPaginator(Paginator):
-    """Pages a big table without counting it.
-
-    An unfiltered COUNT(*) is a full scan on PostgreSQL; for a large table the planner's row
-    estimate is good enough to page by. Filtered lists and small tables are counted exactly.
-    """
-
-    ESTIMATE_ABOVE = 10_000
-
-    @cached_property
-    def count(self) -> int:
-        queryset = self.object_list
-        if isinstance(queryset, QuerySet) and not queryset.query.where:
-            connection = connections[queryset.db]
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT reltuples::bigint FROM pg_class WHERE relname = %s", [queryset.model._meta.db_table]
-                    )
-                    row = cursor.fetchone()
-                if row and row[0] > self.ESTIMATE_ABOVE:
-                    return int(row[0])
-        return super().count
-
-
-class ViewOnlyObjectsMixin:
-    """Objects open read-only; the model-level change permission only unlocks the actions.
-
-    Editing a field here would bypass the services (no compare-and-set, no audit row, no event),
-    so the change form never saves. Built-in delete is off for the same reason.
-    """
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        if obj is not None:
-            return False
-        return super().has_change_permission(request)  # type: ignore[misc]
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Fully read-only: rows are owned by the gateway processes (or are the audit trail)."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-# --- list filters ---------------------------------------------------------------------------
-
-
-class RoleFilter(admin.SimpleListFilter):
-    title = "role"
-    parameter_name = "role"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [(role, role) for role in ROLES]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        if self.value() not in ROLES:
-            return queryset
-        # ``roles`` is a JSON list; JSON ``contains`` is not available on SQLite, but the quoted
-        # element is unambiguous in the serialized list on both backends.
-        return queryset.filter(roles__icontains=json.dumps(self.value()))
-
-
-class ConnectedFilter(admin.SimpleListFilter):
-    title = "connected"
-    parameter_name = "connected"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [("yes", "Connected"), ("no", "Not connected")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        live = Exists(live_connections().filter(device_id=OuterRef("pk")))
-        if self.value() == "yes":
-            return queryset.filter(live)
-        if self.value() == "no":
-            return queryset.filter(~live)
-        return queryset
-
-
-class PairingStateFilter(admin.SimpleListFilter):
-    """Status, with pending split into still open and overdue (waiting for the expiry sweep)."""
-
-    title = "state"
-    parameter_name = "state"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [
-            ("open", "Pending (open)"),
-            ("overdue", "Pending (overdue)"),
-            (PairingStatus.APPROVED, "Approved"),
-            (PairingStatus.REJECTED, "Rejected"),
-            (PairingStatus.EXPIRED, "Expired"),
-        ]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        value = self.value()
-        if value == "open":
-            return queryset.filter(status=PairingStatus.PENDING, expires_at__gt=timezone.now())
-        if value == "overdue":
-            return queryset.filter(status=PairingStatus.PENDING, expires_at__lte=timezone.now())
-        if value in PairingStatus.values:
-            return queryset.filter(status=value)
-        return queryset
-
-
-class TokenStateFilter(admin.SimpleListFilter):
-    title = "state"
-    parameter_name = "state"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [("active", "Active"), ("revoked", "Revoked")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        if self.value() == "active":
-            return queryset.filter(revoked_at__isnull=True)
-        if self.value() == "revoked":
-            return queryset.filter(revoked_at__isnull=False)
-        return queryset
-
-
-class LiveFilter(admin.SimpleListFilter):
-    """Alive = the (owning) gateway process still heartbeats."""
-
-    title = "alive"
-    parameter_name = "alive"
-    heartbeat_field = "heartbeat_at"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [("yes", "Alive"), ("no", "Stale")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        fresh = Q(**{f"{self.heartbeat_field}__gte": process_stale_before()})
-        if self.value() == "yes":
-            return queryset.filter(fresh)
-        if self.value() == "no":
-            return queryset.exclude(fresh)
-        return queryset
-
-
-class ConnectionLiveFilter(LiveFilter):
-    heartbeat_field = "process__heartbeat_at"
-
+from .common import (
+    ConnectedFilter,
+    PairingStateFilter,
+    RoleFilter,
+    TokenStateFilter,
+    ViewOnlyObjectsMixin,
+    join_or_dash,
+    per_object_action,
+    report_outcome,
+    short_id,
+)
 
 # --- paired devices -------------------------------------------------------------------------
 
@@ -306,15 +130,15 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
     @admin.display(description="device id", ordering="device_id")
     def device_id_short(self, obj: PairedDevice) -> str:
-        return _short(obj.device_id)
+        return short_id(obj.device_id)
 
     @admin.display(description="roles")
     def roles_column(self, obj: PairedDevice) -> str:
-        return _join(obj.roles)
+        return join_or_dash(obj.roles)
 
     @admin.display(description="approved scopes")
     def scopes_column(self, obj: PairedDevice) -> str:
-        return _join(obj.approved_scopes)
+        return join_or_dash(obj.approved_scopes)
 
     @admin.display(description="connected", boolean=True, ordering="connected")
     def is_connected(self, obj: PairedDevice) -> bool:
@@ -372,7 +196,7 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             done += 1
             # The row is gone; the in-memory object still carries its pk and label for history.
             self.log_deletions(request, [device])
-        _report(self, request, done, skipped)
+        report_outcome(self, request, done, skipped)
         return None
 
     def _remove_confirmation(self, request: HttpRequest, queryset: QuerySet[PairedDevice]) -> TemplateResponse:
@@ -426,14 +250,14 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             if revoked:
                 done += 1
                 self.log_change(request, device, f"Revoked device tokens ({', '.join(revoked)}) via admin action.")
-        _report(self, request, done, skipped)
+        report_outcome(self, request, done, skipped)
 
 
 # --- pairing requests -----------------------------------------------------------------------
 
 
 def _request_label(obj: DevicePairingRequest) -> str:
-    return f"{obj.role} request {_short(obj.request_id, 8)} of {obj.display_name or _short(obj.device_id)}"
+    return f"{obj.role} request {short_id(obj.request_id, 8)} of {obj.display_name or short_id(obj.device_id)}"
 
 
 @admin.register(DevicePairingRequest)
@@ -490,19 +314,19 @@ class DevicePairingRequestAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
     @admin.display(description="request", ordering="request_id")
     def request_id_short(self, obj: DevicePairingRequest) -> str:
-        return _short(obj.request_id, 8)
+        return short_id(obj.request_id, 8)
 
     @admin.display(description="device", ordering="device_id")
     def device_column(self, obj: DevicePairingRequest) -> str:
-        return f"{obj.display_name or '—'} ({_short(obj.device_id)})"
+        return f"{obj.display_name or '—'} ({short_id(obj.device_id)})"
 
     @admin.display(description="scopes")
     def scopes_column(self, obj: DevicePairingRequest) -> str:
-        return _join(obj.scopes)
+        return join_or_dash(obj.scopes)
 
     @admin.display(description="commands")
     def commands_column(self, obj: DevicePairingRequest) -> str:
-        return _join(obj.commands)
+        return join_or_dash(obj.commands)
 
     @admin.display(description="open", boolean=True)
     def is_open(self, obj: DevicePairingRequest) -> bool:
@@ -526,41 +350,19 @@ class DevicePairingRequestAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
     @admin.action(description="Approve selected pairing requests", permissions=["change"])
     def approve_requests(self, request: HttpRequest, queryset: QuerySet[DevicePairingRequest]) -> None:
-        actor = services.Actor.for_user(request.user)
-        done, skipped = 0, []
-        for obj in queryset:
-            reason = self._not_open_reason(obj)
-            if reason is not None:
-                skipped.append(f"{_request_label(obj)}: {reason}")
-                continue
-            try:
-                device = services.pairing_request_approve(request_id=str(obj.request_id), actor=actor)
-            except GatewayError as exc:
-                skipped.append(f"{_request_label(obj)}: {exc.message}")
-                continue
-            done += 1
-            obj.refresh_from_db()
-            self.log_change(request, obj, f"Approved via admin action: device {device.device_id} paired as {obj.role}.")
-        _report(self, request, done, skipped)
+        def approve(obj: DevicePairingRequest, actor: services.Actor) -> str:
+            device = services.pairing_request_approve(request_id=str(obj.request_id), actor=actor)
+            return f"Approved via admin action: device {device.device_id} paired as {obj.role}."
+
+        per_object_action(self, request, queryset, label=_request_label, skip_reason=self._not_open_reason, act=approve)
 
     @admin.action(description="Reject selected pairing requests", permissions=["change"])
     def reject_requests(self, request: HttpRequest, queryset: QuerySet[DevicePairingRequest]) -> None:
-        actor = services.Actor.for_user(request.user)
-        done, skipped = 0, []
-        for obj in queryset:
-            reason = self._not_open_reason(obj)
-            if reason is not None:
-                skipped.append(f"{_request_label(obj)}: {reason}")
-                continue
-            try:
-                services.pairing_request_reject(request_id=str(obj.request_id), actor=actor)
-            except GatewayError as exc:
-                skipped.append(f"{_request_label(obj)}: {exc.message}")
-                continue
-            done += 1
-            obj.refresh_from_db()
-            self.log_change(request, obj, "Rejected via admin action.")
-        _report(self, request, done, skipped)
+        def reject(obj: DevicePairingRequest, actor: services.Actor) -> str:
+            services.pairing_request_reject(request_id=str(obj.request_id), actor=actor)
+            return "Rejected via admin action."
+
+        per_object_action(self, request, queryset, label=_request_label, skip_reason=self._not_open_reason, act=reject)
 
 
 # --- device tokens --------------------------------------------------------------------------
@@ -598,7 +400,7 @@ class DeviceTokenAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
     @admin.display(description="scopes")
     def scopes_column(self, obj: DeviceToken) -> str:
-        return _join(obj.scopes)
+        return join_or_dash(obj.scopes)
 
     @admin.display(description="active", boolean=True, ordering="revoked_at")
     def is_active(self, obj: DeviceToken) -> bool:
@@ -606,114 +408,15 @@ class DeviceTokenAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
     @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[DeviceToken]) -> None:
-        actor = services.Actor.for_user(request.user)
-        done, skipped = 0, []
-        for token in queryset.select_related("device"):
-            if token.revoked_at is not None:
-                skipped.append(f"{token}: already revoked")
-                continue
-            try:
-                services.device_token_revoke(device_id=token.device_id, role=token.role, actor=actor)
-            except GatewayError as exc:
-                skipped.append(f"{token}: {exc.message}")
-                continue
-            done += 1
-            token.refresh_from_db()
-            self.log_change(request, token, "Revoked via admin action.")
-        _report(self, request, done, skipped)
+        def revoke(token: DeviceToken, actor: services.Actor) -> str:
+            services.device_token_revoke(device_id=token.device_id, role=token.role, actor=actor)
+            return "Revoked via admin action."
 
-
-# --- live state (owned by the gateway processes) --------------------------------------------
-
-
-@admin.register(GatewayConnection)
-class GatewayConnectionAdmin(ReadOnlyAdmin):
-    list_display = (
-        "conn_id_short",
-        "role",
-        "client_id",
-        "client_mode",
-        "display_name",
-        "device_id_short",
-        "node_id",
-        "auth_method",
-        "process_column",
-        "is_live",
-        "connected_at",
-    )
-    list_filter = (ConnectionLiveFilter, "role", "auth_method", "client_mode")
-    list_select_related = ("process",)
-    search_fields = (
-        "conn_id",
-        "device_id",
-        "node_id",
-        "client_id",
-        "display_name",
-        "channel_name",
-        "instance_id",
-        "remote_ip",
-    )
-    ordering = ("-connected_at",)
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[GatewayConnection]:
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                live=ExpressionWrapper(
-                    Q(process__heartbeat_at__gte=process_stale_before()), output_field=BooleanField()
-                )
-            )
+        per_object_action(
+            self,
+            request,
+            queryset.select_related("device"),
+            label=str,
+            skip_reason=lambda token: "already revoked" if token.revoked_at is not None else None,
+            act=revoke,
         )
-
-    @admin.display(description="connection", ordering="conn_id")
-    def conn_id_short(self, obj: GatewayConnection) -> str:
-        return _short(obj.conn_id, 8)
-
-    @admin.display(description="device id", ordering="device_id")
-    def device_id_short(self, obj: GatewayConnection) -> str:
-        return _short(obj.device_id) or "—"
-
-    @admin.display(description="process", ordering="process__hostname")
-    def process_column(self, obj: GatewayConnection) -> str:
-        return f"{obj.process.hostname}:{obj.process.pid}"
-
-    @admin.display(description="live", boolean=True, ordering="live")
-    def is_live(self, obj: GatewayConnection) -> bool:
-        return obj.live  # type: ignore[attr-defined]
-
-
-@admin.register(GatewayProcess)
-class GatewayProcessAdmin(ReadOnlyAdmin):
-    list_display = ("boot_id", "hostname", "pid", "is_alive", "connection_count", "started_at", "heartbeat_at")
-    list_filter = (LiveFilter, "hostname")
-    search_fields = ("boot_id", "hostname")
-    ordering = ("-heartbeat_at",)
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[GatewayProcess]:
-        return super().get_queryset(request).annotate(n_connections=Count("connections"))
-
-    @admin.display(description="alive", boolean=True, ordering="heartbeat_at")
-    def is_alive(self, obj: GatewayProcess) -> bool:
-        return obj.heartbeat_at >= process_stale_before()
-
-    @admin.display(description="connections", ordering="n_connections")
-    def connection_count(self, obj: GatewayProcess) -> int:
-        return obj.n_connections  # type: ignore[attr-defined]
-
-
-@admin.register(AuditLog)
-class AuditLogAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "actor", "actor_user", "action", "target_type", "target_id", "data_summary")
-    list_filter = ("action", "target_type")
-    list_select_related = ("actor_user",)
-    search_fields = ("actor", "action", "target_id", "actor_user__username")
-    date_hierarchy = "created_at"
-    ordering = ("-created_at",)
-    show_full_result_count = False
-    paginator = EstimatedCountPaginator
-
-    @admin.display(description="data")
-    def data_summary(self, obj: AuditLog) -> str:
-        text = json.dumps(obj.data, sort_keys=True)
-        return text if len(text) <= 120 else text[:117] + "..."

@@ -1,0 +1,227 @@
+"""Shared pieces of the gateway admin: action runner, read-only mixins, filters, paginator."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.functional import cached_property
+
+from openclaw_site.gateway import services
+from openclaw_site.gateway.exceptions import GatewayError
+from openclaw_site.gateway.models import (
+    PairingStatus,
+)
+from openclaw_site.gateway.scopes import ROLES
+from openclaw_site.gateway.selectors import live_connections, process_stale_before
+
+# --- shared helpers -------------------------------------------------------------------------
+
+
+def short_id(value: object, size: int = 12) -> str:
+    return str(value)[:size]
+
+
+def join_or_dash(values: Iterable[str] | None) -> str:
+    return ", ".join(values or []) or "—"
+
+
+def report_outcome(modeladmin: admin.ModelAdmin, request: HttpRequest, done: int, skipped: list[str]) -> None:
+    message = f"{done} done, {len(skipped)} skipped"
+    if skipped:
+        message += ": " + "; ".join(skipped)
+    modeladmin.message_user(request, message, level=messages.WARNING if skipped else messages.SUCCESS)
+
+
+def per_object_action(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    objects: Iterable[Any],
+    *,
+    label: Callable[[Any], str],
+    skip_reason: Callable[[Any], str | None],
+    act: Callable[[Any, services.Actor], str],
+) -> None:
+    """Run one audited service call per object; ``act`` returns the Django history message.
+
+    Domain errors skip the object with the service's message; the summary says
+    "N done, M skipped: <reasons>".
+    """
+    actor = services.Actor.for_user(request.user)
+    done, skipped = 0, []
+    for obj in objects:
+        reason = skip_reason(obj)
+        if reason is not None:
+            skipped.append(f"{label(obj)}: {reason}")
+            continue
+        try:
+            history = act(obj, actor)
+        except GatewayError as exc:
+            skipped.append(f"{label(obj)}: {exc.message}")
+            continue
+        done += 1
+        obj.refresh_from_db()
+        modeladmin.log_change(request, obj, history)
+    report_outcome(modeladmin, request, done, skipped)
+
+
+class EstimatedCountPaginator(Paginator):
+    """Pages a big table without counting it.
+
+    An unfiltered COUNT(*) is a full scan on PostgreSQL; for a large table the planner's row
+    estimate is good enough to page by. Filtered lists and small tables are counted exactly.
+    """
+
+    ESTIMATE_ABOVE = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        queryset = self.object_list
+        if isinstance(queryset, QuerySet) and not queryset.query.where:
+            connection = connections[queryset.db]
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT reltuples::bigint FROM pg_class WHERE relname = %s", [queryset.model._meta.db_table]
+                    )
+                    row = cursor.fetchone()
+                if row and row[0] > self.ESTIMATE_ABOVE:
+                    return int(row[0])
+        return super().count
+
+
+class ViewOnlyObjectsMixin:
+    """Objects open read-only; the model-level change permission only unlocks the actions.
+
+    Editing a field here would bypass the services (no compare-and-set, no audit row, no event),
+    so the change form never saves. Built-in delete is off for the same reason.
+    """
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None:
+            return False
+        return super().has_change_permission(request)  # type: ignore[misc]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Fully read-only: rows are owned by the gateway processes (or are the audit trail)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+# --- list filters ---------------------------------------------------------------------------
+
+
+class RoleFilter(admin.SimpleListFilter):
+    title = "role"
+    parameter_name = "role"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [(role, role) for role in ROLES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() not in ROLES:
+            return queryset
+        # ``roles`` is a JSON list; JSON ``contains`` is not available on SQLite, but the quoted
+        # element is unambiguous in the serialized list on both backends.
+        return queryset.filter(roles__icontains=json.dumps(self.value()))
+
+
+class ConnectedFilter(admin.SimpleListFilter):
+    title = "connected"
+    parameter_name = "connected"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("yes", "Connected"), ("no", "Not connected")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        live = Exists(live_connections().filter(device_id=OuterRef("pk")))
+        if self.value() == "yes":
+            return queryset.filter(live)
+        if self.value() == "no":
+            return queryset.filter(~live)
+        return queryset
+
+
+class PairingStateFilter(admin.SimpleListFilter):
+    """Status, with pending split into still open and overdue (waiting for the expiry sweep)."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [
+            ("open", "Pending (open)"),
+            ("overdue", "Pending (overdue)"),
+            (PairingStatus.APPROVED, "Approved"),
+            (PairingStatus.REJECTED, "Rejected"),
+            (PairingStatus.EXPIRED, "Expired"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if value == "open":
+            return queryset.filter(status=PairingStatus.PENDING, expires_at__gt=timezone.now())
+        if value == "overdue":
+            return queryset.filter(status=PairingStatus.PENDING, expires_at__lte=timezone.now())
+        if value in PairingStatus.values:
+            return queryset.filter(status=value)
+        return queryset
+
+
+class TokenStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("active", "Active"), ("revoked", "Revoked")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "active":
+            return queryset.filter(revoked_at__isnull=True)
+        if self.value() == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        return queryset
+
+
+class LiveFilter(admin.SimpleListFilter):
+    """Alive = the (owning) gateway process still heartbeats."""
+
+    title = "alive"
+    parameter_name = "alive"
+    heartbeat_field = "heartbeat_at"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("yes", "Alive"), ("no", "Stale")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        fresh = Q(**{f"{self.heartbeat_field}__gte": process_stale_before()})
+        if self.value() == "yes":
+            return queryset.filter(fresh)
+        if self.value() == "no":
+            return queryset.exclude(fresh)
+        return queryset
+
+
+class ConnectionLiveFilter(LiveFilter):
+    heartbeat_field = "process__heartbeat_at"
