@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "openclaw_site.gateway",
+    "openclaw_site.sessions_app",
 ]
 
 MIDDLEWARE = [
@@ -130,7 +131,15 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000}}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
+# Where long work (model turns, sweeps) runs: Celery workers when Redis is configured, else a thread
+# pool inside the gateway process. OPENCLAW_TASK_MODE overrides ("celery" | "inprocess").
+OPENCLAW_TASK_MODE = os.environ.get("OPENCLAW_TASK_MODE", "").strip() or ("celery" if REDIS_URL else "inprocess")
+
 CELERY_BROKER_URL = REDIS_URL or "memory://"
+# Deployments (and concurrent test runs) sharing one Redis must not take each other's tasks.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{REDIS_PREFIX}:celery:"}
+CELERY_TASK_DEFAULT_QUEUE = "openclaw"
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_SOFT_TIME_LIMIT = 300
 CELERY_TASK_TIME_LIMIT = 360
@@ -138,6 +147,8 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE = {
     # Every 30 s: expire pending pairing requests and forget connections of dead gateway processes.
     "gateway-sweep": {"task": "openclaw_site.gateway.tasks.gateway_sweep", "schedule": 30.0},
+    # Every 15 s: fail turns whose worker stopped heartbeating, restart queued turns nobody took.
+    "sessions-sweep": {"task": "openclaw_site.sessions_app.tasks.runs_sweep", "schedule": 15.0},
 }
 
 # --- Gateway --------------------------------------------------------------------------------
@@ -166,6 +177,22 @@ OPENCLAW_GATEWAY = {
     # and the connections it registered are no longer routable.
     "PROCESS_HEARTBEAT_INTERVAL_MS": env_int("OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS", 10_000),
     "PROCESS_STALE_AFTER_MS": env_int("OPENCLAW_PROCESS_STALE_AFTER_MS", 35_000),
+}
+
+# --- Model provider ---------------------------------------------------------------------------
+# No base URL: the built-in deterministic "echo" provider. A base URL: an OpenAI-compatible
+# endpoint streamed with POST {BASE_URL}/chat/completions.
+OPENCLAW_MODEL = {
+    "PROVIDER": os.environ.get("OPENCLAW_MODEL_PROVIDER", "").strip()
+    or ("openai" if os.environ.get("OPENCLAW_MODEL_BASE_URL", "").strip() else "echo"),
+    "BASE_URL": os.environ.get("OPENCLAW_MODEL_BASE_URL", "").strip().rstrip("/"),
+    "API_KEY": os.environ.get("OPENCLAW_MODEL_API_KEY", "").strip(),
+    "MODEL": os.environ.get("OPENCLAW_MODEL", "").strip() or "echo",
+    "CONNECT_TIMEOUT_S": float(os.environ.get("OPENCLAW_MODEL_CONNECT_TIMEOUT_S", "10")),
+    # Longest silence allowed between two streamed chunks (or before a non-streamed reply).
+    "READ_TIMEOUT_S": float(os.environ.get("OPENCLAW_MODEL_READ_TIMEOUT_S", "60")),
+    # Whole turn, start to last byte.
+    "TOTAL_TIMEOUT_S": float(os.environ.get("OPENCLAW_MODEL_TOTAL_TIMEOUT_S", "600")),
 }
 
 # --- Misc -----------------------------------------------------------------------------------

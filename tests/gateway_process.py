@@ -44,6 +44,9 @@ class GatewayServer:
     state_dir: str
     log_path: str
     env: dict[str, str] = field(repr=False, default_factory=dict)
+    # The Celery worker that runs this gateway's turns (task mode "celery"), started with the same env.
+    worker: subprocess.Popen | None = None
+    worker_log_path: str | None = None
 
     @property
     def url(self) -> str:
@@ -56,21 +59,77 @@ class GatewayServer:
     def log(self) -> str:
         return Path(self.log_path).read_text(encoding="utf-8", errors="replace")
 
+    def worker_log(self) -> str:
+        return Path(self.worker_log_path).read_text(encoding="utf-8", errors="replace") if self.worker_log_path else ""
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        _terminate(self.process, sig, timeout)
+        if self.worker is not None:
+            _terminate(self.worker, signal.SIGTERM, timeout)
         return self.process.returncode
+
+    def kill_worker(self) -> None:
+        if self.worker is not None:
+            _terminate(self.worker, signal.SIGKILL, 10)
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
 
 
-def start_gateway(*, extra_env: dict[str, str] | None = None, port: int | None = None) -> GatewayServer:
+def _terminate(process: subprocess.Popen, sig: int, timeout: float) -> None:
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def task_mode(env: dict[str, str]) -> str:
+    return env.get("OPENCLAW_TASK_MODE") or ("celery" if env.get("REDIS_URL") else "inprocess")
+
+
+def start_celery_worker(env: dict[str, str], state_dir: str) -> tuple[subprocess.Popen, str]:
+    log_path = os.path.join(state_dir, "celery.log")
+    with open(log_path, "w", encoding="utf-8") as log:
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "openclaw_site",
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--pool",
+                "threads",
+                "--concurrency",
+                "4",
+                "--without-heartbeat",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if worker.poll() is not None:
+            raise RuntimeError(f"celery worker exited with {worker.returncode}:\n{Path(log_path).read_text()}")
+        if " ready." in Path(log_path).read_text(encoding="utf-8", errors="replace"):
+            return worker, log_path
+        time.sleep(0.1)
+    worker.kill()
+    raise RuntimeError(f"celery worker not ready within 60 s:\n{Path(log_path).read_text()}")
+
+
+def start_gateway(
+    *, extra_env: dict[str, str] | None = None, port: int | None = None, worker: bool = True
+) -> GatewayServer:
     port = port or free_port()
     state_dir = tempfile.mkdtemp(prefix="gateway-state-")
     env = {
@@ -92,6 +151,8 @@ def start_gateway(*, extra_env: dict[str, str] | None = None, port: int | None =
             stderr=subprocess.STDOUT,
         )
     server = GatewayServer(process, port, env["OPENCLAW_GATEWAY_TOKEN"], state_dir, log_path, env)
+    if worker and task_mode(env) == "celery":
+        server.worker, server.worker_log_path = start_celery_worker(env, state_dir)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -221,6 +221,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             return
         if spec.scope is not None and not scope_satisfied(self.ctx.scopes, spec.scope):
             return
+        if spec.subscription is not None and spec.subscription not in self.ctx.subscriptions:
+            return
         await self.send_event(message["event"], message["payload"], state_version=message.get("stateVersion"))
 
     async def gateway_close(self, message: dict[str, Any]) -> None:

@@ -23,6 +23,8 @@ class RpcContext:
     commands: list[str] = field(default_factory=list)
     # node.invoke.request ids this node connection still owes a result for → (reply channel, command).
     pending_invokes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Opt-in event families of this connection (sessions.subscribe adds "sessions").
+    subscriptions: set[str] = field(default_factory=set)
 
     @property
     def is_admin(self) -> bool:

@@ -70,6 +70,14 @@ def run_gateway_server(
         return defer.Deferred.fromFuture(future)
 
     reactor.addSystemEventTrigger("before", "shutdown", broadcast_shutdown)
+
+    def on_ready():
+        loop = asyncio.get_event_loop()
+        runtime.set_main_loop(loop)
+        runtime.STARTUP_TASK = loop.create_task(runtime.startup())
+        if ready_callable is not None:
+            ready_callable()
+
     host_part = host.replace(":", r"\:")
     server = Server(
         application=application,
@@ -85,7 +93,7 @@ def run_gateway_server(
         ping_interval=20,
         ping_timeout=30,
         application_close_timeout=10,
-        ready_callable=ready_callable,
+        ready_callable=on_ready,
         verbosity=verbosity,
     )
     server.run()

@@ -40,6 +40,8 @@ class EventSpec:
     # None: every authenticated connection receives it (tick, presence, shutdown, health).
     scope: str | None
     operators_only: bool
+    # Only connections that subscribed (e.g. "sessions" via sessions.subscribe) receive it.
+    subscription: str | None = None
 
 
 @dataclass
@@ -76,12 +78,15 @@ class MethodRegistry:
 
         return decorator
 
-    def event(self, name: str, *, scope: str | None, operators_only: bool | None = None) -> str:
+    def event(
+        self, name: str, *, scope: str | None, operators_only: bool | None = None, subscription: str | None = None
+    ) -> str:
         if name not in self.events:
             self.events[name] = EventSpec(
                 name=name,
                 scope=scope,
                 operators_only=scope is not None if operators_only is None else operators_only,
+                subscription=subscription,
             )
         return name
 

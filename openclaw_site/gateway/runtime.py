@@ -7,9 +7,12 @@ database (``GatewayConnection``) or the channel layer.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from channels.db import database_sync_to_async
@@ -24,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 BOOT_ID = str(uuid.uuid4())
 STARTED_AT = time.time()
+# Kept so the startup task is not garbage-collected while it runs.
+STARTUP_TASK: asyncio.Task | None = None
 
 
 def uptime_ms() -> int:
@@ -77,7 +82,110 @@ class InvokeBroker:
 
 invoke_broker = InvokeBroker()
 
-_state: dict[str, Any] = {"loop_task": None, "registered": False, "stopping": False}
+_state: dict[str, Any] = {
+    "loop_task": None,
+    "listener_task": None,
+    "registered": False,
+    "stopping": False,
+    "main_loop": None,
+}
+
+# Gateway processes join this group with one process-level channel each, for notifications that
+# are about the process rather than a connection (a run finished: wake agent.wait callers).
+PROCESS_GROUP = "gateway.processes"
+
+
+# --- the event loop of this process and in-process background work --------------------------
+
+_in_process_worker: contextvars.ContextVar[bool] = contextvars.ContextVar("in_process_worker", default=False)
+
+
+def in_process_worker() -> bool:
+    return _in_process_worker.get() or threading.current_thread().name.startswith("openclaw-task")
+
+
+def set_main_loop(loop: asyncio.AbstractEventLoop) -> None:
+    _state["main_loop"] = loop
+
+
+def main_loop() -> asyncio.AbstractEventLoop | None:
+    loop = _state["main_loop"]
+    return loop if loop is not None and loop.is_running() else None
+
+
+def run_in_process(fn: Callable[..., Any], *args: Any) -> None:
+    """Run a sync task function in a worker thread of this process.
+
+    On the gateway's event loop when there is one, so that what the task publishes through the
+    channel layer reaches this process's consumers; otherwise (a shell, a unit test) in a thread.
+    """
+    loop = main_loop()
+    if loop is None:
+        thread = threading.Thread(target=_run_task, args=(fn, args), name="openclaw-task", daemon=True)
+        thread.start()
+        return
+    from channels.db import DatabaseSyncToAsync
+
+    async def runner() -> None:
+        try:
+            await DatabaseSyncToAsync(_run_task, thread_sensitive=False)(fn, args)
+        except Exception:
+            logger.exception("in-process task %s failed", getattr(fn, "name", fn))
+
+    asyncio.run_coroutine_threadsafe(runner(), loop)
+
+
+def _run_task(fn: Callable[..., Any], args: tuple) -> None:
+    from django.db import close_old_connections
+
+    token = _in_process_worker.set(True)
+    try:
+        fn(*args)
+    except Exception:
+        logger.exception("in-process task %s failed", getattr(fn, "name", fn))
+    finally:
+        _in_process_worker.reset(token)
+        close_old_connections()
+
+
+# --- process-level notifications ------------------------------------------------------------
+
+_process_handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
+
+
+def on_process_message(message_type: str, handler: Callable[[dict[str, Any]], None]) -> None:
+    """Handle channel-layer messages sent to every gateway process (see :data:`PROCESS_GROUP`)."""
+    _process_handlers[message_type] = handler
+
+
+def ensure_process_listener() -> None:
+    task = _state["listener_task"]
+    if task is None or task.done():
+        _state["listener_task"] = asyncio.get_running_loop().create_task(_process_listener())
+
+
+async def _process_listener() -> None:
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel("gateway.process.")
+    joined_at = 0.0
+    while not _state["stopping"]:
+        try:
+            if time.monotonic() - joined_at > 3600:
+                # Redis group membership expires after a day; renew it well before.
+                await layer.group_add(PROCESS_GROUP, channel)
+                joined_at = time.monotonic()
+            message = await layer.receive(channel)
+            handler = _process_handlers.get(message.get("type", ""))
+            if handler is not None:
+                handler(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("process listener failed; retrying")
+            await asyncio.sleep(1)
+
 
 HEALTH_MAX_AGE_S = 1.0
 _health: dict[str, Any] = {"snapshot": None, "probed_at": 0.0, "lock": None}
@@ -104,9 +212,13 @@ async def health_snapshot(probe) -> dict[str, Any]:
 
 
 def ensure_background_loop() -> None:
+    loop = asyncio.get_running_loop()
+    if _state["main_loop"] is None:
+        _state["main_loop"] = loop
     task = _state["loop_task"]
     if task is None or task.done():
-        _state["loop_task"] = asyncio.get_running_loop().create_task(_background_loop())
+        _state["loop_task"] = loop.create_task(_background_loop())
+    ensure_process_listener()
 
 
 def is_stopping() -> bool:
@@ -121,6 +233,32 @@ async def ensure_process_registered() -> None:
         _state["registered"] = True
 
 
+SWEEP_INTERVAL_S = 15
+_sweeps: list[Callable[[], Any]] = []
+_startup_hooks: list[Callable[[], Any]] = []
+
+
+def on_sweep(fn: Callable[[], Any]) -> None:
+    """A periodic recovery function run by the gateway loop when embedded (Celery beat otherwise)."""
+    _sweeps.append(fn)
+
+
+def on_startup(fn: Callable[[], Any]) -> None:
+    """A sync function run once in the database thread when a gateway process starts."""
+    _startup_hooks.append(fn)
+
+
+async def startup() -> None:
+    """Process start (``serve``): register the process, start the loops, run the apps' startup hooks."""
+    ensure_background_loop()
+    await ensure_process_registered()
+    for hook in _startup_hooks:
+        try:
+            await database_sync_to_async(hook)()
+        except Exception:
+            logger.exception("startup hook %s failed", hook)
+
+
 async def _background_loop() -> None:
     """Ticks to local connections, this process's heartbeat and (embedded profile) the sweep."""
     from . import services
@@ -129,7 +267,7 @@ async def _background_loop() -> None:
     heartbeat_s = gateway_setting("PROCESS_HEARTBEAT_INTERVAL_MS") / 1000
     run_sweeps_here = not settings.REDIS_URL  # production runs the sweep in Celery beat
     now = time.monotonic()
-    next_tick, next_heartbeat, next_sweep = now + tick_s, now + heartbeat_s, now + 30
+    next_tick, next_heartbeat, next_sweep = now + tick_s, now + heartbeat_s, now + SWEEP_INTERVAL_S
     while not _state["stopping"]:
         await asyncio.sleep(max(0.05, min(next_tick, next_heartbeat, next_sweep) - time.monotonic()))
         now = time.monotonic()
@@ -143,8 +281,10 @@ async def _background_loop() -> None:
                 next_heartbeat = now + heartbeat_s
                 await database_sync_to_async(services.process_heartbeat)(boot_id=BOOT_ID)
             if run_sweeps_here and now >= next_sweep:
-                next_sweep = now + 30
+                next_sweep = now + SWEEP_INTERVAL_S
                 await database_sync_to_async(services.gateway_sweep)()
+                for sweep in _sweeps:
+                    await database_sync_to_async(sweep)()
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -171,6 +311,7 @@ async def shutdown(reason: str = "gateway stopping", restart_expected_ms: int | 
         await database_sync_to_async(services.process_unregister)(boot_id=BOOT_ID)
     except Exception:
         logger.exception("failed to unregister gateway process")
-    task = _state["loop_task"]
-    if task is not None:
-        task.cancel()
+    for name in ("loop_task", "listener_task"):
+        task = _state[name]
+        if task is not None:
+            task.cancel()

@@ -1,0 +1,181 @@
+"""Events of sessions_app, built server-side; everything that follows a write goes out after commit.
+
+* ``sessions.changed`` — to connections that called ``sessions.subscribe``.
+* ``chat`` / ``agent`` — the turn's stream, to every operator with ``operator.read``; each run
+  numbers its own ``chat`` and ``agent`` payloads (``payload.seq``).
+* ``sessions.run_finished`` — a process-level notification that wakes ``agent.wait`` callers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.core.cache import cache
+from django.db import transaction
+
+from openclaw_site.gateway import background, runtime
+from openclaw_site.gateway import scopes as sc
+from openclaw_site.gateway.events import publish_on_commit, publish_rollback_unsafe
+from openclaw_site.gateway.registry import registry
+
+if TYPE_CHECKING:
+    from .models import Run, Session
+
+logger = logging.getLogger(__name__)
+
+EVENT_SESSIONS_CHANGED = registry.event("sessions.changed", scope=sc.READ, subscription="sessions")
+EVENT_CHAT = registry.event("chat", scope=sc.READ)
+EVENT_AGENT = registry.event("agent", scope=sc.READ)
+
+RUN_FINISHED = "sessions.run_finished"
+ABORT_KEY = "sessions:run-abort:{}"
+
+
+def _ms(value) -> int | None:
+    return int(value.timestamp() * 1000) if value else None
+
+
+def session_event_fields(session: Session) -> dict[str, Any]:
+    return {
+        "sessionKey": session.key,
+        "agentId": session.agent_id,
+        "sessionId": session.session_id,
+        "lifecycleRevision": session.lifecycle_revision,
+        "updatedAt": _ms(session.updated_at),
+        "label": session.label or None,
+        "displayName": session.display_name or None,
+        "archived": session.archived_at is not None,
+        "pinned": session.pinned_at is not None,
+        "status": session.status or None,
+        "model": session.model or None,
+        "initializationPending": session.initialization_pending,
+    }
+
+
+def publish_session_changed_on_commit(
+    session: Session, *, reason: str, phase: str | None = None, run_id: str | None = None, deleted: bool = False
+) -> None:
+    payload = {**session_event_fields(session), "reason": reason, "ts": int(time.time() * 1000)}
+    if phase is not None:
+        payload["phase"] = phase
+    if run_id is not None:
+        payload["runId"] = run_id
+    if deleted:
+        payload["deleted"] = True
+    publish_on_commit(EVENT_SESSIONS_CHANGED, payload)
+
+
+# --- turn dispatch, abort, completion -------------------------------------------------------
+
+
+def dispatch_turn_on_commit(run_id: str) -> None:
+    from .tasks import run_turn
+
+    background.dispatch_on_commit(run_turn, run_id)
+
+
+def request_abort_on_commit(run_id: str) -> None:
+    # The runner polls this flag between chunks (and while waiting on the provider).
+    transaction.on_commit(lambda: cache.set(ABORT_KEY.format(run_id), 1, timeout=3600))
+
+
+def abort_requested(run_id: str) -> bool:
+    return bool(cache.get(ABORT_KEY.format(run_id)))
+
+
+def notify_run_finished(run_id: str) -> None:
+    try:
+        async_to_sync(get_channel_layer().group_send)(runtime.PROCESS_GROUP, {"type": RUN_FINISHED, "runId": run_id})
+    except Exception:
+        # agent.wait also re-reads the run on a slow timer; a lost wake-up only delays it.
+        logger.exception("failed to notify run %s finished", run_id)
+
+
+class TurnEmitter:
+    """The ``chat``/``agent`` events of one run, each stream with its own ``seq``."""
+
+    def __init__(self, run: Run, session: Session):
+        self.run_id = run.run_id
+        self.session_key = session.key
+        self.session_id = run.window_id
+        self.agent_id = session.agent_id
+        self.chat_seq = 0
+        self.agent_seq = 0
+
+    def _chat(self, state: str, **fields: Any) -> None:
+        self.chat_seq += 1
+        payload = {
+            "runId": self.run_id,
+            "sessionKey": self.session_key,
+            "agentId": self.agent_id,
+            "seq": self.chat_seq,
+            "state": state,
+            **fields,
+        }
+        publish_rollback_unsafe(EVENT_CHAT, payload)
+
+    def _agent(self, stream: str, data: dict[str, Any]) -> None:
+        self.agent_seq += 1
+        payload = {
+            "runId": self.run_id,
+            "sessionKey": self.session_key,
+            "sessionId": self.session_id,
+            "agentId": self.agent_id,
+            "stream": stream,
+            "data": data,
+            "seq": self.agent_seq,
+            "ts": int(time.time() * 1000),
+            "isHeartbeat": False,
+        }
+        publish_rollback_unsafe(EVENT_AGENT, payload)
+
+    @staticmethod
+    def _message(text: str) -> dict[str, Any]:
+        return {"role": "assistant", "content": [{"type": "text", "text": text}], "timestamp": int(time.time() * 1000)}
+
+    def start(self, started_at_ms: int) -> None:
+        self._agent("lifecycle", {"phase": "start", "startedAt": started_at_ms})
+
+    def delta(self, delta: str, text: str) -> None:
+        self._agent("assistant", {"text": text, "delta": delta})
+        self._chat("delta", deltaText=delta, message=self._message(text))
+
+    def end(self, run: Run) -> None:
+        ended_at = _ms(run.ended_at)
+        if run.status == "ok":
+            self._agent("lifecycle", {"phase": "end", "endedAt": ended_at, "stopReason": run.stop_reason or "stop"})
+            fields: dict[str, Any] = {
+                "stopReason": run.stop_reason or "stop",
+                "message": self._message(run.output_text),
+            }
+            if run.usage:
+                fields["usage"] = run.usage
+            self._chat("final", **fields)
+        elif run.status == "aborted":
+            self._agent("lifecycle", {"phase": "end", "endedAt": ended_at, "aborted": True, "stopReason": "aborted"})
+            fields = {"stopReason": "aborted"}
+            if run.output_text:
+                fields["message"] = self._message(run.output_text)
+            self._chat("aborted", **fields)
+        else:
+            self._agent("lifecycle", {"phase": "error", "endedAt": ended_at, "error": run.error})
+            self._chat("error", errorMessage=run.error, errorKind=_error_kind(run.error_kind))
+
+
+def _error_kind(kind: str) -> str:
+    return kind if kind in ("refusal", "timeout", "rate_limit", "context_length") else "unknown"
+
+
+def publish_turn_end_on_commit(run: Run, session: Session, emitter: TurnEmitter | None = None) -> None:
+    """Terminal chat/agent events and the wake-up of agent.wait, once the outcome is durable."""
+    emitter = emitter or TurnEmitter(run, session)
+
+    def publish() -> None:
+        emitter.end(run)
+        notify_run_finished(run.run_id)
+
+    transaction.on_commit(publish)

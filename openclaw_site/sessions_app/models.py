@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class Session(models.Model):
+    """One logical conversation: a stable ``key`` whose transcript generation (``session_id``)
+    rotates on reset and fork. ``lifecycle_revision`` rotates with every ownership change;
+    guarded mutations compare both.
+    """
+
+    key = models.CharField(max_length=300, unique=True)
+    agent_id = models.CharField(max_length=100, default="main")
+    session_id = models.CharField(max_length=64, unique=True, default=new_id)
+    lifecycle_revision = models.CharField(max_length=64, default=new_id)
+    # Initialization not finished: no turns, no forks, until the readiness commit.
+    initialization_pending = models.BooleanField(default=False)
+    label = models.CharField(max_length=200, blank=True)
+    display_name = models.CharField(max_length=200, blank=True)
+    category = models.CharField(max_length=100, blank=True)
+    archived_at = models.DateTimeField(null=True, blank=True)
+    pinned_at = models.DateTimeField(null=True, blank=True)
+    created_via = models.CharField(max_length=32, default="operator")
+    parent_session_key = models.CharField(max_length=300, blank=True)
+    fork_source_session_key = models.CharField(max_length=300, blank=True)
+    fork_source_session_id = models.CharField(max_length=64, blank=True)
+    fork_source_entry_id = models.CharField(max_length=64, blank=True)
+    cwd = models.TextField(blank=True)
+    # {"id", "branch", "path", "repoRoot", "baseRef"} of a managed git worktree.
+    worktree = models.JSONField(null=True, blank=True)
+    model_provider = models.CharField(max_length=100, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    # Last turn: running | done | failed | killed (an aborted turn).
+    status = models.CharField(max_length=16, blank=True)
+    last_run_id = models.CharField(max_length=200, blank=True)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    last_interaction_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # sessions.list: newest first within an agent, archived filtered out by default.
+            models.Index(fields=["agent_id", "archived_at", "-updated_at"], name="session_list_idx"),
+            models.Index(fields=["-updated_at", "id"], name="session_recent_idx"),
+            models.Index(fields=["label"], name="session_label_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class WindowReason(models.TextChoices):
+    INITIAL = "initial"
+    RESET = "reset"
+    FORK = "fork"
+
+
+class SessionWindow(models.Model):
+    """One transcript generation of a session; its primary key is the wire ``sessionId``.
+
+    (``session_id`` on this model is Django's foreign key to :class:`Session`, not the wire id.)
+    """
+
+    id = models.CharField(primary_key=True, max_length=64)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="windows")
+    previous_session_id = models.CharField(max_length=64, blank=True)
+    reason = models.CharField(max_length=16, choices=WindowReason.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.reason})"
+
+
+class TranscriptEvent(models.Model):
+    """Append-only transcript entry. ``seq`` is dense per window; ``parent_id`` links the active path."""
+
+    window = models.ForeignKey(SessionWindow, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    event_id = models.CharField(max_length=64, default=new_id)
+    parent_id = models.CharField(max_length=64, blank=True)
+    type = models.CharField(max_length=32, default="message")
+    body = models.JSONField(default=dict)
+    # Message appends carry one; a repeated append with the same key is a no-op.
+    # NULL = no key; the partial unique index covers keyed rows only.
+    idempotency_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["window", "seq"], name="transcript_seq_unique"),
+            models.UniqueConstraint(fields=["window", "event_id"], name="transcript_event_id_unique"),
+            models.UniqueConstraint(
+                fields=["window", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="transcript_idempotency_unique",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.window_id}#{self.seq} {self.type}"
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    OK = "ok"
+    ERROR = "error"
+    ABORTED = "aborted"
+
+
+TERMINAL_RUN_STATUSES = (RunStatus.OK, RunStatus.ERROR, RunStatus.ABORTED)
+
+
+class Run(models.Model):
+    """A chat turn. ``run_id`` is the caller's idempotencyKey: a repeated chat.send is this run."""
+
+    run_id = models.CharField(primary_key=True, max_length=200)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runs")
+    session_key = models.CharField(max_length=300)
+    # The transcript generation (wire sessionId) the turn was sent to; a reset in between fails it.
+    window = models.ForeignKey(SessionWindow, on_delete=models.CASCADE, related_name="runs")
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    message = models.TextField()
+    user_event_id = models.CharField(max_length=64, blank=True)
+    assistant_event_id = models.CharField(max_length=64, blank=True)
+    model_provider = models.CharField(max_length=100, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    output_text = models.TextField(blank=True)
+    stop_reason = models.CharField(max_length=64, blank=True)
+    error = models.TextField(blank=True)
+    error_kind = models.CharField(max_length=32, blank=True)
+    usage = models.JSONField(null=True, blank=True)
+    abort_requested_at = models.DateTimeField(null=True, blank=True)
+    # Who executes it ("celery:<host>:<pid>" or "gateway:<bootId>") and proof of life.
+    worker = models.CharField(max_length=200, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # Next queued turn of a session, and "is a turn of this session running?".
+            models.Index(fields=["session", "status", "created_at"], name="run_session_status_idx"),
+            # The sweep: running turns whose worker stopped heartbeating.
+            models.Index(fields=["status", "heartbeat_at"], name="run_status_heartbeat_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_RUN_STATUSES

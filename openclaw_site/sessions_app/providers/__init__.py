@@ -1,0 +1,38 @@
+"""Model providers: ``get_provider()`` picks one from ``settings.OPENCLAW_MODEL`` at call time."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from .base import Aborted, ChatMessage, Delta, Finish, ModelProvider, ProviderError, ProviderErrorKind
+from .echo import EchoProvider
+from .openai_compat import OpenAICompatConfig, OpenAICompatProvider
+
+__all__ = [
+    "Aborted",
+    "ChatMessage",
+    "Delta",
+    "EchoProvider",
+    "Finish",
+    "ModelProvider",
+    "OpenAICompatConfig",
+    "OpenAICompatProvider",
+    "ProviderError",
+    "ProviderErrorKind",
+    "default_model",
+    "get_provider",
+]
+
+
+def get_provider() -> ModelProvider:
+    conf = settings.OPENCLAW_MODEL
+    name = str(conf.get("PROVIDER") or "").strip()
+    if name == "echo":
+        return EchoProvider()
+    if name == "openai":
+        return OpenAICompatProvider(OpenAICompatConfig.from_settings(conf))
+    raise ProviderError(f"unknown model provider: {name}", kind="unknown")
+
+
+def default_model() -> str:
+    return settings.OPENCLAW_MODEL["MODEL"]

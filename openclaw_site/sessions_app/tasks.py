@@ -1,0 +1,33 @@
+"""Celery tasks of sessions_app: thin wrappers; the services guard the state."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery import shared_task
+from django.utils import timezone
+
+from . import services, turns
+
+# A running turn heartbeats every 5 s; silence this long means its worker died.
+STALE_RUN_AFTER = timedelta(seconds=30)
+# A queued turn of an idle session nobody started for this long lost its task.
+STUCK_QUEUED_AFTER = timedelta(seconds=30)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def run_turn(run_id: str) -> str | None:
+    return turns.execute_turn(run_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def runs_sweep() -> dict:
+    """Fail turns whose worker stopped heartbeating; dispatch queued turns whose task was lost."""
+    now = timezone.now()
+    failed = services.runs_recover_dead_gateways()
+    failed += services.runs_recover(
+        stale_before=now - STALE_RUN_AFTER,
+        reason="run interrupted: its worker stopped responding (no heartbeat for 30 s)",
+    )
+    redispatched = services.runs_redispatch_stuck(queued_before=now - STUCK_QUEUED_AFTER)
+    return {"failed": failed, "redispatched": redispatched}

@@ -1,0 +1,112 @@
+"""Executing one chat turn: claim it, stream from the model provider, record the outcome.
+
+Runs in a Celery worker (production) or a worker thread of the gateway (embedded), never in a
+consumer's receive loop. The turn is a guarded state machine in the database (queued → running
+→ ok | error | aborted), so a duplicate task, a sweep or an abort racing with it change nothing
+that is not theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from openclaw_site.gateway import background
+
+from . import services
+from .events import TurnEmitter, abort_requested
+from .models import RunStatus
+from .providers import get_provider
+from .providers.base import Aborted, ChatMessage, Delta, Finish, ProviderError
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 5.0
+ABORT_POLL_INTERVAL_S = 0.1
+
+
+class _AbortProbe:
+    """``should_abort`` for the provider: the abort flag, polled at most every 100 ms."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        self.checked_at = 0.0
+        self.value = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self.value and now - self.checked_at >= ABORT_POLL_INTERVAL_S:
+            self.checked_at = now
+            self.value = abort_requested(self.run_id)
+        return self.value
+
+
+def execute_turn(run_id: str) -> str | None:
+    """Run the turn if it is still queued and its session idle; returns its terminal status."""
+    claim = services.run_claim(run_id=run_id, worker=background.worker_label())
+    if claim is None:
+        return None
+    run, session = claim.run, claim.session
+    emitter = TurnEmitter(run, session)
+    emitter.start(int(run.started_at.timestamp() * 1000))
+    should_abort = _AbortProbe(run_id)
+    parts: list[str] = []
+    outcome: services.TurnOutcome
+    provider_name, model = "", session.model
+    try:
+        provider = get_provider()
+        provider_name = provider.name
+        from .providers import default_model
+
+        model = session.model or default_model()
+        messages = [ChatMessage(role=role, content=text) for role, text in claim.history]
+        last_beat = time.monotonic()
+        finish: Finish | None = None
+        for item in provider.stream(messages, model=model, should_abort=should_abort):
+            if isinstance(item, Delta):
+                parts.append(item.text)
+                emitter.delta(item.text, "".join(parts))
+            elif isinstance(item, Finish):
+                finish = item
+            if time.monotonic() - last_beat >= HEARTBEAT_INTERVAL_S:
+                last_beat = time.monotonic()
+                if not services.run_heartbeat(run_id=run_id):
+                    return None  # swept as dead meanwhile; its outcome is already recorded
+        if finish is None:
+            raise ProviderError("model provider ended without finishing the reply", kind="malformed")
+        outcome = services.TurnOutcome(
+            status=RunStatus.OK,
+            text="".join(parts),
+            stop_reason=finish.stop_reason,
+            usage=finish.usage,
+            model_provider=provider_name,
+            model=finish.model or model,
+        )
+    except Aborted:
+        outcome = services.TurnOutcome(
+            status=RunStatus.ABORTED,
+            text="".join(parts),
+            stop_reason="aborted",
+            model_provider=provider_name,
+            model=model,
+        )
+    except ProviderError as error:
+        outcome = services.TurnOutcome(
+            status=RunStatus.ERROR,
+            error=error.summary,
+            error_kind=error.kind,
+            model_provider=provider_name,
+            model=model,
+        )
+    except Exception as error:
+        # A bug or an unexpected failure must still end the turn, or it would stay "running".
+        logger.exception("turn %s failed", run_id)
+        outcome = services.TurnOutcome(
+            status=RunStatus.ERROR,
+            error=f"turn failed: {type(error).__name__}: {error}",
+            error_kind="unknown",
+            model_provider=provider_name,
+            model=model,
+        )
+    finished = services.run_finish(run_id=run_id, outcome=outcome, emitter=emitter)
+    return finished.status if finished is not None else None

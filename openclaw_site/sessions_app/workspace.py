@@ -1,0 +1,118 @@
+"""Session workspaces: a plain cwd, or a managed git worktree on branch ``openclaw/<name>``.
+
+The worktree lives outside the database, so ``create_session_with_workspace`` creates it first and
+removes it again (worktree and branch) when the session insert fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from openclaw_site.gateway.exceptions import GatewayError, InvalidRequest
+
+from . import services
+from .models import Session
+
+logger = logging.getLogger(__name__)
+
+GIT_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class WorkspacePlan:
+    cwd: str
+    worktree: bool
+    repo_root: str = ""
+    base_ref: str = ""
+    name: str = ""
+
+
+def agent_workspace_dir() -> Path:
+    return Path(settings.STATE_DIR) / "workspace"
+
+
+def _git(args: list[str], cwd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False)
+
+
+def plan_session_workspace(
+    *, cwd: str | None, worktree: bool, worktree_base_ref: str | None, worktree_name: str | None, exec_node: str | None
+) -> WorkspacePlan:
+    """Validate the workspace options of sessions.create, with OpenClaw's messages, in its order."""
+    if exec_node:
+        if worktree:
+            raise InvalidRequest("sessions.create worktree cannot target execNode")
+        raise InvalidRequest("sessions.create execNode is not available on this gateway")
+    if (worktree_base_ref or worktree_name) and not worktree:
+        raise InvalidRequest("sessions.create worktreeBaseRef/worktreeName require worktree=true")
+    if cwd is not None and not worktree:
+        raise InvalidRequest("sessions.create cwd requires worktree=true or execNode")
+    if cwd is not None and not os.path.isabs(cwd):
+        raise InvalidRequest("sessions.create cwd must be absolute")
+    if not worktree:
+        return WorkspacePlan(cwd="", worktree=False)
+    base_dir = cwd or str(agent_workspace_dir())
+    if not os.path.isdir(base_dir):
+        raise InvalidRequest("agent workspace is not a git checkout")
+    top = _git(["rev-parse", "--show-toplevel"], base_dir)
+    if top.returncode != 0:
+        raise InvalidRequest("agent workspace is not a git checkout")
+    return WorkspacePlan(
+        cwd=base_dir,
+        worktree=True,
+        repo_root=top.stdout.strip(),
+        base_ref=worktree_base_ref or "HEAD",
+        name=worktree_name or f"session-{uuid.uuid4().hex[:8]}",
+    )
+
+
+def _add_worktree(plan: WorkspacePlan) -> dict:
+    worktree_id = uuid.uuid4().hex[:12]
+    path = Path(settings.STATE_DIR) / "worktrees" / f"{plan.name}-{worktree_id}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    branch = f"openclaw/{plan.name}"
+    added = _git(["worktree", "add", "-b", branch, str(path), plan.base_ref], plan.repo_root)
+    if added.returncode != 0:
+        reason = (added.stderr or added.stdout).strip().splitlines()
+        raise InvalidRequest(
+            f"sessions.create could not create the worktree: {reason[-1] if reason else 'git failed'}",
+            details={"branch": branch, "baseRef": plan.base_ref},
+        )
+    return {
+        "id": worktree_id,
+        "branch": branch,
+        "path": str(path),
+        "repoRoot": plan.repo_root,
+        "baseRef": plan.base_ref,
+    }
+
+
+def remove_worktree(worktree: dict) -> None:
+    """Undo a managed worktree: the checkout and its branch. Failures are logged, not raised."""
+    removed = _git(["worktree", "remove", "--force", worktree["path"]], worktree["repoRoot"])
+    if removed.returncode != 0:
+        logger.warning("could not remove worktree %s: %s", worktree["path"], removed.stderr.strip())
+    deleted = _git(["branch", "-D", worktree["branch"]], worktree["repoRoot"])
+    if deleted.returncode != 0:
+        logger.warning("could not delete branch %s: %s", worktree["branch"], deleted.stderr.strip())
+
+
+def create_session_with_workspace(*, spec: services.SessionSpec, plan: WorkspacePlan) -> tuple[Session, dict | None]:
+    if not plan.worktree:
+        return services.session_create(spec=spec), None
+    worktree = _add_worktree(plan)
+    try:
+        session = services.session_create(
+            spec=services.SessionSpec(**{**spec.__dict__, "cwd": worktree["path"], "worktree": worktree})
+        )
+    except GatewayError:
+        remove_worktree(worktree)
+        raise
+    return session, worktree
