@@ -168,7 +168,9 @@ async def _process_listener() -> None:
     from channels.layers import get_channel_layer
 
     layer = get_channel_layer()
-    channel = await layer.new_channel("gateway.process.")
+    # The default prefix on purpose: channels_redis runs one receive loop per layer for process-
+    # specific channels, and a channel with another prefix would starve the consumers' channels.
+    channel = await layer.new_channel()
     joined_at = 0.0
     while not _state["stopping"]:
         try:

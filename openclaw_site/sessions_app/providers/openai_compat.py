@@ -246,6 +246,7 @@ class _Exchange:
             data = "\n".join(pending)
             if data.strip() == "[DONE]":
                 state.done = True
+                pending.clear()
                 break
             try:
                 chunk = json.loads(data)
@@ -402,7 +403,11 @@ def _usage(raw: object) -> dict[str, int] | None:
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
     total = raw.get("total_tokens")
-    return {"input": prompt, "output": completion, "totalTokens": total if isinstance(total, int) else prompt + completion}
+    return {
+        "input": prompt,
+        "output": completion,
+        "totalTokens": total if isinstance(total, int) else prompt + completion,
+    }
 
 
 def _error_fields(text: str) -> tuple[str | None, str | None]:
