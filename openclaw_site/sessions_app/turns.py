@@ -25,20 +25,29 @@ HEARTBEAT_INTERVAL_S = 5.0
 ABORT_POLL_INTERVAL_S = 0.1
 
 
-class _AbortProbe:
-    """``should_abort`` for the provider: the abort flag, polled at most every 100 ms."""
+class _TurnProbe:
+    """``should_abort`` for the provider, which calls it between chunks and every 100 ms while it
+    waits: reads the abort flag (at most every 100 ms) and heartbeats the run (every 5 s), so a
+    model that is slow to answer is not mistaken for a dead worker.
+    """
 
     def __init__(self, run_id: str):
         self.run_id = run_id
         self.checked_at = 0.0
-        self.value = False
+        self.beat_at = time.monotonic()
+        self.aborted = False
+        # The run stopped being ours (swept as dead): stop, and record nothing.
+        self.lost = False
 
     def __call__(self) -> bool:
         now = time.monotonic()
-        if not self.value and now - self.checked_at >= ABORT_POLL_INTERVAL_S:
+        if now - self.beat_at >= HEARTBEAT_INTERVAL_S:
+            self.beat_at = now
+            self.lost = not services.run_heartbeat(run_id=self.run_id)
+        if not self.aborted and now - self.checked_at >= ABORT_POLL_INTERVAL_S:
             self.checked_at = now
-            self.value = abort_requested(self.run_id)
-        return self.value
+            self.aborted = abort_requested(self.run_id)
+        return self.aborted or self.lost
 
 
 def execute_turn(run_id: str) -> str | None:
@@ -49,7 +58,7 @@ def execute_turn(run_id: str) -> str | None:
     run, session = claim.run, claim.session
     emitter = TurnEmitter(run, session)
     emitter.start(int(run.started_at.timestamp() * 1000))
-    should_abort = _AbortProbe(run_id)
+    should_abort = _TurnProbe(run_id)
     parts: list[str] = []
     outcome: services.TurnOutcome
     provider_name, model = "", session.model
@@ -60,7 +69,6 @@ def execute_turn(run_id: str) -> str | None:
 
         model = session.model or default_model()
         messages = [ChatMessage(role=role, content=text) for role, text in claim.history]
-        last_beat = time.monotonic()
         finish: Finish | None = None
         for item in provider.stream(messages, model=model, should_abort=should_abort):
             if isinstance(item, Delta):
@@ -68,10 +76,7 @@ def execute_turn(run_id: str) -> str | None:
                 emitter.delta(item.text, "".join(parts))
             elif isinstance(item, Finish):
                 finish = item
-            if time.monotonic() - last_beat >= HEARTBEAT_INTERVAL_S:
-                last_beat = time.monotonic()
-                if not services.run_heartbeat(run_id=run_id):
-                    return None  # swept as dead meanwhile; its outcome is already recorded
+            should_abort()  # a fast stream must heartbeat too
         if finish is None:
             raise ProviderError("model provider ended without finishing the reply", kind="malformed")
         outcome = services.TurnOutcome(
@@ -83,6 +88,8 @@ def execute_turn(run_id: str) -> str | None:
             model=finish.model or model,
         )
     except Aborted:
+        if should_abort.lost:
+            return None  # swept as dead meanwhile; its outcome is already recorded
         outcome = services.TurnOutcome(
             status=RunStatus.ABORTED,
             text="".join(parts),

@@ -41,6 +41,14 @@ class ProviderError(Exception):
     def __repr__(self) -> str:
         return f"ProviderError({self.summary!r}, kind={self.kind!r})"
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keep ``kind`` across pickling (Celery results, multiprocessing); the default only replays ``args``.
+        return (_restore_provider_error, (self.summary, self.kind))
+
+
+def _restore_provider_error(summary: str, kind: ProviderErrorKind) -> ProviderError:
+    return ProviderError(summary, kind=kind)
+
 
 class Aborted(Exception):
     """The caller asked to stop (should_abort() returned True)."""

@@ -1,0 +1,494 @@
+"""A real OpenAI-compatible HTTP server (``POST /v1/chat/completions``) for tests. Standard library only.
+
+In-process (pytest)::
+
+    mock = MockOpenAI().start()            # 127.0.0.1, free port, background thread
+    mock.script(reply("hi"), error(500, "boom"))   # one behaviour per request, then echo()
+    ... settings.OPENCLAW_MODEL["BASE_URL"] = mock.base_url ...
+    mock.stop()
+
+Other processes (gateway, Celery) reach it through its URL like any server. As a standalone process::
+
+    python tests/mock_openai.py --port 0   # prints MOCK_OPENAI_URL=http://127.0.0.1:<port>/v1, serves echo()
+
+A standalone mock is scripted and inspected over HTTP: ``POST /_mock/script`` with
+``{"behaviours": [{"kind": "reply", "text": "hi"}, {"kind": "error", "status": 429}]}`` (keyword arguments of the
+behaviour constructors below), ``GET /_mock/requests`` (bodies and headers received), ``POST /_mock/reset``.
+
+Streamed replies use chunked transfer encoding, so a dropped stream (``partial_then_drop``, ``hang`` ending) is an
+incomplete HTTP body the client can tell apart from a clean end. Waits (delays, hangs) end early when the client
+disconnects or the server stops, so ``stop()`` returns promptly and no handler thread outlives its client by more
+than ~50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import select
+import signal
+import socket
+import socketserver
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+REPLY_EXACTLY_MARKER = "Reply exactly:"
+DEFAULT_MODEL = "mock-model"
+_CHUNK_RE = re.compile(r"\s*\S+\s*")
+_IDLE_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    kind: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def echo(stream: bool = True, chunk_words: int = 1, delay_s: float = 0.0) -> Behaviour:
+    """Reply like the echo provider ("Reply exactly: X" -> X, else the last user message)."""
+    return Behaviour("echo", {"stream": stream, "chunk_words": chunk_words, "delay_s": delay_s})
+
+
+def reply(
+    text: str, stream: bool = True, delay_s: float = 0.0, *, chunk_words: int = 1, model: str | None = None
+) -> Behaviour:
+    """A fixed reply; ``model`` overrides the response's "model" field (default: the requested model)."""
+    return Behaviour(
+        "reply", {"text": text, "stream": stream, "delay_s": delay_s, "chunk_words": chunk_words, "model": model}
+    )
+
+
+def error(status: int, message: str = "mock error", code: str | None = None) -> Behaviour:
+    return Behaviour("error", {"status": status, "message": message, "code": code})
+
+
+def hang(seconds: float) -> Behaviour:
+    """200 text/event-stream headers, then silence for ``seconds``, then a dropped connection."""
+    return Behaviour("hang", {"seconds": seconds})
+
+
+def hang_before_headers(seconds: float) -> Behaviour:
+    """Nothing at all for ``seconds``, then the connection closes without a response."""
+    return Behaviour("hang_before_headers", {"seconds": seconds})
+
+
+def malformed(body: str = "data: {not json\n\n") -> Behaviour:
+    """200 text/event-stream with ``body`` as the complete (cleanly ended) response body."""
+    return Behaviour("malformed", {"body": body})
+
+
+def partial_then_drop(
+    text_before: str = "Hello ", *, clean: bool = False, finish_reason: str | None = None
+) -> Behaviour:
+    """Stream ``text_before`` without [DONE] (and without finish_reason unless given), then end.
+
+    ``clean=False``: close the connection in the middle of the chunked body (abrupt drop).
+    ``clean=True``: end the HTTP body properly (the server just never said it was done).
+    """
+    return Behaviour("partial_then_drop", {"text_before": text_before, "clean": clean, "finish_reason": finish_reason})
+
+
+def raw(body: str, status: int = 200, content_type: str = "application/json") -> Behaviour:
+    """Any status and body, sent with a Content-Length (e.g. an HTML 502 page, an odd JSON shape, a custom SSE)."""
+    return Behaviour("raw", {"body": body, "status": status, "content_type": content_type})
+
+
+def slow(text: str, delay_s: float) -> Behaviour:
+    """Stream ``text`` word by word with ``delay_s`` between words."""
+    return reply(text, stream=True, delay_s=delay_s)
+
+
+BEHAVIOURS = {
+    "echo": echo,
+    "reply": reply,
+    "error": error,
+    "hang": hang,
+    "hang_before_headers": hang_before_headers,
+    "malformed": malformed,
+    "partial_then_drop": partial_then_drop,
+    "raw": raw,
+    "slow": slow,
+}
+
+
+def echo_text(prompt: str) -> str:
+    marker_at = prompt.find(REPLY_EXACTLY_MARKER)
+    if marker_at >= 0:
+        return prompt[marker_at + len(REPLY_EXACTLY_MARKER) :].strip()
+    return prompt
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+
+
+def _pieces(text: str, words_per_piece: int) -> list[str]:
+    words = _CHUNK_RE.findall(text) or ([text] if text else [])
+    step = max(1, words_per_piece)
+    return ["".join(words[i : i + step]) for i in range(0, len(words), step)]
+
+
+class MockOpenAI:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self.requested_port = port
+        self.requests: list[dict[str, Any]] = []
+        self.request_headers: list[dict[str, str]] = []  # header names lower-cased, parallel to requests
+        self._lock = threading.Lock()
+        self._script: deque[Behaviour] = deque()
+        self.stopping = threading.Event()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> MockOpenAI:
+        server = _Server((self.host, self.requested_port), _Handler)
+        server.mock = self
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="mock-openai", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(1.0)
+
+    def __enter__(self) -> MockOpenAI:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "MockOpenAI is not started"
+        return self._server.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def script(self, *behaviours: Behaviour) -> None:
+        with self._lock:
+            self._script.extend(behaviours)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._script.clear()
+            self.requests.clear()
+            self.request_headers.clear()
+
+    def record(self, body: dict[str, Any], headers: dict[str, str]) -> None:
+        with self._lock:
+            self.requests.append(body)
+            self.request_headers.append(headers)
+
+    def next_behaviour(self) -> Behaviour:
+        with self._lock:
+            return self._script.popleft() if self._script else echo()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"requests": list(self.requests), "headers": list(self.request_headers)}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False  # stop() must not wait for a hanging handler
+    allow_reuse_address = True
+    mock: MockOpenAI
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind does a reverse DNS lookup (getfqdn), which can stall in sandboxes.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+    verbose = False
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.verbose:
+            super().log_message(format, *args)
+
+    @property
+    def mock(self) -> MockOpenAI:
+        return self.server.mock
+
+    # --- routing ---------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path.rstrip("/")
+        if path == "/v1/models":
+            self._send_json(
+                200, {"object": "list", "data": [{"id": DEFAULT_MODEL, "object": "model", "owned_by": "mock"}]}
+            )
+        elif path == "/_mock/requests":
+            self._send_json(200, self.mock.snapshot())
+        else:
+            self._send_error_json(404, f"no route for GET {path}", "not_found")
+
+    def do_POST(self) -> None:
+        try:
+            self._post()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away (abort, timeout): nothing to answer
+
+    def _post(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        path = urlsplit(self.path).path.rstrip("/")
+        if path == "/_mock/script":
+            self._control_script(raw)
+            return
+        if path == "/_mock/reset":
+            self.mock.reset()
+            self._send_json(200, {"ok": True})
+            return
+        if path != "/v1/chat/completions":
+            self._send_error_json(404, f"no route for POST {path}", "not_found")
+            return
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError:
+            body = None
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        self.mock.record(body if isinstance(body, dict) else {"_raw": raw.decode("utf-8", "replace")}, headers)
+        if not isinstance(body, dict):
+            self._send_error_json(400, "request body must be a JSON object", "invalid_json")
+            return
+        self._serve(self.mock.next_behaviour(), body)
+
+    def _control_script(self, raw: bytes) -> None:
+        try:
+            specs = json.loads(raw or b"{}").get("behaviours", [])
+            behaviours = [BEHAVIOURS[spec.pop("kind")](**spec) for spec in specs]
+        except (ValueError, AttributeError, KeyError, TypeError) as exc:
+            self._send_error_json(400, f"bad script: {exc!r}", "bad_script")
+            return
+        self.mock.script(*behaviours)
+        self._send_json(200, {"ok": True, "queued": len(behaviours)})
+
+    # --- behaviours ------------------------------------------------------------------------
+
+    def _serve(self, behaviour: Behaviour, body: dict[str, Any]) -> None:
+        opts = behaviour.options
+        kind = behaviour.kind
+        model = body.get("model") if isinstance(body.get("model"), str) and body.get("model") else DEFAULT_MODEL
+        wants_stream = body.get("stream") is True
+        if kind in ("echo", "reply"):
+            if kind == "echo":
+                users = [m for m in _messages(body) if m.get("role") == "user"]
+                text = echo_text(_content_text(users[-1].get("content")) if users else "")
+            else:
+                text = opts["text"]
+                model = opts.get("model") or model
+            if opts["stream"] and wants_stream:
+                self._stream_reply(text, body, model=model, chunk_words=opts["chunk_words"], delay_s=opts["delay_s"])
+            else:
+                self._json_reply(text, body, model=model)
+        elif kind == "error":
+            self._send_error_json(opts["status"], opts["message"], opts["code"])
+        elif kind == "raw":
+            data = opts["body"].encode()
+            self.send_response(opts["status"])
+            self.send_header("Content-Type", opts["content_type"])
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+            self.close_connection = True
+        elif kind == "hang":
+            self._start_event_stream()
+            self._idle(opts["seconds"])
+            self.close_connection = True  # no terminating chunk: the body is cut short
+        elif kind == "hang_before_headers":
+            self._idle(opts["seconds"])
+            self.close_connection = True
+        elif kind == "malformed":
+            self._start_event_stream()
+            if opts["body"]:
+                self._write_chunk(opts["body"].encode())
+            self._end_event_stream()
+        elif kind == "partial_then_drop":
+            completion = _Completion(model)
+            self._start_event_stream()
+            self._send_event(completion.chunk({"role": "assistant", "content": ""}))
+            if opts["text_before"]:
+                self._send_event(completion.chunk({"content": opts["text_before"]}))
+            if opts["finish_reason"]:
+                self._send_event(completion.chunk({}, finish_reason=opts["finish_reason"]))
+            if opts["clean"]:
+                self._end_event_stream()
+            self.close_connection = True
+        else:
+            raise ValueError(f"unknown behaviour {kind!r}")
+
+    def _stream_reply(self, text: str, body: dict[str, Any], *, model: str, chunk_words: int, delay_s: float) -> None:
+        completion = _Completion(model)
+        self._start_event_stream()
+        self._send_event(completion.chunk({"role": "assistant", "content": "", "refusal": None}))
+        for index, piece in enumerate(_pieces(text, chunk_words)):
+            if index and delay_s and not self._idle(delay_s):
+                self.close_connection = True
+                return
+            self._send_event(completion.chunk({"content": piece}))
+        self._send_event(completion.chunk({}, finish_reason="stop", usage=_usage(body, text)))
+        self._write_chunk(b"data: [DONE]\n\n")
+        self._end_event_stream()
+
+    def _json_reply(self, text: str, body: dict[str, Any], *, model: str) -> None:
+        completion = _Completion(model)
+        self._send_json(
+            200,
+            {
+                "id": completion.id,
+                "object": "chat.completion",
+                "created": completion.created,
+                "model": model,
+                "system_fingerprint": "fp_mock",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text, "refusal": None},
+                        "logprobs": None,
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": _usage(body, text),
+            },
+        )
+
+    # --- wire helpers ----------------------------------------------------------------------
+
+    def _send_json(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+        self.close_connection = True
+
+    def _send_error_json(self, status: int, message: str, code: str | None) -> None:
+        if status == 429:
+            error_type = "rate_limit_error"
+        elif status >= 500:
+            error_type = "server_error"
+        else:
+            error_type = "invalid_request_error"
+        self._send_json(status, {"error": {"message": message, "type": error_type, "param": None, "code": code}})
+
+    def _start_event_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _send_event(self, payload: dict[str, Any]) -> None:
+        self._write_chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+    def _end_event_stream(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _idle(self, seconds: float) -> bool:
+        """Wait ``seconds``; False as soon as the client disconnects or the server stops."""
+        deadline = time.monotonic() + seconds
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            if self.mock.stopping.is_set():
+                return False
+            readable, _, _ = select.select([self.connection], [], [], min(_IDLE_POLL_S, remaining))
+            if readable:
+                try:
+                    if not self.connection.recv(1, socket.MSG_PEEK):
+                        return False  # EOF: the client closed its side
+                except OSError:
+                    return False
+                time.sleep(min(_IDLE_POLL_S, max(remaining, 0)))  # unread client bytes: don't spin
+
+
+class _Completion:
+    def __init__(self, model: str) -> None:
+        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.model = model
+
+    def chunk(
+        self, delta: dict[str, Any], *, finish_reason: str | None = None, usage: dict[str, int] | None = None
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "fp_mock",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
+        if usage is not None:
+            payload["usage"] = usage
+        return payload
+
+
+def _usage(body: dict[str, Any], text: str) -> dict[str, int]:
+    """Word counts stand in for tokens: every message sent, and the reply."""
+    prompt = sum(len(_content_text(m.get("content")).split()) for m in _messages(body))
+    completion = len(text.split())
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="OpenAI-compatible mock server (echo by default).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    args = parser.parse_args(argv)
+    _Handler.verbose = args.verbose
+    mock = MockOpenAI(host=args.host, port=args.port).start()
+    print(f"MOCK_OPENAI_URL={mock.base_url}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        mock.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
