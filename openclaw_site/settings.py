@@ -138,7 +138,7 @@ OPENCLAW_TASK_MODE = os.environ.get("OPENCLAW_TASK_MODE", "").strip() or ("celer
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 # Deployments (and concurrent test runs) sharing one Redis must not take each other's tasks.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{REDIS_PREFIX}:celery:"}
-CELERY_TASK_DEFAULT_QUEUE = "openclaw"
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("OPENCLAW_CELERY_QUEUE", "openclaw")
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_SOFT_TIME_LIMIT = 300

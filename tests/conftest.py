@@ -49,3 +49,25 @@ def _gateway_settles_before_flush(request):
     deadline = time.monotonic() + 10
     while GatewayConnection.objects.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+@pytest.fixture
+def mock_openai():
+    """A real OpenAI-compatible HTTP server on 127.0.0.1 (scriptable; echo by default)."""
+    from tests.mock_openai import MockOpenAI
+
+    with MockOpenAI().start() as server:
+        yield server
+
+
+@pytest.fixture
+def model_gateway(gateway_factory, mock_openai):
+    """A gateway (and its Celery worker when Redis is there) whose turns call the mock provider."""
+    return gateway_factory(
+        extra_env={
+            "OPENCLAW_MODEL_BASE_URL": mock_openai.base_url,
+            "OPENCLAW_MODEL_API_KEY": "sk-test",
+            "OPENCLAW_MODEL": "mock-model",
+            "OPENCLAW_MODEL_READ_TIMEOUT_S": "2",
+        }
+    )

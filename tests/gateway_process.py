@@ -139,6 +139,13 @@ def start_gateway(
         "OPENCLAW_STATE_DIR": state_dir,
         "PYTHONUNBUFFERED": "1",
         "DB_CONN_MAX_AGE": "60",
+        # Each test gateway has its own Celery worker and queue: a worker started with another
+        # gateway's settings (say, another model provider) must not take this gateway's turns.
+        "OPENCLAW_CELERY_QUEUE": f"openclaw-{port}",
+        # Gateways of one test worker share a channel layer (multi-process tests need that);
+        # gateways of different xdist workers must not see each other's broadcasts.
+        "OPENCLAW_REDIS_PREFIX": f"{os.environ.get('OPENCLAW_REDIS_PREFIX', 'openclaw')}-"
+        f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}",
         **(extra_env or {}),
     }
     log_path = os.path.join(state_dir, "gateway.log")

@@ -57,6 +57,33 @@ def stale_processes() -> QuerySet[GatewayProcess]:
     return GatewayProcess.objects.filter(heartbeat_at__lt=process_stale_before())
 
 
+def _pid_exists(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_process_boot_ids() -> set[str]:
+    """Gateway processes that still heartbeat and, when on this host, still exist.
+
+    The pid check notices a killed process at once instead of after the heartbeat timeout.
+    """
+    import socket
+
+    host = socket.gethostname()
+    return {
+        str(p.boot_id)
+        for p in GatewayProcess.objects.filter(heartbeat_at__gte=process_stale_before())
+        if p.hostname != host or _pid_exists(p.pid)
+    }
+
+
 # --- pairing --------------------------------------------------------------------------------
 
 

@@ -500,15 +500,9 @@ def runs_recover(*, stale_before, reason: str, workers: list[str] | None = None)
 def runs_recover_dead_gateways() -> list[str]:
     """Fail turns that ran inside a gateway process that is gone (embedded profile restart)."""
     from openclaw_site.gateway import runtime
-    from openclaw_site.gateway.models import GatewayProcess
-    from openclaw_site.gateway.selectors import process_stale_before
+    from openclaw_site.gateway.selectors import live_process_boot_ids
 
-    live = {
-        f"gateway:{boot}"
-        for boot in GatewayProcess.objects.filter(heartbeat_at__gte=process_stale_before()).values_list(
-            "boot_id", flat=True
-        )
-    }
+    live = {f"gateway:{boot}" for boot in live_process_boot_ids()}
     live.add(f"gateway:{runtime.BOOT_ID}")
     workers = set(
         Run.objects.filter(status=RunStatus.RUNNING, worker__startswith="gateway:").values_list("worker", flat=True)
