@@ -451,7 +451,7 @@ def run_abort(*, session_key: str, run_id: str | None = None) -> list[str]:
             if target is None or target.session_id != session.pk:
                 raise InvalidRequest("runId does not match sessionKey")
             active = active.filter(run_id=run_id)
-        runs = list(active)
+        runs = list(active.order_by("created_at"))
         now = timezone.now()
         for run in runs:
             if run.status == RunStatus.QUEUED:
