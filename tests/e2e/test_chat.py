@@ -404,3 +404,27 @@ def test_a_celery_worker_killed_mid_turn_is_failed_by_the_sweep(model_gateway, m
     assert waited["status"] == "error"
     assert waited["error"] == "run interrupted: its worker stopped responding (no heartbeat for 30 s)"
     assert _texts(history) == [("user", "go")]
+
+
+def test_a_non_streaming_reply_is_one_delta_then_final(model_gateway, mock_openai):
+    mock_openai.script(mock.echo(stream=False))
+
+    async def scenario():
+        client = operator(model_gateway)
+        await client.connect()
+        key = await _session(client, "plain-json")
+        await client.request(
+            "chat.send", {"sessionKey": key, "message": "Reply exactly: whole", "idempotencyKey": "n1"}
+        )
+        waited = await client.request("agent.wait", {"runId": "n1", "timeoutMs": 20_000})
+        states = []
+        while not client.events.empty():
+            frame = client.events.get_nowait()
+            if frame["event"] == "chat" and frame["payload"]["runId"] == "n1":
+                states.append(frame["payload"]["state"])
+        await client.close()
+        return waited, states
+
+    waited, states = asyncio.run(scenario())
+    assert waited["status"] == "ok" and waited["outputText"] == "whole"
+    assert states == ["delta", "final"]
