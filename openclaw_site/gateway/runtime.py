@@ -121,7 +121,7 @@ def run_in_process(fn: Callable[..., Any], *args: Any) -> None:
     """
     loop = main_loop()
     if loop is None:
-        thread = threading.Thread(target=_run_task, args=(fn, args), name="openclaw-task", daemon=True)
+        thread = threading.Thread(target=_run_task_in_thread, args=(fn, args), name="openclaw-task", daemon=True)
         thread.start()
         return
     from channels.db import DatabaseSyncToAsync
@@ -133,6 +133,16 @@ def run_in_process(fn: Callable[..., Any], *args: Any) -> None:
             logger.exception("in-process task %s failed", getattr(fn, "name", fn))
 
     asyncio.run_coroutine_threadsafe(runner(), loop)
+
+
+def _run_task_in_thread(fn: Callable[..., Any], args: tuple) -> None:
+    from django.db import connections
+
+    try:
+        _run_task(fn, args)
+    finally:
+        # This thread ends now: its connections would otherwise stay open until garbage collection.
+        connections.close_all()
 
 
 def _run_task(fn: Callable[..., Any], args: tuple) -> None:

@@ -32,7 +32,13 @@ EVENT_CHAT = registry.event("chat", scope=sc.READ)
 EVENT_AGENT = registry.event("agent", scope=sc.READ)
 
 RUN_FINISHED = "sessions.run_finished"
-ABORT_KEY = "sessions:run-abort:{}"
+# Scoped to one execution (run id + start time), so a flag can never stop a later run that
+# reuses the id after its session was deleted; cleared when the run ends.
+ABORT_KEY = "sessions:run-abort:{}:{}"
+
+
+def abort_key(run: Run) -> str:
+    return ABORT_KEY.format(run.run_id, int(run.started_at.timestamp() * 1000) if run.started_at else 0)
 
 
 def _ms(value) -> int | None:
@@ -78,13 +84,14 @@ def dispatch_turn_on_commit(run_id: str) -> None:
     background.dispatch_on_commit(run_turn, run_id)
 
 
-def request_abort_on_commit(run_id: str) -> None:
+def request_abort_on_commit(run: Run) -> None:
     # The runner polls this flag between chunks (and while waiting on the provider).
-    transaction.on_commit(lambda: cache.set(ABORT_KEY.format(run_id), 1, timeout=3600))
+    key = abort_key(run)
+    transaction.on_commit(lambda: cache.set(key, 1, timeout=24 * 3600))
 
 
-def abort_requested(run_id: str) -> bool:
-    return bool(cache.get(ABORT_KEY.format(run_id)))
+def abort_requested(run: Run) -> bool:
+    return bool(cache.get(abort_key(run)))
 
 
 def notify_run_finished(run_id: str) -> None:
@@ -177,5 +184,6 @@ def publish_turn_end_on_commit(run: Run, session: Session, emitter: TurnEmitter 
     def publish() -> None:
         emitter.end(run)
         notify_run_finished(run.run_id)
+        cache.delete(abort_key(run))
 
     transaction.on_commit(publish)

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Any, Literal
+from typing import Literal
 
 from channels.db import database_sync_to_async
-from django.conf import settings
 from pydantic import Field
 
 from openclaw_site.gateway import scopes as sc
 from openclaw_site.gateway.context import RpcContext
-from openclaw_site.gateway.exceptions import InvalidRequest, NotFound
 from openclaw_site.gateway.protocol import ClosedModel
 from openclaw_site.gateway.registry import registry
 
-from . import keys, selectors, services, workspace
-from .providers import default_model
+from . import keys, selectors, services
 from .waiters import run_waiters
 
 method = registry.method
@@ -29,25 +25,7 @@ def _key(key: str, agent_id: str | None) -> str:
     return keys.canonical_key(key, agent_id)
 
 
-def _provider_name() -> str:
-    return settings.OPENCLAW_MODEL["PROVIDER"]
-
-
-def _resolved(session) -> dict:
-    return {"modelProvider": session.model_provider or _provider_name(), "model": session.model or default_model()}
-
-
-def session_defaults(ctx: RpcContext | None = None) -> dict:
-    return {
-        "defaultAgentId": keys.DEFAULT_AGENT_ID,
-        "mainKey": keys.MAIN_KEY,
-        "mainSessionKey": keys.main_key(),
-        "modelProvider": _provider_name(),
-        "model": default_model(),
-    }
-
-
-registry.snapshot_provider(lambda ctx: {"sessionDefaults": session_defaults(ctx)})
+registry.snapshot_provider(lambda ctx: {"sessionDefaults": selectors.session_defaults()})
 
 
 # --- sessions.* -----------------------------------------------------------------------------
@@ -72,42 +50,23 @@ class SessionsCreateParams(ClosedModel):
 
 @method("sessions.create", params=SessionsCreateParams, scope=sc.WRITE)
 def sessions_create_rpc(ctx: RpcContext, params: SessionsCreateParams) -> dict:
-    agent_id = keys.normalize_agent_id(params.agentId)
-    plan = workspace.plan_session_workspace(
-        cwd=params.cwd,
+    created = services.session_create_requested(
+        key=params.key,
+        agent_id=params.agentId,
+        label=params.label,
+        category=params.category,
+        display_name=params.displayName,
+        model=params.model,
+        parent_session_key=params.parentSessionKey,
         worktree=bool(params.worktree),
         worktree_base_ref=params.worktreeBaseRef,
         worktree_name=params.worktreeName,
+        cwd=params.cwd,
         exec_node=params.execNode,
+        message=params.message,
+        idempotency_key=params.idempotencyKey,
     )
-    key = _key(params.key, agent_id) if params.key else keys.dashboard_key(agent_id)
-    spec = services.SessionSpec(
-        key=key,
-        agent_id=keys.agent_of(key),
-        label=(params.label or "").strip(),
-        display_name=(params.displayName or "").strip(),
-        model=(params.model or "").strip(),
-        parent_session_key=_key(params.parentSessionKey, agent_id)
-        if params.parentSessionKey
-        else keys.main_key(agent_id),
-        cwd=plan.cwd,
-    )
-    session, worktree = workspace.create_session_with_workspace(spec=spec, plan=plan)
-    result: dict[str, Any] = {
-        "ok": True,
-        "key": session.key,
-        "sessionId": session.session_id,
-        "entry": selectors.session_row(session),
-        "runStarted": False,
-        "resolved": _resolved(session),
-    }
-    if worktree is not None:
-        result["worktree"] = {"id": worktree["id"], "path": worktree["path"], "branch": worktree["branch"]}
-    if params.message is not None:
-        run_id = params.idempotencyKey or f"create-{session.session_id}"
-        submitted = services.run_submit(session_key=session.key, message=params.message, idempotency_key=run_id)
-        result.update(runStarted=True, runId=submitted.run.run_id)
-    return result
+    return selectors.session_created_payload(created)
 
 
 class SessionsListParams(ClosedModel):
@@ -121,24 +80,14 @@ class SessionsListParams(ClosedModel):
 
 @method("sessions.list", params=SessionsListParams, scope=sc.READ)
 def sessions_list_rpc(ctx: RpcContext, params: SessionsListParams) -> dict:
-    sessions, has_more = selectors.sessions_page(
+    return selectors.sessions_list_payload(
         limit=params.limit,
         offset=params.offset,
-        agent_id=keys.normalize_agent_id(params.agentId) if params.agentId else None,
+        agent_id=params.agentId,
         label=params.label,
         search=params.search,
         archived=params.archived,
     )
-    return {
-        "ts": int(time.time() * 1000),
-        "count": len(sessions),
-        "limitApplied": params.limit,
-        "offset": params.offset,
-        "nextOffset": params.offset + len(sessions) if has_more else None,
-        "hasMore": has_more,
-        "defaults": session_defaults(ctx),
-        "sessions": [selectors.session_row(s) for s in sessions],
-    }
 
 
 class SessionKeyParams(ClosedModel):
@@ -170,15 +119,13 @@ def sessions_patch_rpc(ctx: RpcContext, params: SessionsPatchParams) -> dict:
     changes = params.model_dump(
         exclude_unset=True, exclude={"key", "agentId", "expectedSessionId", "expectedLifecycleRevision"}
     )
-    if not changes:
-        raise InvalidRequest("sessions.patch needs at least one change")
     session = services.session_patch(
         key=_key(params.key, params.agentId),
         changes=changes,
         expected_session_id=params.expectedSessionId,
         expected_lifecycle_revision=params.expectedLifecycleRevision,
     )
-    return {"ok": True, "key": session.key, "entry": selectors.session_row(session), "resolved": _resolved(session)}
+    return selectors.session_entry_payload(session, resolved=True)
 
 
 class SessionsResetParams(ClosedModel):
@@ -197,7 +144,7 @@ def sessions_reset_rpc(ctx: RpcContext, params: SessionsResetParams) -> dict:
         expected_session_id=params.expectedSessionId,
         expected_lifecycle_revision=params.expectedLifecycleRevision,
     )
-    return {"ok": True, "key": session.key, "entry": selectors.session_row(session)}
+    return selectors.session_entry_payload(session)
 
 
 class SessionsDeleteParams(ClosedModel):
@@ -245,32 +192,15 @@ class ChatSendParams(ClosedModel):
     deliver: bool | None = None
 
 
-def _session_for_turn(session_key: str, agent_id: str | None):
-    key = _key(session_key, agent_id)
-    session = selectors.session_get(key)
-    if session is None and keys.is_main_key(key):
-        session = services.session_ensure_main(agent_id=keys.agent_of(key))
-    if session is None:
-        raise NotFound(f"session not found: {key}")
-    return session
-
-
 @method("chat.send", params=ChatSendParams, scope=sc.WRITE)
 def chat_send_rpc(ctx: RpcContext, params: ChatSendParams) -> dict:
-    session = _session_for_turn(params.sessionKey, params.agentId)
-    if params.sessionId is not None and params.sessionId != session.session_id:
-        raise InvalidRequest(f"sessionId does not match the current session of {session.key}")
-    submitted = services.run_submit(
-        session_key=session.key, message=params.message, idempotency_key=params.idempotencyKey
+    submitted = services.chat_send(
+        session_key=_key(params.sessionKey, params.agentId),
+        message=params.message,
+        idempotency_key=params.idempotencyKey,
+        expected_session_id=params.sessionId,
     )
-    run = submitted.run
-    if submitted.created:
-        return {"runId": run.run_id, "status": "started"}
-    if not run.is_terminal:
-        return {"runId": run.run_id, "status": "in_flight"}
-    if run.status == "ok":
-        return {"runId": run.run_id, "status": "ok"}
-    return {"runId": run.run_id, "status": "error", "summary": run.error or run.status}
+    return selectors.chat_send_payload(submitted)
 
 
 class ChatHistoryParams(ClosedModel):
@@ -282,10 +212,7 @@ class ChatHistoryParams(ClosedModel):
 
 @method("chat.history", params=ChatHistoryParams, scope=sc.READ)
 def chat_history_rpc(ctx: RpcContext, params: ChatHistoryParams) -> dict:
-    key = _key(params.sessionKey, params.agentId)
-    session = selectors.session_get(key)
-    if session is None:
-        raise NotFound(f"session not found: {key}")
+    session = selectors.session_require(_key(params.sessionKey, params.agentId))
     return selectors.chat_history(session, limit=params.limit)
 
 
@@ -298,7 +225,7 @@ class ChatAbortParams(ClosedModel):
 @method("chat.abort", params=ChatAbortParams, scope=sc.WRITE)
 def chat_abort_rpc(ctx: RpcContext, params: ChatAbortParams) -> dict:
     run_ids = services.run_abort(session_key=_key(params.sessionKey, params.agentId), run_id=params.runId)
-    return {"ok": True, "aborted": bool(run_ids), "runIds": run_ids}
+    return selectors.chat_abort_payload(run_ids)
 
 
 class AgentWaitParams(ClosedModel):

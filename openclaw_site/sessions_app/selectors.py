@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import time
+from typing import TYPE_CHECKING
+
+from django.conf import settings
 from django.db.models import Q, QuerySet
 
+from openclaw_site.gateway.exceptions import NotFound
+
+from . import keys
 from .models import Run, Session, SessionWindow, TranscriptEvent
+from .providers import default_model
+
+if TYPE_CHECKING:
+    from .services import CreatedSession, SubmitResult
 
 
 def _ms(value) -> int | None:
@@ -52,6 +63,106 @@ def session_row(session: Session) -> dict:
 
 def session_get(key: str) -> Session | None:
     return Session.objects.filter(key=key).first()
+
+
+def session_require(key: str) -> Session:
+    session = session_get(key)
+    if session is None:
+        raise NotFound(f"session not found: {key}")
+    return session
+
+
+def session_defaults() -> dict:
+    provider = settings.OPENCLAW_MODEL["PROVIDER"]
+    return {
+        "defaultAgentId": keys.DEFAULT_AGENT_ID,
+        "mainKey": keys.MAIN_KEY,
+        "mainSessionKey": keys.main_key(),
+        "modelProvider": provider,
+        "model": default_model(),
+    }
+
+
+def resolved_model(session: Session) -> dict:
+    return {
+        "modelProvider": session.model_provider or settings.OPENCLAW_MODEL["PROVIDER"],
+        "model": session.model or default_model(),
+    }
+
+
+# --- payloads shared by the gateway methods and the JSON API --------------------------------
+
+
+def sessions_list_payload(
+    *,
+    limit: int,
+    offset: int,
+    agent_id: str | None = None,
+    label: str | None = None,
+    search: str | None = None,
+    archived: bool | str = False,
+) -> dict:
+    """The sessions.list result; ``agent_id`` as the caller gave it (normalized here)."""
+    sessions, has_more = sessions_page(
+        limit=limit,
+        offset=offset,
+        agent_id=keys.normalize_agent_id(agent_id) if agent_id else None,
+        label=label,
+        search=search,
+        archived=archived,
+    )
+    return {
+        "ts": int(time.time() * 1000),
+        "count": len(sessions),
+        "limitApplied": limit,
+        "offset": offset,
+        "nextOffset": offset + len(sessions) if has_more else None,
+        "hasMore": has_more,
+        "defaults": session_defaults(),
+        "sessions": [session_row(s) for s in sessions],
+    }
+
+
+def session_created_payload(created: CreatedSession) -> dict:
+    session = created.session
+    result: dict = {
+        "ok": True,
+        "key": session.key,
+        "sessionId": session.session_id,
+        "entry": session_row(session),
+        "runStarted": False,
+        "resolved": resolved_model(session),
+    }
+    if created.worktree is not None:
+        worktree = created.worktree
+        result["worktree"] = {"id": worktree["id"], "path": worktree["path"], "branch": worktree["branch"]}
+    if created.run is not None:
+        result.update(runStarted=True, runId=created.run.run_id)
+    return result
+
+
+def session_entry_payload(session: Session, *, resolved: bool = False) -> dict:
+    """The sessions.patch (``resolved=True``) and sessions.reset result."""
+    result = {"ok": True, "key": session.key, "entry": session_row(session)}
+    if resolved:
+        result["resolved"] = resolved_model(session)
+    return result
+
+
+def chat_send_payload(submitted: SubmitResult) -> dict:
+    """The chat.send acknowledgement: a new run has started; a repeated key reports that run."""
+    run = submitted.run
+    if submitted.created:
+        return {"runId": run.run_id, "status": "started"}
+    if not run.is_terminal:
+        return {"runId": run.run_id, "status": "in_flight"}
+    if run.status == "ok":
+        return {"runId": run.run_id, "status": "ok"}
+    return {"runId": run.run_id, "status": "error", "summary": run.error or run.status}
+
+
+def chat_abort_payload(run_ids: list[str]) -> dict:
+    return {"ok": True, "aborted": bool(run_ids), "runIds": run_ids}
 
 
 def sessions_page(
@@ -127,6 +238,19 @@ def chat_history(session: Session, *, limit: int = 200) -> dict:
 
 def run_get(run_id: str) -> Run | None:
     return Run.objects.filter(run_id=run_id).first()
+
+
+def run_row(run: Run) -> dict:
+    """A run as the JSON API shows it (its stored status, unlike agent.wait's ok/error)."""
+    return {
+        "runId": run.run_id,
+        "sessionKey": run.session_key,
+        "status": run.status,
+        "startedAt": _ms(run.started_at),
+        "endedAt": _ms(run.ended_at),
+        "error": run.error or None,
+        "outputText": run.output_text if run.is_terminal else None,
+    }
 
 
 def run_wait_payload(run: Run) -> dict:

@@ -16,6 +16,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
+from openclaw_site.gateway.services import Actor, audit
 
 from . import events, keys
 from .models import (
@@ -60,6 +61,7 @@ class SessionSpec:
     agent_id: str
     label: str = ""
     display_name: str = ""
+    category: str = ""
     model: str = ""
     model_provider: str = ""
     cwd: str = ""
@@ -81,6 +83,7 @@ def session_create(*, spec: SessionSpec) -> Session:
                 agent_id=spec.agent_id,
                 label=spec.label,
                 display_name=spec.display_name,
+                category=spec.category,
                 model=spec.model,
                 model_provider=spec.model_provider,
                 cwd=spec.cwd,
@@ -111,6 +114,68 @@ def session_ensure_main(*, agent_id: str) -> Session:
         return Session.objects.get(key=key)  # created concurrently
 
 
+@dataclass(frozen=True)
+class CreatedSession:
+    session: Session
+    worktree: dict | None = None
+    run: Run | None = None
+
+
+def session_create_requested(
+    *,
+    key: str | None = None,
+    agent_id: str | None = None,
+    label: str | None = None,
+    display_name: str | None = None,
+    category: str | None = None,
+    model: str | None = None,
+    parent_session_key: str | None = None,
+    worktree: bool = False,
+    worktree_base_ref: str | None = None,
+    worktree_name: str | None = None,
+    cwd: str | None = None,
+    exec_node: str | None = None,
+    message: str | None = None,
+    idempotency_key: str | None = None,
+) -> CreatedSession:
+    """sessions.create as a caller asks for it (RPC and JSON API).
+
+    1. Validate the workspace options (OpenClaw's messages, in its order).
+    2. Canonicalize the key under the agent; no key means a fresh dashboard key.
+    3. Create the session, with its git worktree when asked (removed again if the insert fails).
+    4. With ``message``, submit the first turn (idempotency key defaults to ``create-<sessionId>``).
+    """
+    from . import workspace  # workspace builds on the services above
+
+    agent = keys.normalize_agent_id(agent_id)
+    plan = workspace.plan_session_workspace(
+        cwd=cwd,
+        worktree=worktree,
+        worktree_base_ref=worktree_base_ref,
+        worktree_name=worktree_name,
+        exec_node=exec_node,
+    )
+    session_key = keys.canonical_key(key, agent) if key else keys.dashboard_key(agent)
+    spec = SessionSpec(
+        key=session_key,
+        agent_id=keys.agent_of(session_key),
+        label=(label or "").strip(),
+        display_name=(display_name or "").strip(),
+        category=(category or "").strip(),
+        model=(model or "").strip(),
+        parent_session_key=keys.canonical_key(parent_session_key, agent)
+        if parent_session_key
+        else keys.main_key(agent),
+        cwd=plan.cwd,
+    )
+    session, created_worktree = workspace.create_session_with_workspace(spec=spec, plan=plan)
+    run = None
+    if message is not None:
+        run_id = idempotency_key or f"create-{session.session_id}"
+        run = run_submit(session_key=session.key, message=message, idempotency_key=run_id).run
+    return CreatedSession(session=session, worktree=created_worktree, run=run)
+
+
 PATCHABLE = {"label", "displayName", "category", "archived", "pinned", "model"}
 
 
@@ -121,6 +186,8 @@ def session_patch(
     expected_session_id: str | None = None,
     expected_lifecycle_revision: str | None = None,
 ) -> Session:
+    if not changes:
+        raise InvalidRequest("sessions.patch needs at least one change")
     unknown = set(changes) - PATCHABLE
     if unknown:
         raise InvalidRequest(f"sessions.patch cannot change: {', '.join(sorted(unknown))}")
@@ -151,8 +218,12 @@ def session_reset(
     reason: str = "reset",
     expected_session_id: str | None = None,
     expected_lifecycle_revision: str | None = None,
+    actor: Actor | None = None,
 ) -> Session:
-    """Start a new transcript generation: new sessionId and lifecycleRevision, queued turns fail."""
+    """Start a new transcript generation: new sessionId and lifecycleRevision, queued turns fail.
+
+    With ``actor`` (admin, operator UI) the reset is also written to the audit log.
+    """
     with transaction.atomic():
         session = _locked(key)
         _check_expected(session, expected_session_id, expected_lifecycle_revision)
@@ -169,9 +240,12 @@ def session_reset(
             id=session.session_id, session=session, previous_session_id=previous, reason=WindowReason.RESET
         )
         now = timezone.now()
-        Run.objects.filter(session=session, status=RunStatus.QUEUED).update(
+        failed = Run.objects.filter(session=session, status=RunStatus.QUEUED).update(
             status=RunStatus.ERROR, error="session was reset before the turn started", ended_at=now
         )
+        if actor is not None:
+            data = {"reason": reason, "previousSessionId": previous, "sessionId": session.session_id}
+            audit(actor, "session.reset", "session", key, {**data, "failedQueuedRuns": failed})
         events.publish_session_changed_on_commit(session, reason="new" if reason == "new" else "reset")
     return session
 
@@ -292,6 +366,26 @@ def run_submit(*, session_key: str, message: str, idempotency_key: str) -> Submi
             raise Conflict("idempotencyKey already used for another session") from None
         return SubmitResult(existing, created=False)
     return SubmitResult(run, created=True)
+
+
+def session_for_turn(*, key: str) -> Session:
+    """The session a chat turn goes to; the agent's main session is created on first use."""
+    session = Session.objects.filter(key=key).first()
+    if session is None and keys.is_main_key(key):
+        session = session_ensure_main(agent_id=keys.agent_of(key))
+    if session is None:
+        raise NotFound(f"session not found: {key}")
+    return session
+
+
+def chat_send(
+    *, session_key: str, message: str, idempotency_key: str, expected_session_id: str | None = None
+) -> SubmitResult:
+    """chat.send: submit a turn to the session (see :func:`session_for_turn` and :func:`run_submit`)."""
+    session = session_for_turn(key=session_key)
+    if expected_session_id is not None and expected_session_id != session.session_id:
+        raise InvalidRequest(f"sessionId does not match the current session of {session.key}")
+    return run_submit(session_key=session.key, message=message, idempotency_key=idempotency_key)
 
 
 @dataclass(frozen=True)
@@ -437,11 +531,11 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: events.TurnEmitter
     return run
 
 
-def run_abort(*, session_key: str, run_id: str | None = None) -> list[str]:
+def run_abort(*, session_key: str, run_id: str | None = None, actor: Actor | None = None) -> list[str]:
     """Stop the session's queued and running turns (or just ``run_id``); returns the runs asked to stop.
 
     Queued turns end at once; a running turn is asked to stop (the runner keeps its partial text
-    as an aborted message).
+    as an aborted message). With ``actor`` (admin, operator UI) a stop is also written to the audit log.
     """
     with transaction.atomic():
         session = _locked(session_key)
@@ -462,7 +556,10 @@ def run_abort(*, session_key: str, run_id: str | None = None) -> list[str]:
                 events.publish_turn_end_on_commit(run, session)
             else:
                 Run.objects.filter(pk=run.pk).update(abort_requested_at=now)
-                events.request_abort_on_commit(run.run_id)
+                events.request_abort_on_commit(run)
+        if actor is not None and runs:
+            outcomes = {run.run_id: "aborted" if run.status == RunStatus.ABORTED else "stop requested" for run in runs}
+            audit(actor, "session.run.abort", "session", session.key, {"runs": outcomes})
     return [run.run_id for run in runs]
 
 

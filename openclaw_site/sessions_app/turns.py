@@ -31,8 +31,9 @@ class _TurnProbe:
     model that is slow to answer is not mistaken for a dead worker.
     """
 
-    def __init__(self, run_id: str):
-        self.run_id = run_id
+    def __init__(self, run):
+        self.run = run
+        self.run_id = run.run_id
         self.checked_at = 0.0
         self.beat_at = time.monotonic()
         self.aborted = False
@@ -46,7 +47,7 @@ class _TurnProbe:
             self.lost = not services.run_heartbeat(run_id=self.run_id)
         if not self.aborted and now - self.checked_at >= ABORT_POLL_INTERVAL_S:
             self.checked_at = now
-            self.aborted = abort_requested(self.run_id)
+            self.aborted = abort_requested(self.run)
         return self.aborted or self.lost
 
 
@@ -58,7 +59,7 @@ def execute_turn(run_id: str) -> str | None:
     run, session = claim.run, claim.session
     emitter = TurnEmitter(run, session)
     emitter.start(int(run.started_at.timestamp() * 1000))
-    should_abort = _TurnProbe(run_id)
+    should_abort = _TurnProbe(run)
     parts: list[str] = []
     outcome: services.TurnOutcome
     provider_name, model = "", session.model

@@ -153,7 +153,7 @@ def test_reset_fails_queued_turns_and_refuses_while_running():
 
 def test_abort_ends_queued_turns_at_once_and_flags_running_ones(monkeypatch):
     flagged: list[str] = []
-    monkeypatch.setattr(services.events, "request_abort_on_commit", flagged.append)
+    monkeypatch.setattr(services.events, "request_abort_on_commit", lambda run: flagged.append(run.run_id))
     session = make()
     services.run_submit(session_key=session.key, message="one", idempotency_key="r1")
     services.run_submit(session_key=session.key, message="two", idempotency_key="r2")
