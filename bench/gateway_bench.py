@@ -15,337 +15,45 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
-import platform
-import re
-import resource
-import secrets
-import shutil
-import signal
-import socket
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from openclaw_client.client import (  # noqa: E402  (the repository root must be importable first)
-    ClientOptions,
-    ConnectionClosed,
-    GatewayClient,
-    GatewayError,
+from bench.common import (  # noqa: E402  (the repository root must be importable first)
+    GatewayProcess,
+    ScratchPostgres,
+    ScratchRedisPrefix,
+    base_environment,
+    client_for,
+    connected_client,
+    environment_lines,
+    fmt_ms,
+    is_postgres_url,
+    latency_header,
+    latency_row,
+    own_cpu_seconds,
+    peak_rss_mib,
+    process_cpu_seconds,
+    progress,
+    rss_mib,
+    summarize,
+    thread_count,
 )
+from openclaw_client.client import ConnectionClosed, GatewayClient, GatewayError  # noqa: E402
 from openclaw_client.identity import DeviceIdentity  # noqa: E402
 
-SCOPES = ["operator.admin", "operator.read", "operator.write", "operator.approvals", "operator.pairing"]
 METHODS = ("health", "node.list")
-STARTUP_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 20.0
 LOAD_WARMUP_CALLS = 20
-# Inherited variables that would change the profile under test; the benchmark sets its own.
-STRIPPED_ENV_PREFIXES = ("OPENCLAW_", "DATABASE_URL", "REDIS_URL", "DJANGO_DEBUG")
-
-
-# --- statistics -------------------------------------------------------------------------------
-
-
-def summarize(samples_s: list[float]) -> dict[str, float]:
-    """n, mean, min, p50, p90, p99 and max of durations in seconds, reported in milliseconds."""
-    ms = [s * 1000 for s in samples_s]
-    if not ms:
-        return {"n": 0}
-    if len(ms) == 1:
-        cuts = ms * 99
-    else:
-        cuts = statistics.quantiles(ms, n=100, method="inclusive")
-    return {
-        "n": len(ms),
-        "mean": statistics.fmean(ms),
-        "min": min(ms),
-        "p50": cuts[49],
-        "p90": cuts[89],
-        "p99": cuts[98],
-        "max": max(ms),
-    }
-
-
-def own_cpu_seconds() -> float:
-    """User + system CPU of this process (all its threads) so far."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-# --- /proc readings of the gateway process ----------------------------------------------------
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    return text[text.rfind(")") + 2 :].split()
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields is not None:
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo.extend(children.get(current, []))
-    return tree
-
-
-def _status_kib(pid: int, key: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(f"{key}:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
-def rss_mib(pid: int) -> float:
-    """VmRSS of the process and its children, in MiB."""
-    return sum(_status_kib(p, "VmRSS") for p in process_tree(pid)) / 1024
-
-
-def peak_rss_mib(pid: int) -> float:
-    """VmHWM (peak RSS) of the process itself, in MiB."""
-    return _status_kib(pid, "VmHWM") / 1024
-
-
-def thread_count(pid: int) -> int:
-    return _status_kib(pid, "Threads")
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU of the process (all threads) and its live children."""
-    ticks = 0
-    for p in process_tree(pid):
-        fields = _stat_fields(p)
-        if fields is not None:
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-# --- services: a scratch PostgreSQL database and a Redis key prefix ---------------------------
-
-
-class ScratchPostgres:
-    """A fresh database on the server of ``server_url``, dropped by :meth:`drop`."""
-
-    def __init__(self, server_url: str):
-        parts = urlsplit(server_url)
-        self.name = f"openclaw_bench_{os.getpid()}"
-        self.admin_url = urlunsplit(parts._replace(path="/postgres"))
-        self.url = urlunsplit(parts._replace(path=f"/{self.name}"))
-        self.server_version = ""
-        self.created = False
-
-    def create(self) -> None:
-        import psycopg
-        from psycopg import sql
-
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            self.server_version = str(conn.execute("SHOW server_version").fetchone()[0])
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(self.name)))
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
-        self.created = True
-
-    def drop(self) -> None:
-        if not self.created:
-            return
-        import psycopg
-        from psycopg import sql
-
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name)))
-        self.created = False
-
-
-class ScratchRedisPrefix:
-    """A key prefix of its own on the Redis of ``url``; :meth:`cleanup` deletes its keys."""
-
-    def __init__(self, url: str):
-        self.url = url
-        self.prefix = f"openclaw_bench_{os.getpid()}_{secrets.token_hex(3)}"
-        self.server_version = ""
-
-    def check(self) -> None:
-        import redis
-
-        client = redis.Redis.from_url(self.url)
-        try:
-            self.server_version = str(client.info("server").get("redis_version", ""))
-        finally:
-            client.close()
-
-    def cleanup(self) -> int:
-        import redis
-
-        client = redis.Redis.from_url(self.url)
-        try:
-            keys = list(client.scan_iter(match=f"{self.prefix}*", count=500))
-            for start in range(0, len(keys), 500):
-                client.delete(*keys[start : start + 500])
-            return len(keys)
-        finally:
-            client.close()
-
-
-# --- the gateway process ----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class GatewayProcess:
-    """``manage.py migrate`` then ``manage.py serve`` in a fresh state directory."""
-
-    READY_PATTERN = re.compile(r"listening on (\S+) \(database: ([^,]+), channel layer: ([^)]+)\)")
-
-    def __init__(self, *, database_url: str | None, redis_url: str | None, redis_prefix: str | None):
-        self.state_dir = tempfile.mkdtemp(prefix="openclaw-bench-state-")
-        self.port = free_port()
-        self.token = secrets.token_urlsafe(32)
-        self.log_path = Path(self.state_dir) / "gateway.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED_ENV_PREFIXES)}
-        env.update(
-            OPENCLAW_STATE_DIR=self.state_dir,
-            OPENCLAW_GATEWAY_TOKEN=self.token,
-            PYTHONUNBUFFERED="1",
-        )
-        if database_url:
-            env["DATABASE_URL"] = database_url
-        if redis_url:
-            env["REDIS_URL"] = redis_url
-            env["OPENCLAW_REDIS_PREFIX"] = redis_prefix or "openclaw_bench"
-        self.env = env
-        self.process: subprocess.Popen[bytes] | None = None
-        self.stop_seconds: float | None = None
-        self.returncode: int | None = None
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-
-    def migrate(self) -> None:
-        result = subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--verbosity", "0", "--no-input"],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"manage.py migrate failed ({result.returncode}):\n{result.stdout}{result.stderr}")
-
-    def start(self) -> None:
-        with open(self.log_path, "w", encoding="utf-8") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "manage.py", "serve", "--port", str(self.port)],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(
-            f"gateway did not listen on port {self.port} within {STARTUP_TIMEOUT_S:.0f} s:\n{self.log()}"
-        )
-
-    def ready_line(self, timeout: float = 5.0) -> tuple[str, str] | None:
-        """(database, channel layer) as the gateway announced them when ready."""
-        deadline = time.monotonic() + timeout
-        while True:
-            match = self.READY_PATTERN.search(self.log())
-            if match or time.monotonic() >= deadline:
-                return (match.group(2), match.group(3)) if match else None
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        """SIGTERM (the gateway's graceful shutdown), then SIGKILL after STOP_TIMEOUT_S."""
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        started = time.perf_counter()
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-        self.stop_seconds = time.perf_counter() - started
-        self.returncode = process.returncode
-
-    def error_counts(self) -> dict[str, int]:
-        """ERROR records of the gateway log, by message (timestamps stripped), in order of appearance."""
-        counts: dict[str, int] = {}
-        for line in self.log().splitlines():
-            if " ERROR " in line:
-                message = line.split(" ERROR ", 1)[1]
-                counts[message] = counts.get(message, 0) + 1
-        return counts
-
-    def remove_state(self) -> None:
-        shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
 # --- client side ------------------------------------------------------------------------------
-
-
-def client_for(url: str, token: str, identity: DeviceIdentity | None = None) -> GatewayClient:
-    return GatewayClient(
-        ClientOptions(url=url, token=token, scopes=list(SCOPES), identity=identity or DeviceIdentity.generate())
-    )
-
-
-async def connected_client(url: str, token: str) -> GatewayClient:
-    client = client_for(url, token)
-    await client.connect()
-    return client
 
 
 async def timed_handshakes(url: str, token: str, count: int, *, same_device: bool) -> list[float]:
@@ -528,21 +236,11 @@ async def latency_and_facts(url: str, token: str, calls: int, warmup: int) -> tu
 # --- the run ----------------------------------------------------------------------------------
 
 
-def package_versions() -> dict[str, str]:
-    versions = {}
-    for name in ("django", "channels", "daphne", "channels-redis", "websockets"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "-"
-    return versions
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     postgres: ScratchPostgres | None = None
     redis_prefix: ScratchRedisPrefix | None = None
     database_url = args.database_url
-    if database_url and urlsplit(database_url).scheme in ("postgres", "postgresql", "pgsql"):
+    if is_postgres_url(database_url):
         postgres = ScratchPostgres(database_url)
     if args.redis_url:
         redis_prefix = ScratchRedisPrefix(args.redis_url)
@@ -601,19 +299,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         report = {
             "environment": {
-                "database": announced[0] if announced else facts["databaseVendor"],
-                "databaseVendor": facts["databaseVendor"],
-                "databaseServerVersion": postgres.server_version if postgres else None,
-                "databaseName": postgres.name if postgres else None,
-                "channelLayer": announced[1] if announced else ("Redis" if args.redis_url else "in-memory"),
-                "redisServerVersion": redis_prefix.server_version if redis_prefix else None,
-                "redisPrefix": redis_prefix.prefix if redis_prefix else None,
-                "gatewayVersion": facts["gatewayVersion"],
-                "protocol": facts["protocol"],
-                "python": f"{platform.python_implementation()} {platform.python_version()}",
-                "cpuCount": os.cpu_count(),
-                "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
-                "packages": package_versions(),
+                **base_environment(
+                    announced=announced,
+                    facts=facts,
+                    postgres=postgres,
+                    redis_prefix=redis_prefix,
+                    redis_url=args.redis_url,
+                ),
                 "gatewayPid": gateway.pid,
                 "gatewayThreadsAfterLoad": thread_count(gateway.pid),
                 "pairedDevicesDuringLatencyRun": facts["pairedDevices"],
@@ -657,33 +349,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 # --- output -----------------------------------------------------------------------------------
 
 
-def progress(message: str) -> None:
-    print(f"... {message}", file=sys.stderr, flush=True)
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:8.2f}"
-
-
 def render(report: dict[str, Any], args: argparse.Namespace) -> str:
     env = report["environment"]
-    database = env["database"]
-    if env["databaseServerVersion"]:
-        database += f" {env['databaseServerVersion']} (scratch database {env['databaseName']})"
-    layer = env["channelLayer"]
-    if env["redisServerVersion"]:
-        layer += f" {env['redisServerVersion']} (prefix {env['redisPrefix']})"
-    packages = ", ".join(f"{name} {version}" for name, version in env["packages"].items())
     lines = [
         "OpenClaw gateway benchmark",
-        f"  gateway        {env['gatewayVersion']} (protocol {env['protocol']}), pid {env['gatewayPid']}",
-        f"  database       {database}",
-        f"  channel layer  {layer}",
-        f"  python         {env['python']} (gateway and client)",
-        f"  cpus           {env['cpuCount']} ({env['platform']})",
-        f"  packages       {packages}",
+        *environment_lines(env),
         "",
-        f"{'round trips (ms)':<36}{'n':>6}{'p50':>9}{'p90':>9}{'p99':>9}{'mean':>9}{'max':>9}",
+        latency_header("round trips (ms)"),
     ]
     rows = [
         ("connect+handshake, new device", report["handshake"]["newDevice"]),
@@ -691,10 +363,7 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
         *((f"{method}, one connection", stats) for method, stats in report["latency"].items()),
     ]
     for label, stats in rows:
-        lines.append(
-            f"{label:<36}{stats['n']:>6}"
-            + "".join(f"{_ms(stats.get(key)):>9}" for key in ("p50", "p90", "p99", "mean", "max"))
-        )
+        lines.append(latency_row(label, stats))
     first = next(iter(report["throughput"].values()))
     lines += [
         "",
@@ -707,7 +376,7 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
         stats = load["latencyUnderLoad"]
         lines.append(
             f"{method:<12}{load['callsPerSecond']:>10.0f}{load['completed']:>9}{load['errors']:>8}"
-            f"{_ms(stats.get('p50')):>9}{_ms(stats.get('p99')):>9}"
+            f"{fmt_ms(stats.get('p50')):>9}{fmt_ms(stats.get('p99')):>9}"
             f"{load['clientCpuPercentOfCore']:>11.0f}%{load['gatewayCpuPercentOfCore']:>12.0f}%"
         )
         for sample in load["errorSamples"]:

@@ -193,6 +193,8 @@ OPENCLAW_MODEL = {
     "READ_TIMEOUT_S": float(os.environ.get("OPENCLAW_MODEL_READ_TIMEOUT_S", "60")),
     # Whole turn, start to last byte.
     "TOTAL_TIMEOUT_S": float(os.environ.get("OPENCLAW_MODEL_TOTAL_TIMEOUT_S", "600")),
+    # The model sees at most this many of the newest transcript messages.
+    "CONTEXT_MESSAGES": env_int("OPENCLAW_MODEL_CONTEXT_MESSAGES", 200),
 }
 
 # --- Misc -----------------------------------------------------------------------------------

@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from . import publisher
 from . import scopes as sc
 from .registry import registry
 
@@ -37,10 +37,9 @@ def broadcast_message(event: str, payload: Any, *, state_version: dict | None = 
 
 def publish_rollback_unsafe(event: str, payload: Any, *, state_version: dict | None = None) -> None:
     """Send now, whatever the surrounding transaction does. Prefer :func:`publish_on_commit`."""
+    message = broadcast_message(event, payload, state_version=state_version)
     try:
-        async_to_sync(get_channel_layer().group_send)(
-            BROADCAST_GROUP, broadcast_message(event, payload, state_version=state_version)
-        )
+        publisher.run_sync(lambda: get_channel_layer().group_send(BROADCAST_GROUP, message))
     except Exception:
         # A lost event is recoverable (clients refetch on a seq gap); a failed write is not,
         # so publication problems are logged and never raised into the service.
@@ -60,7 +59,7 @@ def send_to_channels_on_commit(channel_names: list[str], message: dict) -> None:
         layer = get_channel_layer()
         for name in channel_names:
             try:
-                async_to_sync(layer.send)(name, message)
+                publisher.run_sync(lambda name=name: layer.send(name, message))
             except Exception:
                 logger.exception("failed to send %s to %s", message.get("type"), name)
 

@@ -12,12 +12,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.core.cache import cache
 from django.db import transaction
 
-from openclaw_site.gateway import background, runtime
+from openclaw_site.gateway import background, publisher, runtime
 from openclaw_site.gateway import scopes as sc
 from openclaw_site.gateway.events import publish_on_commit, publish_rollback_unsafe
 from openclaw_site.gateway.registry import registry
@@ -96,14 +95,25 @@ def abort_requested(run: Run) -> bool:
 
 def notify_run_finished(run_id: str) -> None:
     try:
-        async_to_sync(get_channel_layer().group_send)(runtime.PROCESS_GROUP, {"type": RUN_FINISHED, "runId": run_id})
+        publisher.run_sync(
+            lambda: get_channel_layer().group_send(runtime.PROCESS_GROUP, {"type": RUN_FINISHED, "runId": run_id})
+        )
     except Exception:
         # agent.wait also re-reads the run on a slow timer; a lost wake-up only delays it.
         logger.exception("failed to notify run %s finished", run_id)
 
 
+# At most one delta event per run this often (OpenClaw throttles chat deltas to 150 ms): every
+# operator connection receives every turn's stream, so per-token events would flood them.
+DELTA_INTERVAL_S = 0.15
+
+
 class TurnEmitter:
-    """The ``chat``/``agent`` events of one run, each stream with its own ``seq``."""
+    """The ``chat``/``agent`` events of one run, each stream with its own ``seq``.
+
+    Text chunks are coalesced: the first goes out at once, later ones at most every 150 ms, and
+    whatever is buffered goes out before the terminal events.
+    """
 
     def __init__(self, run: Run, session: Session):
         self.run_id = run.run_id
@@ -112,6 +122,9 @@ class TurnEmitter:
         self.agent_id = session.agent_id
         self.chat_seq = 0
         self.agent_seq = 0
+        self.pending = ""
+        self.text = ""
+        self.emitted_at = 0.0
 
     def _chat(self, state: str, **fields: Any) -> None:
         self.chat_seq += 1
@@ -148,10 +161,21 @@ class TurnEmitter:
         self._agent("lifecycle", {"phase": "start", "startedAt": started_at_ms})
 
     def delta(self, delta: str, text: str) -> None:
-        self._agent("assistant", {"text": text, "delta": delta})
-        self._chat("delta", deltaText=delta, message=self._message(text))
+        self.pending += delta
+        self.text = text
+        if time.monotonic() - self.emitted_at >= DELTA_INTERVAL_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        self._agent("assistant", {"text": self.text, "delta": self.pending})
+        self._chat("delta", deltaText=self.pending, message=self._message(self.text))
+        self.pending = ""
+        self.emitted_at = time.monotonic()
 
     def end(self, run: Run) -> None:
+        self.flush()
         ended_at = _ms(run.ended_at)
         if run.status == "ok":
             self._agent("lifecycle", {"phase": "end", "endedAt": ended_at, "stopReason": run.stop_reason or "stop"})

@@ -48,9 +48,17 @@ class Session(models.Model):
 
     class Meta:
         indexes = [
-            # sessions.list: newest first within an agent, archived filtered out by default.
-            models.Index(fields=["agent_id", "archived_at", "-updated_at"], name="session_list_idx"),
-            models.Index(fields=["-updated_at", "id"], name="session_recent_idx"),
+            # sessions.list pages: newest first (ties by id), archived sessions left out by default;
+            # the column order and directions match the ORDER BY exactly.
+            models.Index(
+                fields=["-updated_at", "-id"], condition=Q(archived_at__isnull=True), name="session_active_recent_idx"
+            ),
+            models.Index(
+                fields=["agent_id", "-updated_at", "-id"],
+                condition=Q(archived_at__isnull=True),
+                name="session_agent_recent_idx",
+            ),
+            models.Index(fields=["-updated_at", "-id"], name="session_recent_idx"),
             models.Index(fields=["label"], name="session_label_idx"),
         ]
 
@@ -74,6 +82,11 @@ class SessionWindow(models.Model):
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="windows")
     previous_session_id = models.CharField(max_length=64, blank=True)
     reason = models.CharField(max_length=16, choices=WindowReason.choices)
+    # Appends are linear: the next seq and the current leaf, kept here so that an append is one
+    # INSERT under the session lock instead of a MAX() and a leaf lookup over the whole transcript.
+    next_seq = models.PositiveIntegerField(default=1)
+    leaf_event_id = models.CharField(max_length=64, blank=True)
+    message_count = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

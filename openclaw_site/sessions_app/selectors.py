@@ -190,22 +190,19 @@ def sessions_page(
     return rows[:limit], len(rows) > limit
 
 
-def active_path(window: SessionWindow) -> list[TranscriptEvent]:
-    """Message events on the path from the newest entry back to the root (``parentId`` links)."""
-    events = list(TranscriptEvent.objects.filter(window=window).order_by("seq"))
-    if not events:
-        return []
-    by_id = {event.event_id: event for event in events}
-    path = []
-    current: TranscriptEvent | None = events[-1]
-    seen = set()
-    while current is not None and current.event_id not in seen:
-        seen.add(current.event_id)
-        if current.type == "message":
-            path.append(current)
-        current = by_id.get(current.parent_id) if current.parent_id else None
-    path.reverse()
-    return path
+def active_path(window: SessionWindow, *, limit: int | None = None) -> list[TranscriptEvent]:
+    """Message events of the active path, oldest first (the newest ``limit`` when given).
+
+    A window's transcript is linear: every append follows the current leaf (``parent_id``), and
+    forks copy the active path into a new window. So the active path is the message events in
+    ``seq`` order, and a page of it costs one indexed query whatever the transcript's length.
+    """
+    messages = TranscriptEvent.objects.filter(window=window, type="message")
+    if limit is None:
+        return list(messages.order_by("seq"))
+    newest = list(messages.order_by("-seq")[:limit])
+    newest.reverse()
+    return newest
 
 
 HISTORY_TEXT_LIMIT = 12_000
@@ -225,14 +222,13 @@ def history_message(event: TranscriptEvent) -> dict:
 
 def chat_history(session: Session, *, limit: int = 200) -> dict:
     window = SessionWindow.objects.get(pk=session.session_id)
-    path = active_path(window)
-    messages = [history_message(event) for event in path[-limit:]]
+    messages = [history_message(event) for event in active_path(window, limit=limit)]
     return {
         "sessionKey": session.key,
         "sessionId": session.session_id,
         "messages": messages,
-        "totalMessages": len(path),
-        "hasMore": len(path) > limit,
+        "totalMessages": window.message_count,
+        "hasMore": window.message_count > limit,
     }
 
 

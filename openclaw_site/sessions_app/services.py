@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Max
 from django.utils import timezone
 
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
@@ -272,20 +271,15 @@ def session_delete(
 # --- transcript -----------------------------------------------------------------------------
 
 
-def _leaf_id(window: SessionWindow) -> str:
-    last = TranscriptEvent.objects.filter(window=window).order_by("-seq").values_list("event_id", flat=True).first()
-    return last or ""
-
-
 def transcript_append(
     *,
     window: SessionWindow,
     type: str,
     body: dict[str, Any],
     idempotency_key: str | None = None,
-    parent_id: str | None = None,
 ) -> TranscriptEvent:
-    """Append to a window whose session row the caller holds locked.
+    """Append after the current leaf of a window whose session row the caller holds locked
+    (``window`` read inside that transaction).
 
     A repeated append with the same idempotency key returns the existing event unchanged.
     """
@@ -293,15 +287,22 @@ def transcript_append(
         existing = TranscriptEvent.objects.filter(window=window, idempotency_key=idempotency_key).first()
         if existing is not None:
             return existing
-    seq = (TranscriptEvent.objects.filter(window=window).aggregate(m=Max("seq"))["m"] or 0) + 1
-    return TranscriptEvent.objects.create(
+    event = TranscriptEvent.objects.create(
         window=window,
-        seq=seq,
-        parent_id=_leaf_id(window) if parent_id is None else parent_id,
+        seq=window.next_seq,
+        parent_id=window.leaf_event_id,
         type=type,
         body=body,
         idempotency_key=idempotency_key,
     )
+    window.next_seq += 1
+    window.leaf_event_id = event.event_id
+    if type == "message":
+        window.message_count += 1
+    SessionWindow.objects.filter(pk=window.pk).update(
+        next_seq=window.next_seq, leaf_event_id=window.leaf_event_id, message_count=window.message_count
+    )
+    return event
 
 
 def message_body(role: str, text: str, **extra: Any) -> dict[str, Any]:
@@ -437,10 +438,13 @@ def run_claim(*, run_id: str, worker: str) -> ClaimedTurn | None:
 
 
 def active_path_texts(window: SessionWindow) -> list[tuple[str, str]]:
+    """The model's context: the newest messages of the active path, oldest first."""
+    from django.conf import settings
+
     from .selectors import active_path
 
     texts = []
-    for event in active_path(window):
+    for event in active_path(window, limit=settings.OPENCLAW_MODEL["CONTEXT_MESSAGES"]):
         body = event.body
         text = "".join(part.get("text", "") for part in body.get("content", []) if part.get("type") == "text")
         texts.append((body.get("role", "user"), text))
