@@ -562,7 +562,7 @@ async def chat_load(
 ) -> dict[str, Any]:
     """``connections`` connections, each looping send→wait on a session of its own for ``seconds``.
 
-    Every operator connection receives the chat/agent events of every turn, so ``connections`` times
+    A connection receives the chat/agent events of the turns it sent (none of them subscribed), so
     ``events_per_turn`` (as one connection saw them in the sequential run) are expected per turn.
     """
     url, token = deployment.url, deployment.token
@@ -609,7 +609,7 @@ async def chat_load(
         "turnsPerSecond": totals.completed / elapsed if elapsed else 0.0,
         "latencyUnderLoad": summarize(totals.latencies_s),
         "eventsPerTurn": totals.events / finished if finished else 0.0,
-        "eventsExpected": round(finished * connections * events_per_turn),
+        "eventsExpected": round(finished * events_per_turn),
         "eventsInWindow": totals.events,
         "eventsAfterWindow": late_events,
         "eventBacklogSeconds": backlog_s,
@@ -923,7 +923,7 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
             received = load["eventsInWindow"] + load["eventsAfterWindow"]
             expected = load["eventsExpected"]
             lines.append(
-                f"    events: {expected} expected ({args.connections} connections x every turn's stream), "
+                f"    events: {expected} expected (each connection: its own turns' streams), "
                 f"{load['eventsInWindow']} received in the window, {load['eventsAfterWindow']} in the "
                 f"{load['eventBacklogSeconds']:.1f} s after it; "
                 f"{100 * received / expected if expected else 0:.1f}% delivered"

@@ -21,7 +21,7 @@ from . import runtime, services
 from .conf import gateway_setting
 from .context import RpcContext
 from .dispatch import error_response, parse_frame, run_request
-from .events import BROADCAST_GROUP
+from .events import BROADCAST_GROUP, subscription_group
 from .exceptions import GatewayError, HandshakeRejected, InvalidRequest, Unavailable
 from .handshake import ConnectContext, FirstFrameInvalid, parse_connect
 from .hello import accept_connect, presence_changed
@@ -221,7 +221,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             return
         if spec.scope is not None and not scope_satisfied(self.ctx.scopes, spec.scope):
             return
-        if spec.subscription is not None and spec.subscription not in self.ctx.subscriptions:
+        if message.get("direct"):
+            if spec.subscription is not None and spec.subscription in self.ctx.subscriptions:
+                return  # the subscription group delivers it
+        elif spec.subscription is not None and spec.subscription not in self.ctx.subscriptions:
             return
         await self.send_event(message["event"], message["payload"], state_version=message.get("stateVersion"))
 
@@ -270,6 +273,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         runtime.local_connections.discard(self)
         try:
             await self.channel_layer.group_discard(BROADCAST_GROUP, self.channel_name)
+            for subscription in list(self.ctx.subscriptions):
+                await self.channel_layer.group_discard(subscription_group(subscription), self.channel_name)
             for invoke_id, (reply_channel, command) in list(self.ctx.pending_invokes.items()):
                 await self.channel_layer.send(
                     reply_channel, _invoke_failure(invoke_id, "NOT_CONNECTED", f"node disconnected ({command})")

@@ -33,6 +33,24 @@ class RpcContext:
     def has_scope(self, scope: str) -> bool:
         return sc.scope_satisfied(self.scopes, scope)
 
+    async def subscribe(self, subscription: str) -> None:
+        from channels.layers import get_channel_layer
+
+        from .events import subscription_group
+
+        if subscription not in self.subscriptions:
+            self.subscriptions.add(subscription)
+            await get_channel_layer().group_add(subscription_group(subscription), self.channel_name)
+
+    async def unsubscribe(self, subscription: str) -> None:
+        from channels.layers import get_channel_layer
+
+        from .events import subscription_group
+
+        if subscription in self.subscriptions:
+            self.subscriptions.discard(subscription)
+            await get_channel_layer().group_discard(subscription_group(subscription), self.channel_name)
+
     def actor(self) -> Actor:
         label = f"device:{self.device_id}" if self.device_id else f"conn:{self.conn_id}"
         return Actor(

@@ -20,6 +20,19 @@ logger = logging.getLogger(__name__)
 
 BROADCAST_GROUP = "gateway.broadcast"
 
+
+def subscription_group(subscription: str) -> str:
+    """Connections that opted in to an event family (e.g. ``sessions``) join this group."""
+    return f"gateway.sub.{subscription}"
+
+
+def event_group(event: str) -> str:
+    spec = registry.events.get(event)
+    if spec is not None and spec.subscription is not None:
+        return subscription_group(spec.subscription)
+    return BROADCAST_GROUP
+
+
 EVENT_DEVICE_PAIR_REQUESTED = registry.event("device.pair.requested", scope=sc.PAIRING)
 EVENT_DEVICE_PAIR_RESOLVED = registry.event("device.pair.resolved", scope=sc.PAIRING)
 EVENT_NODE_PAIR_REQUESTED = registry.event("node.pair.requested", scope=sc.PAIRING)
@@ -38,12 +51,25 @@ def broadcast_message(event: str, payload: Any, *, state_version: dict | None = 
 def publish_rollback_unsafe(event: str, payload: Any, *, state_version: dict | None = None) -> None:
     """Send now, whatever the surrounding transaction does. Prefer :func:`publish_on_commit`."""
     message = broadcast_message(event, payload, state_version=state_version)
+    group = event_group(event)
     try:
-        publisher.run_sync(lambda: get_channel_layer().group_send(BROADCAST_GROUP, message))
+        publisher.run_sync(lambda: get_channel_layer().group_send(group, message))
     except Exception:
         # A lost event is recoverable (clients refetch on a seq gap); a failed write is not,
         # so publication problems are logged and never raised into the service.
         logger.exception("failed to publish %s", event)
+
+
+def send_direct_rollback_unsafe(channel_name: str, event: str, payload: Any) -> None:
+    """An event for one connection (the one that asked for the work), besides its subscribers.
+
+    A connection that is subscribed anyway drops the direct copy, so nobody receives it twice.
+    """
+    message = {**broadcast_message(event, payload), "direct": True}
+    try:
+        publisher.run_sync(lambda: get_channel_layer().send(channel_name, message))
+    except Exception:
+        logger.exception("failed to send %s to %s", event, channel_name)
 
 
 def publish_on_commit(event: str, payload: Any, *, state_version: dict | None = None) -> None:

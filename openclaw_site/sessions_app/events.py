@@ -18,7 +18,7 @@ from django.db import transaction
 
 from openclaw_site.gateway import background, publisher, runtime
 from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.events import publish_on_commit, publish_rollback_unsafe
+from openclaw_site.gateway.events import publish_on_commit, publish_rollback_unsafe, send_direct_rollback_unsafe
 from openclaw_site.gateway.registry import registry
 
 if TYPE_CHECKING:
@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 EVENT_SESSIONS_CHANGED = registry.event("sessions.changed", scope=sc.READ, subscription="sessions")
-EVENT_CHAT = registry.event("chat", scope=sc.READ)
-EVENT_AGENT = registry.event("agent", scope=sc.READ)
+# The turn's stream goes to the connection that sent it and to sessions.subscribe subscribers.
+EVENT_CHAT = registry.event("chat", scope=sc.READ, subscription="sessions")
+EVENT_AGENT = registry.event("agent", scope=sc.READ, subscription="sessions")
 
 RUN_FINISHED = "sessions.run_finished"
 # Scoped to one execution (run id + start time), so a flag can never stop a later run that
@@ -125,6 +126,12 @@ class TurnEmitter:
         self.pending = ""
         self.text = ""
         self.emitted_at = 0.0
+        self.origin_channel = run.origin_channel
+
+    def _publish(self, event: str, payload: dict[str, Any]) -> None:
+        publish_rollback_unsafe(event, payload)
+        if self.origin_channel:
+            send_direct_rollback_unsafe(self.origin_channel, event, payload)
 
     def _chat(self, state: str, **fields: Any) -> None:
         self.chat_seq += 1
@@ -136,7 +143,7 @@ class TurnEmitter:
             "state": state,
             **fields,
         }
-        publish_rollback_unsafe(EVENT_CHAT, payload)
+        self._publish(EVENT_CHAT, payload)
 
     def _agent(self, stream: str, data: dict[str, Any]) -> None:
         self.agent_seq += 1
@@ -151,7 +158,7 @@ class TurnEmitter:
             "ts": int(time.time() * 1000),
             "isHeartbeat": False,
         }
-        publish_rollback_unsafe(EVENT_AGENT, payload)
+        self._publish(EVENT_AGENT, payload)
 
     @staticmethod
     def _message(text: str) -> dict[str, Any]:

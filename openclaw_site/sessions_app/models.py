@@ -153,6 +153,8 @@ class Run(models.Model):
     error_kind = models.CharField(max_length=32, blank=True)
     usage = models.JSONField(null=True, blank=True)
     abort_requested_at = models.DateTimeField(null=True, blank=True)
+    # The connection that sent the turn receives its stream without subscribing.
+    origin_channel = models.CharField(max_length=200, blank=True)
     # Who executes it ("celery:<host>:<pid>" or "gateway:<bootId>") and proof of life.
     worker = models.CharField(max_length=200, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)

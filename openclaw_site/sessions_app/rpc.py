@@ -168,13 +168,13 @@ def sessions_delete_rpc(ctx: RpcContext, params: SessionsDeleteParams) -> dict:
 
 @method("sessions.subscribe", scope=sc.READ)
 async def sessions_subscribe_rpc(ctx: RpcContext, params) -> dict:
-    ctx.subscriptions.add("sessions")
+    await ctx.subscribe("sessions")
     return {"subscribed": True}
 
 
 @method("sessions.unsubscribe", scope=sc.READ)
 async def sessions_unsubscribe_rpc(ctx: RpcContext, params) -> dict:
-    ctx.subscriptions.discard("sessions")
+    await ctx.unsubscribe("sessions")
     return {"subscribed": False}
 
 
@@ -199,6 +199,7 @@ def chat_send_rpc(ctx: RpcContext, params: ChatSendParams) -> dict:
         message=params.message,
         idempotency_key=params.idempotencyKey,
         expected_session_id=params.sessionId,
+        origin_channel=ctx.channel_name,
     )
     return selectors.chat_send_payload(submitted)
 

@@ -335,7 +335,7 @@ class SubmitResult:
     created: bool
 
 
-def run_submit(*, session_key: str, message: str, idempotency_key: str) -> SubmitResult:
+def run_submit(*, session_key: str, message: str, idempotency_key: str, origin_channel: str = "") -> SubmitResult:
     """Record a turn (queued); a repeated idempotency key is the same run, whatever its state."""
     text = clean_message(message)
     existing = Run.objects.filter(run_id=idempotency_key).first()
@@ -355,6 +355,7 @@ def run_submit(*, session_key: str, message: str, idempotency_key: str) -> Submi
                 window_id=session.session_id,
                 message=text,
                 status=RunStatus.QUEUED,
+                origin_channel=origin_channel,
             )
             session.last_interaction_at = timezone.now()
             session.last_run_id = run.run_id
@@ -380,13 +381,20 @@ def session_for_turn(*, key: str) -> Session:
 
 
 def chat_send(
-    *, session_key: str, message: str, idempotency_key: str, expected_session_id: str | None = None
+    *,
+    session_key: str,
+    message: str,
+    idempotency_key: str,
+    expected_session_id: str | None = None,
+    origin_channel: str = "",
 ) -> SubmitResult:
     """chat.send: submit a turn to the session (see :func:`session_for_turn` and :func:`run_submit`)."""
     session = session_for_turn(key=session_key)
     if expected_session_id is not None and expected_session_id != session.session_id:
         raise InvalidRequest(f"sessionId does not match the current session of {session.key}")
-    return run_submit(session_key=session.key, message=message, idempotency_key=idempotency_key)
+    return run_submit(
+        session_key=session.key, message=message, idempotency_key=idempotency_key, origin_channel=origin_channel
+    )
 
 
 @dataclass(frozen=True)

@@ -428,3 +428,37 @@ def test_a_non_streaming_reply_is_one_delta_then_final(model_gateway, mock_opena
     waited, states = asyncio.run(scenario())
     assert waited["status"] == "ok" and waited["outputText"] == "whole"
     assert states == ["delta", "final"]
+
+
+def test_the_stream_goes_to_the_sender_and_to_subscribers_once(gateway):
+    async def scenario():
+        sender = operator(gateway)
+        bystander = operator(gateway)
+        subscriber = operator(gateway)
+        for client in (sender, bystander, subscriber):
+            await client.connect()
+        await subscriber.request("sessions.subscribe")
+        await sender.request("sessions.subscribe")  # subscribed and the sender: still one copy
+        key = await _session(sender, "routed")
+        await sender.request("chat.send", {"sessionKey": key, "message": "Reply exactly: x", "idempotencyKey": "rt"})
+        await sender.request("agent.wait", {"runId": "rt", "timeoutMs": 20_000})
+        await asyncio.sleep(0.3)
+
+        def stream(client):
+            return [
+                (f["event"], f["payload"]["seq"])
+                for f in list(client.events._queue)
+                if f["event"] in ("chat", "agent") and f["payload"].get("runId") == "rt"
+            ]
+
+        seen = {
+            name: stream(c) for name, c in (("sender", sender), ("bystander", bystander), ("subscriber", subscriber))
+        }
+        for client in (sender, bystander, subscriber):
+            await client.close()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen["bystander"] == []
+    assert seen["sender"] == seen["subscriber"]
+    assert len(seen["sender"]) == len(set(seen["sender"])) > 0
