@@ -116,3 +116,24 @@ def test_openclaw_node_host_pairs_connects_and_runs_a_command(gateway):
         second.wait(20)
     assert result["ok"] is True
     assert result["payload"]["bins"]["sh"].endswith("/sh")
+
+
+def test_openclaw_cli_drives_a_chat_turn(gateway):
+    code, created, _ = openclaw_call(gateway, "sessions.create", {"key": "openclaw-cli", "label": "from the cli"})
+    assert code == 0 and created["key"] == "agent:main:openclaw-cli"
+    code, ack, _ = openclaw_call(
+        gateway,
+        "chat.send",
+        {"sessionKey": "agent:main:openclaw-cli", "message": "Reply exactly: PONG", "idempotencyKey": "oc-turn-1"},
+    )
+    assert code == 0 and ack == {"runId": "oc-turn-1", "status": "started"}
+    code, waited, _ = openclaw_call(gateway, "agent.wait", {"runId": "oc-turn-1", "timeoutMs": 20000})
+    assert code == 0 and waited["status"] == "ok" and waited["outputText"] == "PONG"
+    code, history, _ = openclaw_call(gateway, "chat.history", {"sessionKey": "agent:main:openclaw-cli"})
+    assert code == 0
+    assert [(m["role"], m["content"][0]["text"]) for m in history["messages"]] == [
+        ("user", "Reply exactly: PONG"),
+        ("assistant", "PONG"),
+    ]
+    code, listed, _ = openclaw_call(gateway, "sessions.list", {"label": "from the cli"})
+    assert code == 0 and [s["key"] for s in listed["sessions"]] == ["agent:main:openclaw-cli"]
