@@ -317,6 +317,7 @@ class GatewayProcess:
 
     def migrate(self) -> None:
         self.manage("migrate", "--verbosity", "0", "--no-input")
+        self.manage("migrate", "--database", "harness", "--verbosity", "0", "--no-input")
 
     def start(self) -> None:
         with open(self.log_path, "w", encoding="utf-8") as log:

@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "channels",
     "openclaw_site.gateway",
     "openclaw_site.sessions_app",
+    "openclaw_site.native_harness",
 ]
 
 MIDDLEWARE = [
@@ -100,6 +101,18 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     # End-to-end tests start gateway processes that must open the test database too.
     DATABASES["default"]["TEST"] = {"NAME": str(STATE_DIR / "test-gateway.sqlite3")}
+# The bundled native harness (threads, bindings) lives in a store of its own: SQLite under the
+# state dir unless HARNESS_DATABASE_URL says otherwise.
+HARNESS_DATABASE_URL = os.environ.get("HARNESS_DATABASE_URL") or f"sqlite:///{STATE_DIR / 'harness.sqlite3'}"
+DATABASES["harness"] = dj_database_url.parse(HARNESS_DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 300))
+if DATABASES["harness"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["harness"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["harness"]["TEST"] = {"NAME": str(STATE_DIR / "test-harness.sqlite3")}
+DATABASE_ROUTERS = ["openclaw_site.db_routers.HarnessRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: channel layer, cache, Celery broker ---------------------------------------------

@@ -12,8 +12,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from django.db import connection
-
 ROOT = Path(__file__).resolve().parent.parent
 TEST_TOKEN = "test-gateway-token-0123456789"
 
@@ -24,9 +22,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_database_url() -> str:
-    """The URL of the database pytest-django created, for processes outside this one."""
-    settings = connection.settings_dict
+def test_database_url(alias: str = "default") -> str:
+    """The URL of a database pytest-django created, for processes outside this one."""
+    from django.db import connections
+
+    settings = connections[alias].settings_dict
     if settings["ENGINE"].endswith("sqlite3"):
         return f"sqlite:///{settings['NAME']}"
     user = settings.get("USER") or ""
@@ -135,6 +135,7 @@ def start_gateway(
     env = {
         **os.environ,
         "DATABASE_URL": test_database_url(),
+        "HARNESS_DATABASE_URL": test_database_url("harness"),
         "OPENCLAW_GATEWAY_TOKEN": TEST_TOKEN,
         "OPENCLAW_STATE_DIR": state_dir,
         "PYTHONUNBUFFERED": "1",

@@ -37,6 +37,10 @@ class Session(models.Model):
     worktree = models.JSONField(null=True, blank=True)
     model_provider = models.CharField(max_length=100, blank=True)
     model = models.CharField(max_length=200, blank=True)
+    # Owned by an agent harness (native threads): only the harness's guarded rollback removes it.
+    agent_harness_id = models.CharField(max_length=64, blank=True)
+    model_selection_locked = models.BooleanField(default=False)
+    plugin_extensions = models.JSONField(default=dict, blank=True)
     # Last turn: running | done | failed | killed (an aborted turn).
     status = models.CharField(max_length=16, blank=True)
     last_run_id = models.CharField(max_length=200, blank=True)
@@ -176,3 +180,29 @@ class Run(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_RUN_STATUSES
+
+
+class SessionUpstreamLink(models.Model):
+    """A session's link to a thread in an external agent runtime (``session_upstream_links``)."""
+
+    session_key = models.CharField(max_length=300)
+    agent_id = models.CharField(max_length=100)
+    catalog_id = models.CharField(max_length=100)
+    host_id = models.CharField(max_length=200)
+    thread_id = models.CharField(max_length=200)
+    upstream_kind = models.CharField(max_length=64)
+    upstream_ref = models.JSONField(default=dict)
+    marker = models.JSONField(null=True, blank=True)
+    last_scanned_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            # Composite identity: agents may share bare keys.
+            models.UniqueConstraint(fields=["session_key", "agent_id"], name="upstream_link_identity"),
+        ]
+        indexes = [models.Index(fields=["catalog_id"], name="upstream_link_catalog_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.session_key} -> {self.upstream_kind}:{self.thread_id}"

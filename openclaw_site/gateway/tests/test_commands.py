@@ -58,7 +58,7 @@ def test_pairing_errors_are_command_errors_and_change_nothing():
     assert not PairedDevice.objects.exists()
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(databases=["default", "harness"])
 def test_bootstrap_creates_the_admin_and_token_once(settings, tmp_path):
     from openclaw_site.gateway.conf import shared_token
 

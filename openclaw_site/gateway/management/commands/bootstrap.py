@@ -21,6 +21,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         call_command("migrate", interactive=False, verbosity=0)
+        call_command("migrate", database="harness", interactive=False, verbosity=0)
         token, created = ensure_gateway_token()
         state_dir = settings.STATE_DIR
         self.stdout.write(f"State directory: {state_dir}")

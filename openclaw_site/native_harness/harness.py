@@ -1,0 +1,1 @@
+"""The bundled native-thread harness (registration happens in later steps)."""
