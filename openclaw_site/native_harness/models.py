@@ -101,3 +101,17 @@ class InitializationOwnership(models.Model):
 
     def __str__(self) -> str:
         return f"initialization of {self.session_key} ({self.session_id})"
+
+
+class NativeConnection(models.Model):
+    """The live connection to the native runtime; threads carry its fingerprint in their refs.
+
+    Retiring it (after a cleanup that could not be verified) makes every ref to it unavailable.
+    """
+
+    fingerprint = models.CharField(primary_key=True, max_length=80)
+    created_at = models.DateTimeField(auto_now_add=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.fingerprint

@@ -22,6 +22,9 @@ class DeletionTarget:
     agent_harness_id: str
     # The initialization handle, only when the deletion is that initialization's own rollback.
     initialization: Any | None = None
+    # "delete": an operator deletes a ready session; "rollback": an owner-specific rollback, which
+    # a supervision-owned binding refuses unless it is the owning initialization's own.
+    purpose: str = "delete"
 
 
 class DeletionParticipation(Protocol):

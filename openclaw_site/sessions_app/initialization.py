@@ -277,7 +277,7 @@ def _roll_back_if_owned(handle: InitializationHandle, callback_ran: bool) -> Exc
     try:
         with handle.rolling_back():
             deleted = delete_session_guarded(
-                key=key, expected=handle.snapshot, initialization=handle, harness_required=True
+                key=key, expected=handle.snapshot, initialization=handle, harness_required=True, purpose="rollback"
             )
         if not deleted:
             raise InitializationError(f"created session {key} changed before rollback")
@@ -293,6 +293,7 @@ def delete_session_guarded(
     expected: dict[str, Any] | None,
     initialization: InitializationHandle | None = None,
     harness_required: bool = False,
+    purpose: str = "delete",
 ) -> bool:
     """Delete a session together with its harness's state; False when the row is not ``expected``.
 
@@ -322,6 +323,7 @@ def delete_session_guarded(
                     lifecycle_revision=session.lifecycle_revision,
                     agent_harness_id=session.agent_harness_id,
                     initialization=initialization if initialization is active_rollback() else None,
+                    purpose=purpose,
                 )
             )
     try:
@@ -352,4 +354,45 @@ def delete_session_guarded(
         initialization.deletion_committed()
     if participation is not None:
         participation.after_commit()
+    return True
+
+
+def rollback_harness_session(*, key: str, expected: dict[str, Any]) -> bool:
+    """Owner-specific removal of a harness-owned session (``rollbackAgentHarnessSessionEntryLifecycle``).
+
+    Outside the owning initialization's rollback a supervision-owned binding refuses it.
+    """
+    return delete_session_guarded(
+        key=key, expected=expected, initialization=active_rollback(), harness_required=True, purpose="rollback"
+    )
+
+
+def clear_stuck_initialization(*, key: str) -> bool:
+    """Remove a session left ``initialization_pending`` (say, by a process killed mid-fork).
+
+    A recovery handle takes over the pending row exactly as it is now and runs the same guarded
+    rollback; the harness undoes what its durable ownership record says this initialization
+    wrote. Raises when ownership cannot be proven; the row then stays for inspection.
+    """
+    current = row_snapshot(key)
+    if current is None:
+        return False
+    if not current["initialization_pending"]:
+        raise InitializationError(f"Session {key} is not initializing")
+    handle = InitializationHandle(
+        InitializationTarget(current["agent_id"], key, current["session_id"], current["lifecycle_revision"]),
+        current,
+        harness_id=current["agent_harness_id"],
+        harness_generation=registry.generation(current["agent_harness_id"]),
+        source_guard=None,
+    )
+    try:
+        with handle.rolling_back():
+            deleted = delete_session_guarded(
+                key=key, expected=current, initialization=handle, harness_required=True, purpose="rollback"
+            )
+        if not deleted:
+            raise InitializationError(f"created session {key} changed before rollback")
+    finally:
+        handle.close()
     return True

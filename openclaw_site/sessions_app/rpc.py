@@ -13,7 +13,7 @@ from openclaw_site.gateway.context import RpcContext
 from openclaw_site.gateway.protocol import ClosedModel
 from openclaw_site.gateway.registry import registry
 
-from . import keys, selectors, services
+from . import forks, keys, selectors, services
 from .waiters import run_waiters
 
 method = registry.method
@@ -261,3 +261,35 @@ async def wait_for_run(run_id: str, timeout_ms: int) -> dict:
 @method("agent.wait", params=AgentWaitParams, scope=sc.WRITE)
 async def agent_wait_rpc(ctx: RpcContext, params: AgentWaitParams) -> dict:
     return await wait_for_run(params.runId, params.timeoutMs)
+
+
+class SessionsForkParams(ClosedModel):
+    sessionKey: str = Field(min_length=1)
+    agentId: str | None = None
+    entryId: str = Field(min_length=1)
+
+
+@method("sessions.fork", params=SessionsForkParams, scope=sc.WRITE)
+def sessions_fork_rpc(ctx: RpcContext, params: SessionsForkParams) -> dict:
+    return forks.session_fork(session_key=_key(params.sessionKey, params.agentId), entry_id=params.entryId)
+
+
+class SessionsAdoptParams(ClosedModel):
+    threadId: str = Field(min_length=1)
+    harness: str = "native"
+    agentId: str | None = None
+    key: str | None = None
+    label: str | None = Field(default=None, max_length=200)
+
+
+@method("sessions.adopt", params=SessionsAdoptParams, scope=sc.WRITE)
+def sessions_adopt_rpc(ctx: RpcContext, params: SessionsAdoptParams) -> dict:
+    agent_id = keys.normalize_agent_id(params.agentId)
+    session = forks.session_adopt(
+        thread_id=params.threadId,
+        harness_id=params.harness,
+        agent_id=agent_id,
+        key=_key(params.key, agent_id) if params.key else None,
+        label=(params.label or "").strip(),
+    )
+    return {"ok": True, "key": session.key, "sessionId": session.session_id, "entry": selectors.session_row(session)}

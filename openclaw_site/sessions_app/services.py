@@ -255,7 +255,11 @@ def session_delete(
     expected_session_id: str | None = None,
     expected_lifecycle_revision: str | None = None,
 ) -> bool:
-    """Delete a session with its windows, transcript and runs; a running turn blocks deletion."""
+    """Delete a session with its windows, transcript and runs; a running turn blocks deletion.
+
+    A session owned by an agent harness is deleted through the harness's deletion participant
+    (which removes its binding after the commit); a pending one only by clearing its initialization.
+    """
     with transaction.atomic():
         session = Session.objects.select_for_update(no_key=True).filter(key=key).first()
         if session is None:
@@ -263,8 +267,17 @@ def session_delete(
         _check_expected(session, expected_session_id, expected_lifecycle_revision)
         if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
             raise Unavailable("Delete is unavailable while the agent is working; abort the run first.", retryable=True)
-        events.publish_session_changed_on_commit(session, reason="delete", deleted=True)
-        session.delete()
+        if session.initialization_pending:
+            raise Unavailable(f"Session {key} is initializing; retry later.", retryable=True)
+        if not session.agent_harness_id:
+            events.publish_session_changed_on_commit(session, reason="delete", deleted=True)
+            session.delete()
+            return True
+        expected = {k: v for k, v in Session.objects.filter(pk=session.pk).values().first().items()}
+    from .initialization import delete_session_guarded
+
+    if not delete_session_guarded(key=key, expected=expected, purpose="delete"):
+        raise Conflict(f"Session {key} changed; retry.", details={"code": "SESSION_CHANGED"})
     return True
 
 

@@ -1,0 +1,102 @@
+"""Adoption, upstream and local forks: the happy paths and the checks before any work."""
+
+from __future__ import annotations
+
+import pytest
+
+from openclaw_site.gateway.exceptions import InvalidRequest, NotFound, Unavailable
+from openclaw_site.native_harness import services
+from openclaw_site.native_harness.models import NativeThread
+from openclaw_site.sessions_app import forks, initialization, links
+from openclaw_site.sessions_app import services as session_services
+from openclaw_site.sessions_app.models import Session, TranscriptEvent
+
+from .conftest import SOURCE_KEY
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "harness"])
+
+
+def texts(session_id: str) -> list[tuple[str, str]]:
+    return [
+        (e.body["role"], e.body["content"][0]["text"])
+        for e in TranscriptEvent.objects.filter(window_id=session_id).order_by("seq")
+    ]
+
+
+def test_adoption_makes_a_locked_session_bound_to_the_existing_thread(seeded):
+    source = seeded.source
+    assert not source.initialization_pending and source.model_selection_locked
+    assert source.agent_harness_id == "native"
+    assert texts(source.session_id)[:2] == [("user", "first question"), ("assistant", "first answer")]
+    binding = services.binding_read("main", source.session_id)
+    assert binding["threadId"] == seeded.source_thread_id
+    assert binding["connectionScope"] == "supervision"
+    assert binding["pendingSupervisionBranch"]["sourceThreadId"] == seeded.source_thread_id
+    with pytest.raises(InvalidRequest, match="already bound to a session"):
+        forks.session_adopt(thread_id=seeded.source_thread_id, harness_id="native", agent_id="main", key=None)
+
+
+def test_upstream_fork_creates_a_ready_child_on_a_fresh_thread(seeded):
+    result = forks.session_fork(session_key=SOURCE_KEY, entry_id=seeded.entry_id)
+    child = Session.objects.get(key=result["sessionKey"])
+    assert result["editorText"] == "second question"
+    assert not child.initialization_pending and child.fork_source_session_key == SOURCE_KEY
+    assert texts(child.session_id) == [("user", "first question"), ("assistant", "first answer")]
+    binding = services.binding_read("main", child.session_id)
+    link = links.link_read(child.key, "main")
+    fresh = binding["threadId"]
+    assert fresh != seeded.source_thread_id and link["threadId"] == fresh
+    assert NativeThread.objects.get(thread_id=fresh).source_thread_id == seeded.source_thread_id
+    assert [t.text for t in services.thread_history(fresh)] == ["first question", "first answer"]
+    # Nothing of the source changed.
+    assert services.binding_read("main", seeded.source.session_id)["threadId"] == seeded.source_thread_id
+    assert links.link_read(SOURCE_KEY, "main") == seeded.source_link
+
+
+def test_local_fork_copies_the_active_path_before_the_entry(transactional_db):
+    session_services.session_create(spec=session_services.SessionSpec(key="agent:main:plain", agent_id="main"))
+    window = Session.objects.get(key="agent:main:plain").session_id
+    from openclaw_site.sessions_app.transcripts import append_many
+
+    bodies = [
+        {"role": role, "content": [{"type": "text", "text": text}], "timestamp": 1}
+        for role, text in [("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d")]
+    ]
+    append_many(window_id=window, session_key="agent:main:plain", bodies=bodies)
+    events = list(TranscriptEvent.objects.filter(window_id=window).order_by("seq"))
+    result = forks.session_fork(session_key="agent:main:plain", entry_id=events[2].event_id)
+    child = Session.objects.get(key=result["sessionKey"])
+    assert result["editorText"] == "c"
+    assert texts(child.session_id) == [("user", "a"), ("assistant", "b")]
+    assert child.fork_source_entry_id == events[2].event_id
+    for entry, message in (
+        (events[1].event_id, f"entry is not a user message: {events[1].event_id}"),
+        ("nope", "message entry not found: nope"),
+    ):
+        with pytest.raises(InvalidRequest, match=message):
+            forks.session_fork(session_key="agent:main:plain", entry_id=entry)
+
+
+def test_fork_checks_come_first_and_change_nothing(seeded):
+    with pytest.raises(NotFound, match="session not found: agent:main:missing"):
+        forks.session_fork(session_key="agent:main:missing", entry_id=seeded.entry_id)
+    Session.objects.filter(key=SOURCE_KEY).update(initialization_pending=True)
+    with pytest.raises(Unavailable, match=r"Session agent:main:source is initializing; retry fork later\."):
+        forks.session_fork(session_key=SOURCE_KEY, entry_id=seeded.entry_id)
+    assert Session.objects.count() == 1
+
+
+def test_a_ready_child_with_a_supervision_binding_refuses_owner_rollback_outside_its_initialization(seeded):
+    result = forks.session_fork(session_key=SOURCE_KEY, entry_id=seeded.entry_id)
+    snapshot = initialization.row_snapshot(result["sessionKey"])
+    with pytest.raises(InvalidRequest, match="owned by supervision"):
+        initialization.rollback_harness_session(key=result["sessionKey"], expected=snapshot)
+    assert initialization.row_snapshot(result["sessionKey"]) == snapshot
+
+
+def test_sessions_delete_removes_a_harness_session_and_its_binding(seeded):
+    result = forks.session_fork(session_key=SOURCE_KEY, entry_id=seeded.entry_id)
+    child = Session.objects.get(key=result["sessionKey"])
+    assert session_services.session_delete(key=child.key)
+    assert not Session.objects.filter(key=child.key).exists()
+    assert services.binding_read("main", child.session_id) is None

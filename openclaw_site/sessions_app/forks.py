@@ -1,0 +1,153 @@
+"""sessions.fork: a new session from a source's history before one of its user messages (§2.4).
+
+Order of checks: source exists; not initializing; upstream-linked sources go to the harness that
+declares the link's kind; then, under the source's lock, the generation the caller saw must still
+be current and no turn may be running; then the entry must be a user message on the active path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
+
+from . import events, keys, links
+from .harnesses import ForkRequest, registry
+from .initialization import InitializationError, initialization_source
+from .models import Run, RunStatus, Session, SessionWindow, TranscriptEvent, WindowReason
+from .transcripts import append_many
+
+EXTERNAL_HARNESS_MESSAGE = (
+    "Session history changes are unavailable because this session is owned by an external agent harness."
+)
+
+
+@dataclass(frozen=True)
+class ForkPoint:
+    entry: TranscriptEvent
+    before: list[TranscriptEvent]  # the active path before the entry
+
+
+def _text(event: TranscriptEvent) -> str:
+    return "".join(p.get("text", "") for p in event.body.get("content", []) if p.get("type") == "text")
+
+
+def _fork_point(source: Session, entry_id: str) -> ForkPoint:
+    window = SessionWindow.objects.get(pk=source.session_id)
+    entry = TranscriptEvent.objects.filter(window=window, event_id=entry_id).first()
+    if entry is None:
+        raise InvalidRequest(f"message entry not found: {entry_id}")
+    if entry.type != "message" or entry.body.get("role") != "user":
+        raise InvalidRequest(f"entry is not a user message: {entry_id}")
+    path = list(TranscriptEvent.objects.filter(window=window, type="message").order_by("seq"))
+    ids = [event.event_id for event in path]
+    if entry.event_id not in ids:
+        raise InvalidRequest(f"message entry is not on the active path: {entry_id}")
+    return ForkPoint(entry=entry, before=path[: ids.index(entry.event_id)])
+
+
+def _lock_unchanged(key: str, seen: Session) -> Session:
+    source = Session.objects.select_for_update(no_key=True).filter(key=key).first()
+    # Locked: the generation check and the fork must see the same source.
+    if source is None or (source.session_id, source.lifecycle_revision) != (seen.session_id, seen.lifecycle_revision):
+        raise Conflict(f"Session {key} changed; retry fork.", details={"code": "SESSION_CHANGED"})
+    if Run.objects.filter(session=source, status=RunStatus.RUNNING).exists():
+        raise Unavailable("Fork is unavailable while the agent is working.", retryable=True)
+    return source
+
+
+def session_fork(*, session_key: str, entry_id: str) -> dict[str, Any]:
+    seen = Session.objects.filter(key=session_key).first()
+    if seen is None:
+        raise NotFound(f"session not found: {session_key}")
+    if seen.initialization_pending:
+        raise Unavailable(f"Session {session_key} is initializing; retry fork later.", retryable=True)
+    link = links.link_read(seen.key, seen.agent_id)
+    if link is not None:
+        return _upstream_fork(seen, link, entry_id)
+    return _local_fork(seen, entry_id)
+
+
+def _local_fork(seen: Session, entry_id: str) -> dict[str, Any]:
+    """Copy the active path before the entry into a new session, in one transaction."""
+    with transaction.atomic():
+        source = _lock_unchanged(seen.key, seen)
+        point = _fork_point(source, entry_id)
+        child = Session.objects.create(
+            key=keys.dashboard_key(source.agent_id),
+            agent_id=source.agent_id,
+            label=source.label,
+            model=source.model,
+            model_provider=source.model_provider,
+            cwd=source.cwd,
+            created_via="operator",
+            parent_session_key=source.key,
+            fork_source_session_key=source.key,
+            fork_source_session_id=source.session_id,
+            fork_source_entry_id=entry_id,
+        )
+        SessionWindow.objects.create(id=child.session_id, session=child, reason=WindowReason.FORK)
+        append_many(
+            window_id=child.session_id,
+            session_key=child.key,
+            bodies=[event.body for event in point.before],
+            event_ids=[event.event_id for event in point.before],
+        )
+        events.publish_session_changed_on_commit(child, reason="fork")
+    return {"sessionKey": child.key, "editorText": _text(point.entry)}
+
+
+def _upstream_fork(seen: Session, link: dict[str, Any], entry_id: str) -> dict[str, Any]:
+    candidates = registry.for_upstream_kind(link["upstreamKind"])
+    if len(candidates) != 1:
+        raise InvalidRequest(EXTERNAL_HARNESS_MESSAGE)
+    harness = candidates[0]
+    generation = registry.generation(harness.id)
+    with transaction.atomic():
+        source = _lock_unchanged(seen.key, seen)
+        point = _fork_point(source, entry_id)
+    native_turn_id = point.entry.body.get("nativeTurnId")
+    if not native_turn_id:
+        raise InvalidRequest(f"entry has no native turn to fork at: {entry_id}")
+
+    def source_unchanged() -> None:
+        current = Session.objects.filter(key=source.key).first()
+        if (
+            current is None
+            or current.initialization_pending
+            or (current.session_id, current.lifecycle_revision) != (source.session_id, source.lifecycle_revision)
+            or links.link_read(source.key, source.agent_id) != link
+            or registry.generation(harness.id) != generation
+        ):
+            raise InitializationError(f"Session {source.key} changed during fork initialization")
+
+    request = ForkRequest(
+        target_key=keys.dashboard_key(source.agent_id),
+        agent_id=source.agent_id,
+        source={
+            "agentId": source.agent_id,
+            "sessionId": source.session_id,
+            "sessionKey": source.key,
+            "entryId": entry_id,
+            "nativeTurnId": native_turn_id,
+        },
+        upstream=link,
+        assert_current=source_unchanged,
+    )
+    with initialization_source(source_unchanged):
+        result = harness.fork_session(request)
+    if result.status != "created":
+        error_class = Unavailable if result.code == "upstream-unavailable" else InvalidRequest
+        raise error_class(result.message or "fork failed", details={"reason": result.code})
+    return {"sessionKey": result.key, "editorText": result.editor_text or _text(point.entry)}
+
+
+def session_adopt(*, thread_id: str, harness_id: str, agent_id: str, key: str | None, label: str = "") -> Session:
+    harness = registry.get(harness_id)
+    if harness is None or not hasattr(harness, "adopt_thread"):
+        raise InvalidRequest(f"unknown agent harness: {harness_id}")
+    created = harness.adopt_thread(thread_id=thread_id, agent_id=agent_id, key=key, label=label)
+    return created.session

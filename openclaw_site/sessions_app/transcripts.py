@@ -1,0 +1,73 @@
+"""Bulk transcript writes: importing a native thread's history, copying an active path (forks).
+
+One INSERT per batch, not one round trip per event: a fork's cost grows with the history only
+through the rows it writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from .models import Session, SessionWindow, TranscriptEvent, new_id
+
+BATCH_SIZE = 500
+
+
+@dataclass(frozen=True)
+class ImportedMessage:
+    role: str
+    text: str
+    timestamp: int
+    extra: dict[str, Any]
+
+
+def _message_body(message: ImportedMessage) -> dict[str, Any]:
+    return {
+        "role": message.role,
+        "content": [{"type": "text", "text": message.text}],
+        "timestamp": message.timestamp,
+        **message.extra,
+    }
+
+
+def append_many(
+    *,
+    window_id: str,
+    session_key: str,
+    bodies: Sequence[dict[str, Any]],
+    event_ids: Sequence[str] | None = None,
+    guard: Callable[[], None] | None = None,
+) -> int:
+    """Append message events after the window's leaf, in one transaction under the session lock."""
+    with transaction.atomic():
+        Session.objects.select_for_update(no_key=True).filter(key=session_key).first()
+        # Locked: seq and leaf of the window belong to whoever holds the session row.
+        if guard is not None:
+            guard()
+        window = SessionWindow.objects.get(pk=window_id)
+        parent, seq, events = window.leaf_event_id, window.next_seq, []
+        for index, body in enumerate(bodies):
+            event_id = event_ids[index] if event_ids is not None else new_id()
+            events.append(
+                TranscriptEvent(window=window, seq=seq, event_id=event_id, parent_id=parent, type="message", body=body)
+            )
+            parent, seq = event_id, seq + 1
+        TranscriptEvent.objects.bulk_create(events, batch_size=BATCH_SIZE)
+        SessionWindow.objects.filter(pk=window.pk).update(
+            next_seq=seq, leaf_event_id=parent, message_count=window.message_count + len(events)
+        )
+        if guard is not None:
+            guard()
+    return len(events)
+
+
+def import_messages(
+    *, window_id: str, session_key: str, messages: Sequence[ImportedMessage], guard: Callable[[], None] | None = None
+) -> int:
+    return append_many(
+        window_id=window_id, session_key=session_key, bodies=[_message_body(m) for m in messages], guard=guard
+    )
