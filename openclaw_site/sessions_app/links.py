@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 
 from openclaw_site.gateway.exceptions import Conflict
 
+from . import stages
 from .models import SessionUpstreamLink
 
 IDENTITY_FIELDS = ("catalogId", "hostId", "threadId", "upstreamKind", "upstreamRef")
@@ -48,10 +49,10 @@ def _source_matches(source: dict[str, Any]) -> bool:
 
 
 def _admit(assert_commit_allowed: Callable[[], None] | None, source: dict[str, Any] | None) -> None:
-    if assert_commit_allowed is not None:
-        assert_commit_allowed()
     if source is not None and not _source_matches(source):
         raise UpstreamSourceChanged()
+    if assert_commit_allowed is not None:
+        assert_commit_allowed()
 
 
 def link_upsert(
@@ -96,6 +97,7 @@ def link_upsert(
                 SessionUpstreamLink.objects.create(session_key=link["sessionKey"], agent_id=link["agentId"], **fields)
             # Checked again at the last moment before COMMIT: a guard that turned false meanwhile
             # (initialization closed, source replaced) undoes the write.
+            stages.reach("link.write.before_commit", link=link)
             _admit(assert_commit_allowed, source)
     except IntegrityError:
         if if_absent:
