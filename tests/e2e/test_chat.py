@@ -137,9 +137,9 @@ def test_a_pending_session_admits_no_turns(gateway):
         client = operator(gateway)
         await client.connect()
         key = await _session(client, "pending")
-        from asgiref.sync import sync_to_async
+        from channels.db import database_sync_to_async
 
-        await sync_to_async(Session.objects.filter(key=key).update)(initialization_pending=True)
+        await database_sync_to_async(Session.objects.filter(key=key).update)(initialization_pending=True)
         with pytest.raises(GatewayError) as refused:
             await client.request("chat.send", {"sessionKey": key, "message": "hi", "idempotencyKey": "p"})
         await client.close()
