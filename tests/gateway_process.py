@@ -22,7 +22,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_database_url(alias: str = "default") -> str:
+def current_database_url(alias: str = "default") -> str:
     """The URL of a database pytest-django created, for processes outside this one."""
     from django.db import connections
 
@@ -134,8 +134,8 @@ def start_gateway(
     state_dir = tempfile.mkdtemp(prefix="gateway-state-")
     env = {
         **os.environ,
-        "DATABASE_URL": test_database_url(),
-        "HARNESS_DATABASE_URL": test_database_url("harness"),
+        "DATABASE_URL": current_database_url(),
+        "HARNESS_DATABASE_URL": current_database_url("harness"),
         "OPENCLAW_GATEWAY_TOKEN": TEST_TOKEN,
         "OPENCLAW_STATE_DIR": state_dir,
         "PYTHONUNBUFFERED": "1",

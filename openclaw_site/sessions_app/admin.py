@@ -29,7 +29,7 @@ from openclaw_site.gateway.admin.common import (
 from openclaw_site.gateway.exceptions import Conflict
 from openclaw_site.gateway.services import Actor
 
-from . import services
+from . import initialization, services
 from .models import Run, RunStatus, Session, SessionWindow, TranscriptEvent
 from .providers.base import ProviderErrorKind
 from .tasks import STALE_RUN_AFTER
@@ -156,7 +156,7 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     inlines = (SessionWindowInline,)
-    actions = ("reset_sessions",)
+    actions = ("reset_sessions", "clear_stuck_initializations")
     fieldsets = (
         (
             None,
@@ -226,6 +226,25 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             label=_session_label,
             skip_reason=lambda session: "initializing" if session.initialization_pending else None,
             act=reset,
+        )
+
+    @admin.action(description="Clear stuck initialization (guarded rollback)", permissions=["change"])
+    def clear_stuck_initializations(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        """Remove sessions left initializing (a process died mid-fork) through the guarded rollback:
+        exactly what the initialization still owns is undone; anything a successor took is kept."""
+
+        def clear(session: Session, actor: Actor) -> str:
+            initialization.clear_stuck_initialization(key=session.key, actor=actor)
+            return "Cleared a stuck initialization via admin action."
+
+        per_object_action(
+            self,
+            request,
+            queryset,
+            label=_session_label,
+            skip_reason=lambda session: None if session.initialization_pending else "not initializing",
+            act=clear,
+            deletes=True,
         )
 
 

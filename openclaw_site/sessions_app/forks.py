@@ -39,6 +39,9 @@ def _fork_point(source: Session, entry_id: str) -> ForkPoint:
     window = SessionWindow.objects.get(pk=source.session_id)
     entry = TranscriptEvent.objects.filter(window=window, event_id=entry_id).first()
     if entry is None:
+        # An entry of an earlier generation (before a reset) exists but is off the active path.
+        if TranscriptEvent.objects.filter(window__session=source, event_id=entry_id).exists():
+            raise InvalidRequest(f"message entry is not on the active path: {entry_id}")
         raise InvalidRequest(f"message entry not found: {entry_id}")
     if entry.type != "message" or entry.body.get("role") != "user":
         raise InvalidRequest(f"entry is not a user message: {entry_id}")

@@ -367,7 +367,7 @@ def rollback_harness_session(*, key: str, expected: dict[str, Any]) -> bool:
     )
 
 
-def clear_stuck_initialization(*, key: str) -> bool:
+def clear_stuck_initialization(*, key: str, actor=None) -> bool:
     """Remove a session left ``initialization_pending`` (say, by a process killed mid-fork).
 
     A recovery handle takes over the pending row exactly as it is now and runs the same guarded
@@ -395,4 +395,8 @@ def clear_stuck_initialization(*, key: str) -> bool:
             raise InitializationError(f"created session {key} changed before rollback")
     finally:
         handle.close()
+    if actor is not None:
+        from openclaw_site.gateway.services import audit
+
+        audit(actor, "session.initialization.clear", "session", key, {"sessionId": current["session_id"]})
     return True

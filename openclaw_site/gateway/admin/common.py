@@ -48,11 +48,13 @@ def per_object_action(
     label: Callable[[Any], str],
     skip_reason: Callable[[Any], str | None],
     act: Callable[[Any, services.Actor], str],
+    deletes: bool = False,
 ) -> None:
     """Run one audited service call per object; ``act`` returns the Django history message.
 
     Domain errors skip the object with the service's message; the summary says
-    "N done, M skipped: <reasons>".
+    "N done, M skipped: <reasons>". With ``deletes`` the object is gone afterwards and Django's
+    history records a deletion.
     """
     actor = services.Actor.for_user(request.user)
     done, skipped = 0, []
@@ -67,8 +69,11 @@ def per_object_action(
             skipped.append(f"{label(obj)}: {exc.message}")
             continue
         done += 1
-        obj.refresh_from_db()
-        modeladmin.log_change(request, obj, history)
+        if deletes:
+            modeladmin.log_deletions(request, [obj])
+        else:
+            obj.refresh_from_db()
+            modeladmin.log_change(request, obj, history)
     report_outcome(modeladmin, request, done, skipped)
 
 

@@ -69,12 +69,16 @@ def test_local_fork_copies_the_active_path_before_the_entry(transactional_db):
     assert result["editorText"] == "c"
     assert texts(child.session_id) == [("user", "a"), ("assistant", "b")]
     assert child.fork_source_entry_id == events[2].event_id
+    with pytest.raises(InvalidRequest, match=f"entry is not a user message: {events[1].event_id}"):
+        forks.session_fork(session_key="agent:main:plain", entry_id=events[1].event_id)
+    session_services.session_reset(key="agent:main:plain")  # the old generation leaves the active path
     for entry, message in (
-        (events[1].event_id, f"entry is not a user message: {events[1].event_id}"),
+        (events[2].event_id, f"message entry is not on the active path: {events[2].event_id}"),
         ("nope", "message entry not found: nope"),
     ):
         with pytest.raises(InvalidRequest, match=message):
             forks.session_fork(session_key="agent:main:plain", entry_id=entry)
+    assert Session.objects.count() == 2  # the source and the one successful fork
 
 
 def test_fork_checks_come_first_and_change_nothing(seeded):
