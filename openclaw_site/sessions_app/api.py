@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field
 from openclaw_site.gateway.api import ErrorOut
 from openclaw_site.gateway.exceptions import NotFound
 
-from . import keys, selectors, services
+from . import forks, keys, selectors, services
 from .rpc import WORKTREE_NAME_PATTERN, wait_for_run
 
 router = Router(tags=["sessions"])
@@ -148,6 +148,39 @@ def session_create(request: HttpRequest, payload: SessionCreateIn):
         idempotency_key=payload.idempotencyKey,
     )
     return Status(201, selectors.session_created_payload(created))
+
+
+class AdoptIn(ClosedSchema):
+    threadId: str = Field(min_length=1)
+    harness: str = "native"
+    agentId: str | None = None
+    key: str | None = None
+    label: str | None = Field(default=None, max_length=200)
+
+
+@router.post("/adopt", response={201: dict, **ERRORS})
+def session_adopt(request: HttpRequest, payload: AdoptIn):
+    """A new locked session continuing an existing native thread of an agent harness."""
+    return Status(
+        201,
+        forks.session_adopt_requested(
+            thread_id=payload.threadId,
+            harness_id=payload.harness,
+            agent_id=payload.agentId,
+            key=payload.key,
+            label=payload.label,
+        ),
+    )
+
+
+class ForkIn(ClosedSchema):
+    entryId: str = Field(min_length=1)
+
+
+@router.post("/{key}/fork", response={201: dict, **ERRORS})
+def session_fork(request: HttpRequest, key: str, payload: ForkIn):
+    """A new session from the history before one of the source's user messages."""
+    return Status(201, forks.session_fork(session_key=_key(key), entry_id=payload.entryId))
 
 
 @router.get("/{key}", response={200: dict, **ERRORS})

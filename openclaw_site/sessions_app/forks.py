@@ -145,7 +145,27 @@ def _upstream_fork(seen: Session, link: dict[str, Any], entry_id: str) -> dict[s
     if result.status != "created":
         error_class = Unavailable if result.code == "upstream-unavailable" else InvalidRequest
         raise error_class(result.message or "fork failed", details={"reason": result.code})
+    child = Session.objects.filter(key=result.key).first()
+    if child is not None:
+        events.publish_session_changed_on_commit(child, reason="fork")
     return {"sessionKey": result.key, "editorText": result.editor_text or _text(point.entry)}
+
+
+def session_adopt_requested(
+    *, thread_id: str, harness_id: str, agent_id: str | None, key: str | None, label: str | None
+) -> dict[str, Any]:
+    """sessions.adopt as a caller asks for it (RPC and JSON API): the new session's payload."""
+    from .selectors import session_row
+
+    agent = keys.normalize_agent_id(agent_id)
+    session = session_adopt(
+        thread_id=thread_id,
+        harness_id=harness_id,
+        agent_id=agent,
+        key=keys.canonical_key(key, agent) if key else None,
+        label=(label or "").strip(),
+    )
+    return {"ok": True, "key": session.key, "sessionId": session.session_id, "entry": session_row(session)}
 
 
 def session_adopt(*, thread_id: str, harness_id: str, agent_id: str, key: str | None, label: str = "") -> Session:

@@ -284,12 +284,10 @@ class SessionsAdoptParams(ClosedModel):
 
 @method("sessions.adopt", params=SessionsAdoptParams, scope=sc.WRITE)
 def sessions_adopt_rpc(ctx: RpcContext, params: SessionsAdoptParams) -> dict:
-    agent_id = keys.normalize_agent_id(params.agentId)
-    session = forks.session_adopt(
+    return forks.session_adopt_requested(
         thread_id=params.threadId,
         harness_id=params.harness,
-        agent_id=agent_id,
-        key=_key(params.key, agent_id) if params.key else None,
-        label=(params.label or "").strip(),
+        agent_id=params.agentId,
+        key=params.key,
+        label=params.label,
     )
-    return {"ok": True, "key": session.key, "sessionId": session.session_id, "entry": selectors.session_row(session)}

@@ -1,0 +1,51 @@
+"""Adoption and fork over the JSON API (the same services as sessions.adopt / sessions.fork)."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from openclaw_site.gateway.conf import shared_token
+from openclaw_site.native_harness import services
+from openclaw_site.sessions_app.models import Session
+
+from .conftest import SOURCE_KEY
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "harness"])
+TOKEN = "harness-api-token"
+
+
+@pytest.fixture(autouse=True)
+def _token(settings):
+    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "TOKEN": TOKEN}
+    shared_token.cache_clear()
+    yield
+    shared_token.cache_clear()
+
+
+def post(path: str, body: dict):
+    return Client().post(path, body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+
+
+def test_adopt_and_fork_over_http(seeded):
+    thread = services.thread_create([("user", "hello"), ("assistant", "hi")])
+    adopted = post("/api/sessions/adopt", {"threadId": thread.thread_id, "key": "adopted", "label": "via api"})
+    assert adopted.status_code == 201, adopted.content
+    assert adopted.json()["key"] == "agent:main:adopted"
+    assert adopted.json()["entry"]["label"] == "via api"
+    again = post("/api/sessions/adopt", {"threadId": thread.thread_id})
+    assert again.status_code == 400
+    assert again.json()["error"]["message"] == f"native thread {thread.thread_id} is already bound to a session"
+    missing = post("/api/sessions/adopt", {"threadId": "thread-nope"})
+    assert missing.status_code == 400
+    assert missing.json()["error"]["message"] == "native thread not found: thread-nope"
+
+    forked = post(f"/api/sessions/{SOURCE_KEY}/fork", {"entryId": seeded.entry_id})
+    assert forked.status_code == 201, forked.content
+    assert forked.json()["editorText"] == "second question"
+    assert Session.objects.filter(key=forked.json()["sessionKey"], initialization_pending=False).exists()
+    bad = post(f"/api/sessions/{SOURCE_KEY}/fork", {"entryId": "nope"})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == "message entry not found: nope"
+    unknown = post("/api/sessions/agent:main:nobody/fork", {"entryId": "x"})
+    assert unknown.status_code == 404
