@@ -20,7 +20,7 @@ from openclaw_site.gateway.api import ErrorOut
 from openclaw_site.gateway.exceptions import NotFound
 
 from . import forks, keys, selectors, services
-from .rpc import WORKTREE_NAME_PATTERN, wait_for_run
+from .rpc import SessionsCreateParams, create_from_params, wait_for_run
 
 router = Router(tags=["sessions"])
 
@@ -43,20 +43,8 @@ class SessionListQuery(Schema):
     archived: bool | Literal["all"] = False
 
 
-class SessionCreateIn(ClosedSchema):
-    key: str | None = None
-    idempotencyKey: str | None = Field(default=None, min_length=1, max_length=200)
-    agentId: str | None = None
-    label: str | None = Field(default=None, max_length=200)
-    displayName: str | None = Field(default=None, max_length=200)
-    category: str | None = Field(default=None, max_length=100)
-    model: str | None = Field(default=None, max_length=200)
-    parentSessionKey: str | None = None
-    worktree: bool | None = None
-    worktreeBaseRef: str | None = Field(default=None, max_length=200)
-    worktreeName: str | None = Field(default=None, pattern=WORKTREE_NAME_PATTERN)
-    cwd: str | None = None
-    message: str | None = None
+class SessionCreateIn(SessionsCreateParams):
+    """The body of POST /api/sessions/: the sessions.create params."""
 
 
 class SessionPatchIn(ClosedSchema):
@@ -132,22 +120,7 @@ def session_list(request: HttpRequest, filters: Query[SessionListQuery]):
 
 @router.post("/", response={201: dict, **ERRORS})
 def session_create(request: HttpRequest, payload: SessionCreateIn):
-    created = services.session_create_requested(
-        key=payload.key,
-        agent_id=payload.agentId,
-        label=payload.label,
-        category=payload.category,
-        display_name=payload.displayName,
-        model=payload.model,
-        parent_session_key=payload.parentSessionKey,
-        worktree=bool(payload.worktree),
-        worktree_base_ref=payload.worktreeBaseRef,
-        worktree_name=payload.worktreeName,
-        cwd=payload.cwd,
-        message=payload.message,
-        idempotency_key=payload.idempotencyKey,
-    )
-    return Status(201, selectors.session_created_payload(created))
+    return Status(201, create_from_params(payload))
 
 
 class AdoptIn(ClosedSchema):

@@ -48,8 +48,8 @@ class SessionsCreateParams(ClosedModel):
     execNode: str | None = None
 
 
-@method("sessions.create", params=SessionsCreateParams, scope=sc.WRITE)
-def sessions_create_rpc(ctx: RpcContext, params: SessionsCreateParams) -> dict:
+def create_from_params(params: SessionsCreateParams) -> dict:
+    """sessions.create for the RPC method and the JSON API (which accepts the same body)."""
     created = services.session_create_requested(
         key=params.key,
         agent_id=params.agentId,
@@ -67,6 +67,11 @@ def sessions_create_rpc(ctx: RpcContext, params: SessionsCreateParams) -> dict:
         idempotency_key=params.idempotencyKey,
     )
     return selectors.session_created_payload(created)
+
+
+@method("sessions.create", params=SessionsCreateParams, scope=sc.WRITE)
+def sessions_create_rpc(ctx: RpcContext, params: SessionsCreateParams) -> dict:
+    return create_from_params(params)
 
 
 class SessionsListParams(ClosedModel):

@@ -5,19 +5,16 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from openclaw_site.conftest import API_TOKEN
 from openclaw_site.gateway import services
-from openclaw_site.gateway.conf import shared_token
 from openclaw_site.gateway.models import AuditLog, PairedDevice
 
-TOKEN = "api-test-token"
+TOKEN = API_TOKEN
 
 
 @pytest.fixture(autouse=True)
-def _token(settings):
-    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "TOKEN": TOKEN}
-    shared_token.cache_clear()
-    yield
-    shared_token.cache_clear()
+def _token(api_token):
+    return api_token
 
 
 def auth(token: str = TOKEN) -> dict:

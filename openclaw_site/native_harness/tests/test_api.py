@@ -5,22 +5,19 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from openclaw_site.gateway.conf import shared_token
+from openclaw_site.conftest import API_TOKEN
 from openclaw_site.native_harness import services
 from openclaw_site.sessions_app.models import Session
 
 from .conftest import SOURCE_KEY
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "harness"])
-TOKEN = "harness-api-token"
+TOKEN = API_TOKEN
 
 
 @pytest.fixture(autouse=True)
-def _token(settings):
-    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "TOKEN": TOKEN}
-    shared_token.cache_clear()
-    yield
-    shared_token.cache_clear()
+def _token(api_token):
+    return api_token
 
 
 def post(path: str, body: dict):

@@ -9,20 +9,17 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from openclaw_site.gateway.conf import shared_token
+from openclaw_site.conftest import API_TOKEN
 from openclaw_site.sessions_app import rpc, services
 from openclaw_site.sessions_app.models import Run, RunStatus, Session
 from openclaw_site.sessions_app.services import SessionSpec, TurnOutcome
 
-TOKEN = "sessions-api-token"
+TOKEN = API_TOKEN
 
 
 @pytest.fixture(autouse=True)
-def _token(settings):
-    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "TOKEN": TOKEN}
-    shared_token.cache_clear()
-    yield
-    shared_token.cache_clear()
+def _token(api_token):
+    return api_token
 
 
 @pytest.fixture
