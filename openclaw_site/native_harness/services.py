@@ -127,7 +127,9 @@ def binding_set_if_absent(
             if guard is not None:
                 guard()
     except IntegrityError:
-        return False  # a concurrent writer set it first
+        if NativeBinding.objects.filter(agent_id=agent_id, session_id=session_id).exists():
+            return False  # a concurrent writer set it first
+        raise  # the store refused the write: that is a failure, not a lost race
     return True
 
 

@@ -34,6 +34,14 @@ TRIGGERS = {
         "OLD.initialization_pending",
         "injected rollback failure",
     ),
+    "reject_binding": (
+        "harness",
+        "native_harness_nativebinding",
+        "BEFORE INSERT",
+        "1 = 1",
+        "TRUE",
+        "injected binding write failure",
+    ),
     "reject_archive": (
         "harness",
         "native_harness_nativethread",

@@ -143,7 +143,7 @@ def inject(flow: str, failure: str, seen: Observed, stack: contextlib.ExitStack)
     elif failure == "import":
         stack.enter_context(trigger("reject_import"))
     elif failure == "before binding":
-        listen("initialization.binding.before_write", lambda **_: (_ for _ in ()).throw(Injected("binding write")))
+        stack.enter_context(trigger("reject_binding"))
     elif failure == "final readiness":
         stack.enter_context(trigger("reject_readiness"))
     elif failure == "readiness publication":
@@ -274,6 +274,8 @@ def test_preserves_exactly_the_committed_owner(seeded, observed, flow, failure):
         assert "injected import failure" in result["message"]
     if failure == "final readiness":
         assert "injected readiness failure" in result["message"]
+    if failure == "before binding":
+        assert "injected binding write failure" in result["message"]
     if failure == "source link successor":
         assert result["message"] == "Session upstream source changed during initialization"
     if failure == "readiness publication":
