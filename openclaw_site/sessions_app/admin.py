@@ -9,7 +9,7 @@ object with ``Actor.for_user(request.user)``: the service checks the state and w
 from __future__ import annotations
 
 import json
-from typing import Any, get_args
+from typing import get_args
 
 from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets
@@ -22,6 +22,7 @@ from django.utils.html import format_html
 from openclaw_site.gateway.admin.common import (
     EstimatedCountPaginator,
     ReadOnlyAdmin,
+    ReadOnlyTabularInline,
     ViewOnlyObjectsMixin,
     per_object_action,
     short_id,
@@ -109,24 +110,11 @@ class ErrorKindFilter(admin.SimpleListFilter):
 # --- sessions -------------------------------------------------------------------------------
 
 
-class SessionWindowInline(admin.TabularInline):
+class SessionWindowInline(ReadOnlyTabularInline):
     model = SessionWindow
     fields = ("id", "reason", "previous_session_id", "created_at", "transcript_link")
     readonly_fields = fields
     ordering = ("-created_at",)
-    extra = 0
-    max_num = 0
-    can_delete = False
-    show_change_link = True
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="transcript")
     def transcript_link(self, obj: SessionWindow) -> str:

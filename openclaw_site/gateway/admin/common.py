@@ -121,6 +121,24 @@ class ViewOnlyObjectsMixin:
         return False
 
 
+class ReadOnlyTabularInline(admin.TabularInline):
+    """Related rows shown for inspection only (they change through services, never here)."""
+
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Fully read-only: rows are owned by the gateway processes (or are the audit trail)."""
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import flatten_fieldsets
@@ -28,6 +26,7 @@ from openclaw_site.gateway.selectors import live_connections
 from .common import (
     ConnectedFilter,
     PairingStateFilter,
+    ReadOnlyTabularInline,
     RoleFilter,
     TokenStateFilter,
     ViewOnlyObjectsMixin,
@@ -40,24 +39,11 @@ from .common import (
 # --- paired devices -------------------------------------------------------------------------
 
 
-class DeviceTokenInline(admin.TabularInline):
+class DeviceTokenInline(ReadOnlyTabularInline):
     model = DeviceToken
     # Never token_hash: declared explicitly so a new model field cannot appear here by default.
     fields = ("role", "scopes", "created_at", "rotated_at", "revoked_at", "last_used_at")
     readonly_fields = fields
-    extra = 0
-    max_num = 0
-    can_delete = False
-    show_change_link = True
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(PairedDevice)
