@@ -369,7 +369,7 @@ class GatewayProcess:
 class CeleryWorker:
     """The Celery worker that runs a gateway's turns (task mode "celery"), with the gateway's environment.
 
-    Started like ``tests/gateway_process.py`` starts it (thread pool, no heartbeat/gossip/mingle), logging to
+    Started like ``tests/support/processes.py`` starts it (thread pool, no heartbeat/gossip/mingle), logging to
     ``celery.log`` in the gateway's state directory.
     """
 
@@ -442,7 +442,7 @@ class CeleryWorker:
 
 
 class MockOpenAIProcess:
-    """``tests/mock_openai.py --port 0`` as a process of its own (echo replies, no delay)."""
+    """``tests/support/mock_openai.py --port 0`` as a process of its own (echo replies, no delay)."""
 
     URL_PREFIX = "MOCK_OPENAI_URL="
 
@@ -457,7 +457,7 @@ class MockOpenAIProcess:
 
     def start(self, timeout: float = 30.0) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "mock_openai.py"), "--port", "0"],
+            [sys.executable, str(ROOT / "tests" / "support" / "mock_openai.py"), "--port", "0"],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -32,11 +32,11 @@ from bench.common import (
 
 SEED_SCRIPT = """
 import json
-from openclaw_site.native_harness import services
-from openclaw_site.native_harness.harness import CATALOG_ID, HOST_ID, UPSTREAM_KIND, harness
-from openclaw_site.sessions_app import links, services as sessions
-from openclaw_site.sessions_app.models import Session, TranscriptEvent
-from openclaw_site.sessions_app.transcripts import append_many
+from native_harness import services
+from native_harness.harness import CATALOG_ID, HOST_ID, UPSTREAM_KIND, harness
+from sessions_app import links, services as sessions
+from sessions_app.models import Session, TranscriptEvent
+from sessions_app.transcripts import append_many
 
 out = {}
 for size in SIZES:

@@ -3,7 +3,7 @@
 Starts a gateway as a subprocess like ``bench/gateway_bench.py`` (embedded profile by default; PostgreSQL and
 Redis when their URLs are given, then also a Celery worker that runs the turns), drives it with
 :class:`openclaw_client.client.GatewayClient` and prints tables. The HTTP mock provider part runs on a second
-gateway (and worker) pointed at ``tests/mock_openai.py``. See ``bench/README.md`` for what each figure means.
+gateway (and worker) pointed at ``tests/support/mock_openai.py``. See ``bench/README.md`` for what each figure means.
 
     .venv/bin/python bench/sessions_bench.py
     .venv/bin/python bench/sessions_bench.py --database-url postgres://postgres@127.0.0.1:5432/postgres \\
@@ -74,8 +74,8 @@ EVENT_TAIL_MAX_S = 60.0
 ORM_SEED_SCRIPT = """
 import json
 from django.db import transaction
-from openclaw_site.sessions_app import keys
-from openclaw_site.sessions_app.models import Session, SessionWindow, WindowReason
+from sessions_app import keys
+from sessions_app.models import Session, SessionWindow, WindowReason
 
 rows = json.load(open({path!r}, encoding="utf-8"))
 for start in range(0, len(rows), 1000):
@@ -751,7 +751,7 @@ def run(args: argparse.Namespace, cleanups: contextlib.ExitStack) -> dict[str, A
     report["memory"] = {"echo": echo_memory}
     report["logs"] = {"echo": echo.logs}
 
-    # Gateway B: the OpenAI-compatible provider against tests/mock_openai.py (echo replies, no delay).
+    # Gateway B: the OpenAI-compatible provider against tests/support/mock_openai.py (echo replies, no delay).
     if not args.skip_mock:
         mock = MockOpenAIProcess()
         cleanups.callback(lambda: _guarded(mock.stop, "stopping the mock OpenAI server"))
@@ -822,7 +822,8 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
     mock = report.get("mock")
     if mock:
         lines.append(
-            f"  mock provider  {mock['baseUrl']} (tests/mock_openai.py), second gateway pid {mock['gatewayPid']}"
+            f"  mock provider  {mock['baseUrl']} (tests/support/mock_openai.py), "
+            f"second gateway pid {mock['gatewayPid']}"
             + (f", worker pid {mock['workerPid']}" if mock["workerPid"] else "")
         )
 

@@ -11,7 +11,7 @@ from openclaw_site.gateway.api import router as gateway_router
 from openclaw_site.gateway.auth import secret_matches
 from openclaw_site.gateway.conf import shared_token
 from openclaw_site.gateway.exceptions import GatewayError
-from openclaw_site.sessions_app.api import router as sessions_router
+from sessions_app.api import router as sessions_router
 
 
 def _token_ok(token: str | None) -> bool:

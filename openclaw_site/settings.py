@@ -55,8 +55,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "openclaw_site.gateway",
-    "openclaw_site.sessions_app",
-    "openclaw_site.native_harness",
+    "sessions_app",
+    "native_harness",
 ]
 
 MIDDLEWARE = [
@@ -159,9 +159,9 @@ CELERY_TASK_TIME_LIMIT = 360
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE = {
     # Every 30 s: expire pending pairing requests and forget connections of dead gateway processes.
-    "gateway-sweep": {"task": "openclaw_site.gateway.tasks.gateway_sweep", "schedule": 30.0},
+    "gateway-sweep": {"task": "gateway.sweep", "schedule": 30.0},
     # Every 15 s: fail turns whose worker stopped heartbeating, restart queued turns nobody took.
-    "sessions-sweep": {"task": "openclaw_site.sessions_app.tasks.runs_sweep", "schedule": 15.0},
+    "sessions-sweep": {"task": "sessions.runs_sweep", "schedule": 15.0},
 }
 
 # --- Gateway --------------------------------------------------------------------------------

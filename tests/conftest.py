@@ -4,7 +4,9 @@ import time
 
 import pytest
 
-from tests.gateway_process import start_gateway
+from openclaw_site.gateway.conf import shared_token
+from tests.support.api import API_TOKEN
+from tests.support.processes import start_gateway
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +56,7 @@ def _gateway_settles_before_flush(request):
 @pytest.fixture
 def mock_openai():
     """A real OpenAI-compatible HTTP server on 127.0.0.1 (scriptable; echo by default)."""
-    from tests.mock_openai import MockOpenAI
+    from tests.support.mock_openai import MockOpenAI
 
     with MockOpenAI().start() as server:
         yield server
@@ -71,3 +73,12 @@ def model_gateway(gateway_factory, mock_openai):
             "OPENCLAW_MODEL_READ_TIMEOUT_S": "2",
         }
     )
+
+
+@pytest.fixture
+def api_token(settings) -> str:
+    """The gateway token the JSON API accepts (``Authorization: Bearer <token>``)."""
+    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "TOKEN": API_TOKEN}
+    shared_token.cache_clear()
+    yield API_TOKEN
+    shared_token.cache_clear()

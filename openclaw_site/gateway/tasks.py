@@ -5,7 +5,7 @@ from celery import shared_task
 from . import services
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(name="gateway.sweep", acks_late=True, ignore_result=True)
 def gateway_sweep() -> dict:
     """Expire overdue pairing requests and forget gateway processes that stopped heartbeating."""
     return services.gateway_sweep()

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from openclaw_client.client import ConnectError, GatewayError
-from tests.clients import node, operator, paired_node
+from tests.support.clients import node, operator, paired_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

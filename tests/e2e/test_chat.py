@@ -10,10 +10,10 @@ import time
 import pytest
 
 from openclaw_client.client import GatewayError
-from openclaw_site.sessions_app.models import Run, Session, TranscriptEvent
-from tests import mock_openai as mock
-from tests.clients import operator
-from tests.gateway_process import start_gateway
+from sessions_app.models import Run, Session, TranscriptEvent
+from tests.support import mock_openai as mock
+from tests.support.clients import operator
+from tests.support.processes import start_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -387,7 +387,7 @@ def test_a_celery_worker_killed_mid_turn_is_failed_by_the_sweep(model_gateway, m
 
     from django.utils import timezone
 
-    from openclaw_site.sessions_app import tasks
+    from sessions_app import tasks
 
     Run.objects.filter(run_id="w1").update(heartbeat_at=timezone.now() - timedelta(minutes=1))
     assert tasks.runs_sweep()["failed"] == ["w1"]

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from tests.clients import node, operator
 from tests.e2e.test_node_invoke import node_commands
-from tests.gateway_process import start_gateway
+from tests.support.clients import node, operator
+from tests.support.processes import start_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

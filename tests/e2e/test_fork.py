@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
+from native_harness import services
+from native_harness.harness import CATALOG_ID, HOST_ID, UPSTREAM_KIND
 from openclaw_client.client import GatewayError
-from openclaw_site.native_harness import services
-from openclaw_site.native_harness.harness import CATALOG_ID, HOST_ID, UPSTREAM_KIND
-from openclaw_site.sessions_app import links
-from openclaw_site.sessions_app.models import Session, TranscriptEvent
-from tests.clients import operator
+from sessions_app import links
+from sessions_app.models import Session, TranscriptEvent
+from tests.support.clients import operator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True, databases=["default", "harness"])]
 

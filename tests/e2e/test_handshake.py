@@ -10,7 +10,7 @@ import pytest
 from openclaw_client.client import ConnectError
 from openclaw_client.identity import DeviceIdentity, b64url_encode
 from openclaw_site.gateway.models import DeviceToken, GatewayConnection, PairedDevice
-from tests.clients import ALL_SCOPES, operator, raw_socket, recv_json, signed_connect_params
+from tests.support.clients import ALL_SCOPES, operator, raw_socket, recv_json, signed_connect_params
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

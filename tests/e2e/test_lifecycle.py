@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from tests.clients import operator
-from tests.gateway_process import ROOT
+from tests.support.clients import operator
+from tests.support.processes import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

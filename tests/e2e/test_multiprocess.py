@@ -8,8 +8,8 @@ import signal
 import pytest
 
 from openclaw_client.client import GatewayError
-from tests.clients import operator, paired_node
 from tests.e2e.test_node_invoke import node_commands
+from tests.support.clients import operator, paired_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from openclaw_client.client import GatewayError, NodeCommandError
-from tests.clients import operator, paired_node
+from tests.support.clients import operator, paired_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -177,7 +177,7 @@ def test_undeclared_or_unapproved_commands_are_refused(gateway):
 
 
 async def _reconnect(server, worker, *, commands):
-    from tests.clients import node
+    from tests.support.clients import node
 
     client = node(server, commands=commands, state_dir=worker.options.state_dir, invoke_handler=node_commands)
     await client.connect()

@@ -18,8 +18,8 @@ import pytest
 
 from openclaw_site.gateway import services
 from openclaw_site.gateway.models import DevicePairingRequest, GatewayConnection
-from tests.clients import operator
-from tests.gateway_process import ROOT
+from tests.support.clients import operator
+from tests.support.processes import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.openclaw_cli, pytest.mark.django_db(transaction=True)]
 

@@ -8,7 +8,7 @@ import pytest
 
 from openclaw_client.client import ConnectError, GatewayError
 from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, DeviceToken, GatewayConnection, PairedDevice
-from tests.clients import node, operator, paired_node
+from tests.support.clients import node, operator, paired_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

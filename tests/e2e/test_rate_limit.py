@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from openclaw_client.client import ConnectError
-from tests.clients import operator
+from tests.support.clients import operator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

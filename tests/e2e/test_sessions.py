@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from openclaw_client.client import GatewayError
-from openclaw_site.sessions_app.models import Run, Session, SessionWindow, TranscriptEvent
-from tests.clients import operator
+from sessions_app.models import Run, Session, SessionWindow, TranscriptEvent
+from tests.support.clients import operator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -9,10 +9,10 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from openclaw_site.conftest import API_TOKEN
-from openclaw_site.sessions_app import rpc, services
-from openclaw_site.sessions_app.models import Run, RunStatus, Session
-from openclaw_site.sessions_app.services import SessionSpec, TurnOutcome
+from sessions_app import rpc, services
+from sessions_app.models import Run, RunStatus, Session
+from sessions_app.services import SessionSpec, TurnOutcome
+from tests.support.api import API_TOKEN
 
 TOKEN = API_TOKEN
 

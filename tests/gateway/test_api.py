@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from openclaw_site.conftest import API_TOKEN
 from openclaw_site.gateway import services
 from openclaw_site.gateway.models import AuditLog, PairedDevice
+from tests.support.api import API_TOKEN
 
 TOKEN = API_TOKEN
 

@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 
 class NativeHarnessConfig(AppConfig):
-    name = "openclaw_site.native_harness"
+    name = "native_harness"
     label = "native_harness"
     verbose_name = "Native harness"
 

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from native_harness import services
+from native_harness.harness import harness
+from native_harness.models import NativeThread
 from openclaw_site.gateway.exceptions import GatewayError
-from openclaw_site.native_harness import services
-from openclaw_site.native_harness.harness import harness
-from openclaw_site.native_harness.models import NativeThread
-from openclaw_site.sessions_app import forks, initialization, links, stages
-from openclaw_site.sessions_app.harnesses import registry
-from openclaw_site.sessions_app.models import Session, TranscriptEvent
+from sessions_app import forks, initialization, links, stages
+from sessions_app.harnesses import registry
+from sessions_app.models import Session, TranscriptEvent
 
 from .conftest import SOURCE_KEY
 from .faults import trigger

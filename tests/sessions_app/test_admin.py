@@ -14,10 +14,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from openclaw_site.gateway.models import AuditLog
-from openclaw_site.sessions_app import services
-from openclaw_site.sessions_app.events import abort_key, abort_requested
-from openclaw_site.sessions_app.models import Run, RunStatus, Session, SessionWindow, TranscriptEvent
-from openclaw_site.sessions_app.services import SessionSpec, TurnOutcome
+from sessions_app import services
+from sessions_app.events import abort_key, abort_requested
+from sessions_app.models import Run, RunStatus, Session, SessionWindow, TranscriptEvent
+from sessions_app.services import SessionSpec, TurnOutcome
 
 pytestmark = pytest.mark.django_db
 

@@ -12,12 +12,12 @@ import threading
 import pytest
 from django.db import connection
 
+from native_harness import services
+from native_harness.models import NativeThread
 from openclaw_site.gateway.models import AuditLog
-from openclaw_site.native_harness import services
-from openclaw_site.native_harness.models import NativeThread
-from openclaw_site.sessions_app import forks, links
-from openclaw_site.sessions_app.models import Session
-from tests.gateway_process import ROOT, current_database_url
+from sessions_app import forks, links
+from sessions_app.models import Session
+from tests.support.processes import ROOT, current_database_url
 
 from .conftest import SOURCE_KEY
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "harn
 
 KILL_SCRIPT = """
 import os
-from openclaw_site.sessions_app import forks, stages
+from sessions_app import forks, stages
 kill_at = stages.listening({stage!r}, lambda **_: os._exit(137))  # kept: collecting it would unregister
 kill_at.__enter__()
 forks.session_fork(session_key={source!r}, entry_id={entry!r})

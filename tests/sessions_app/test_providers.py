@@ -11,12 +11,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from openclaw_site.sessions_app.providers import (
+from sessions_app.providers import (
     Aborted,
     ChatMessage,
     Delta,
@@ -28,8 +27,8 @@ from openclaw_site.sessions_app.providers import (
     default_model,
     get_provider,
 )
-from openclaw_site.sessions_app.providers.openai_compat import WORKER_THREAD_NAME
-from tests.mock_openai import (
+from sessions_app.providers.openai_compat import WORKER_THREAD_NAME
+from tests.support.mock_openai import (
     MockOpenAI,
     echo,
     error,
@@ -41,8 +40,8 @@ from tests.mock_openai import (
     reply,
     slow,
 )
+from tests.support.processes import ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 # Generous bounds: they catch "waited for the server" (seconds), not precise timings.
 PROMPT_S = 3.0
 
@@ -600,7 +599,7 @@ def test_mock_stop_returns_promptly_while_a_request_hangs():
 
 def test_mock_runs_as_a_standalone_process():
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "mock_openai.py"), "--port", "0"],
+        [sys.executable, str(ROOT / "tests" / "support" / "mock_openai.py"), "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from native_harness import services
+from native_harness.models import NativeThread
 from openclaw_site.gateway.exceptions import InvalidRequest, NotFound, Unavailable
-from openclaw_site.native_harness import services
-from openclaw_site.native_harness.models import NativeThread
-from openclaw_site.sessions_app import forks, initialization, links
-from openclaw_site.sessions_app import services as session_services
-from openclaw_site.sessions_app.models import Session, TranscriptEvent
+from sessions_app import forks, initialization, links
+from sessions_app import services as session_services
+from sessions_app.models import Session, TranscriptEvent
 
 from .conftest import SOURCE_KEY
 
@@ -56,7 +56,7 @@ def test_upstream_fork_creates_a_ready_child_on_a_fresh_thread(seeded):
 def test_local_fork_copies_the_active_path_before_the_entry(transactional_db):
     session_services.session_create(spec=session_services.SessionSpec(key="agent:main:plain", agent_id="main"))
     window = Session.objects.get(key="agent:main:plain").session_id
-    from openclaw_site.sessions_app.transcripts import append_many
+    from sessions_app.transcripts import append_many
 
     bodies = [
         {"role": role, "content": [{"type": "text", "text": text}], "timestamp": 1}

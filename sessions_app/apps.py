@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 
 class SessionsConfig(AppConfig):
-    name = "openclaw_site.sessions_app"
+    name = "sessions_app"
     label = "sessions_app"
     verbose_name = "Sessions"
 

@@ -9,7 +9,7 @@ In-process (pytest)::
 
 Other processes (gateway, Celery) reach it through its URL like any server. As a standalone process::
 
-    python tests/mock_openai.py --port 0   # prints MOCK_OPENAI_URL=http://127.0.0.1:<port>/v1, serves echo()
+    python tests/support/mock_openai.py --port 0   # prints MOCK_OPENAI_URL=http://127.0.0.1:<port>/v1, serves echo()
 
 A standalone mock is scripted and inspected over HTTP: ``POST /_mock/script`` with
 ``{"behaviours": [{"kind": "reply", "text": "hi"}, {"kind": "error", "status": 429}]}`` (keyword arguments of the

@@ -15,12 +15,12 @@ STALE_RUN_AFTER = timedelta(seconds=30)
 STUCK_QUEUED_AFTER = timedelta(seconds=30)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(name="sessions.run_turn", acks_late=True, ignore_result=True)
 def run_turn(run_id: str) -> str | None:
     return turns.execute_turn(run_id)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(name="sessions.runs_sweep", acks_late=True, ignore_result=True)
 def runs_sweep() -> dict:
     """Fail turns whose worker stopped heartbeating; dispatch queued turns whose task was lost."""
     now = timezone.now()

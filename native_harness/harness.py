@@ -18,16 +18,16 @@ import time
 from typing import Any
 
 from openclaw_site.gateway.exceptions import GatewayError, InvalidRequest
-from openclaw_site.sessions_app import links, stages
-from openclaw_site.sessions_app.harnesses import DeletionTarget, ForkRequest, ForkResult, registry
-from openclaw_site.sessions_app.initialization import (
+from sessions_app import links, stages
+from sessions_app.harnesses import DeletionTarget, ForkRequest, ForkResult, registry
+from sessions_app.initialization import (
     CreatedEntry,
     InitializationError,
     InitializerContext,
     create_session_entry,
 )
-from openclaw_site.sessions_app.keys import dashboard_key
-from openclaw_site.sessions_app.transcripts import ImportedMessage, import_messages
+from sessions_app.keys import dashboard_key
+from sessions_app.transcripts import ImportedMessage, import_messages
 
 from . import services
 

@@ -8,10 +8,10 @@ import pytest
 from django.utils import timezone
 
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
-from openclaw_site.sessions_app import selectors, services, tasks, turns
-from openclaw_site.sessions_app.models import Run, Session, SessionWindow, TranscriptEvent
-from openclaw_site.sessions_app.providers.base import ProviderError
-from openclaw_site.sessions_app.services import SessionSpec
+from sessions_app import selectors, services, tasks, turns
+from sessions_app.models import Run, Session, SessionWindow, TranscriptEvent
+from sessions_app.providers.base import ProviderError
+from sessions_app.services import SessionSpec
 
 pytestmark = pytest.mark.django_db
 

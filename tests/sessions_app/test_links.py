@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from openclaw_site.sessions_app import links, stages
-from openclaw_site.sessions_app.models import SessionUpstreamLink
+from sessions_app import links, stages
+from sessions_app.models import SessionUpstreamLink
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from openclaw_site.conftest import API_TOKEN
-from openclaw_site.native_harness import services
-from openclaw_site.sessions_app.models import Session
+from native_harness import services
+from sessions_app.models import Session
+from tests.support.api import API_TOKEN
 
 from .conftest import SOURCE_KEY
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from openclaw_site.native_harness import services
-from openclaw_site.native_harness.harness import CATALOG_ID, HOST_ID, UPSTREAM_KIND, harness
-from openclaw_site.sessions_app import links
-from openclaw_site.sessions_app.models import Session, TranscriptEvent
+from native_harness import services
+from native_harness.harness import CATALOG_ID, HOST_ID, UPSTREAM_KIND, harness
+from sessions_app import links
+from sessions_app.models import Session, TranscriptEvent
 
 SOURCE_KEY = "agent:main:source"
 TURNS = [

@@ -2,7 +2,7 @@
 
 A harness forks native threads, reads their history, archives them, keeps a native binding per
 session, and takes part in deleting the sessions it owns. Harness apps register themselves (the
-bundled one: ``openclaw_site.native_harness``); sessions_app never imports them.
+bundled one: ``native_harness``); sessions_app never imports them.
 """
 
 from __future__ import annotations
