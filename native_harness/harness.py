@@ -18,16 +18,17 @@ import time
 from typing import Any
 
 from openclaw_site.gateway.exceptions import GatewayError, InvalidRequest
-from sessions_app import links, stages
+from sessions_app import stages
 from sessions_app.harnesses import DeletionTarget, ForkRequest, ForkResult, registry
-from sessions_app.initialization import (
+from sessions_app.keys import dashboard_key
+from sessions_app.services import links
+from sessions_app.services.initialization import (
     CreatedEntry,
     InitializationError,
     InitializerContext,
     create_session_entry,
 )
-from sessions_app.keys import dashboard_key
-from sessions_app.transcripts import ImportedMessage, import_messages
+from sessions_app.services.transcripts import ImportedMessage, import_messages
 
 from . import services
 

@@ -27,12 +27,12 @@ from openclaw_site.gateway.admin.common import (
     per_object_action,
     short_id,
 )
+from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import Conflict
-from openclaw_site.gateway.services import Actor
 
-from . import initialization, services
 from .models import Run, RunStatus, Session, SessionWindow, TranscriptEvent
 from .providers.base import ProviderErrorKind
+from .services import initialization, runs, sessions
 from .tasks import STALE_RUN_AFTER
 
 ACTIVE_RUN_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING)
@@ -204,7 +204,7 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
         def reset(session: Session, actor: Actor) -> str:
             previous = session.session_id
-            new = services.session_reset(key=session.key, reason="reset", actor=actor)
+            new = sessions.session_reset(key=session.key, reason="reset", actor=actor)
             return f"Reset via admin action: sessionId {previous} -> {new.session_id}."
 
         per_object_action(
@@ -364,7 +364,7 @@ class RunAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
         """Queued turns end at once; a running turn is asked to stop (its runner keeps the partial text)."""
 
         def abort(run: Run, actor: Actor) -> str:
-            if not services.run_abort(session_key=run.session_key, run_id=run.run_id, actor=actor):
+            if not runs.run_abort(session_key=run.session_key, run_id=run.run_id, actor=actor):
                 raise Conflict("ended meanwhile")
             if run.status == RunStatus.QUEUED:
                 return "Aborted via admin action (was queued)."

@@ -9,83 +9,33 @@ registered before the ``{key}`` ones, so a session whose bare key is ``runs`` ne
 from __future__ import annotations
 
 import uuid
-from typing import Literal
 
 from channels.db import database_sync_to_async
 from django.http import HttpRequest
-from ninja import Query, Router, Schema, Status
-from pydantic import ConfigDict, Field
+from ninja import Query, Router, Status
 
-from openclaw_site.gateway.api import ErrorOut
 from openclaw_site.gateway.exceptions import NotFound
+from openclaw_site.gateway.schemas import ErrorOut
 
-from . import forks, keys, selectors, services
-from .rpc import SessionsCreateParams, create_from_params, wait_for_run
+from . import keys, selectors
+from .schemas import (
+    AbortTarget,
+    ExpectedRevision,
+    ForkEntry,
+    HistoryPage,
+    MessageIn,
+    RunOut,
+    SessionChanges,
+    SessionsAdoptParams,
+    SessionsCreateParams,
+    SessionsListParams,
+)
+from .services import creation, forks, runs, sessions
+from .waiters import wait_for_run
 
 router = Router(tags=["sessions"])
 
 ERRORS = {400: ErrorOut, 404: ErrorOut, 409: ErrorOut, 503: ErrorOut}
-MAX_WAIT_MS = 24 * 3600 * 1000  # as agent.wait
-
-
-class ClosedSchema(Schema):
-    """Request bodies refuse unknown fields, like the gateway methods' params."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class SessionListQuery(Schema):
-    limit: int = Field(default=100, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
-    agentId: str | None = None
-    label: str | None = None
-    search: str | None = Field(default=None, max_length=200)
-    archived: bool | Literal["all"] = False
-
-
-class SessionCreateIn(SessionsCreateParams):
-    """The body of POST /api/sessions/: the sessions.create params."""
-
-
-class SessionPatchIn(ClosedSchema):
-    label: str | None = Field(default=None, max_length=200)
-    displayName: str | None = Field(default=None, max_length=200)
-    category: str | None = Field(default=None, max_length=100)
-    archived: bool | None = None
-    pinned: bool | None = None
-    model: str | None = Field(default=None, max_length=200)
-    expectedSessionId: str | None = None
-    expectedLifecycleRevision: str | None = None
-
-
-class SessionDeleteQuery(Schema):
-    expectedSessionId: str | None = None
-    expectedLifecycleRevision: str | None = None
-
-
-class HistoryQuery(Schema):
-    limit: int = Field(default=200, ge=1, le=1000)
-
-
-class MessageIn(ClosedSchema):
-    message: str
-    idempotencyKey: str | None = Field(default=None, min_length=1, max_length=200)
-    wait: bool = True
-    timeoutMs: int = Field(default=30_000, ge=0, le=MAX_WAIT_MS)
-
-
-class AbortIn(ClosedSchema):
-    runId: str | None = Field(default=None, min_length=1)
-
-
-class RunOut(Schema):
-    runId: str
-    sessionKey: str
-    status: Literal["queued", "running", "ok", "error", "aborted"]
-    startedAt: int | None
-    endedAt: int | None
-    error: str | None
-    outputText: str | None
 
 
 def _key(key: str) -> str:
@@ -107,7 +57,7 @@ def run_detail(request: HttpRequest, run_id: str):
 
 
 @router.get("/", response={200: dict, **ERRORS})
-def session_list(request: HttpRequest, filters: Query[SessionListQuery]):
+def session_list(request: HttpRequest, filters: Query[SessionsListParams]):
     return selectors.sessions_list_payload(
         limit=filters.limit,
         offset=filters.offset,
@@ -119,39 +69,27 @@ def session_list(request: HttpRequest, filters: Query[SessionListQuery]):
 
 
 @router.post("/", response={201: dict, **ERRORS})
-def session_create(request: HttpRequest, payload: SessionCreateIn):
-    return Status(201, create_from_params(payload))
-
-
-class AdoptIn(ClosedSchema):
-    threadId: str = Field(min_length=1)
-    harness: str = "native"
-    agentId: str | None = None
-    key: str | None = None
-    label: str | None = Field(default=None, max_length=200)
+def session_create(request: HttpRequest, payload: SessionsCreateParams):
+    """sessions.create: the body is its params."""
+    created = creation.session_create_requested(request=payload)
+    return Status(201, selectors.session_created_payload(created.session, worktree=created.worktree, run=created.run))
 
 
 @router.post("/adopt", response={201: dict, **ERRORS})
-def session_adopt(request: HttpRequest, payload: AdoptIn):
+def session_adopt(request: HttpRequest, payload: SessionsAdoptParams):
     """A new locked session continuing an existing native thread of an agent harness."""
-    return Status(
-        201,
-        forks.session_adopt_requested(
-            thread_id=payload.threadId,
-            harness_id=payload.harness,
-            agent_id=payload.agentId,
-            key=payload.key,
-            label=payload.label,
-        ),
+    session = forks.session_adopt_requested(
+        thread_id=payload.threadId,
+        harness_id=payload.harness,
+        agent_id=payload.agentId,
+        key=payload.key,
+        label=payload.label,
     )
-
-
-class ForkIn(ClosedSchema):
-    entryId: str = Field(min_length=1)
+    return Status(201, selectors.session_adopted_payload(session))
 
 
 @router.post("/{key}/fork", response={201: dict, **ERRORS})
-def session_fork(request: HttpRequest, key: str, payload: ForkIn):
+def session_fork(request: HttpRequest, key: str, payload: ForkEntry):
     """A new session from the history before one of the source's user messages."""
     return Status(201, forks.session_fork(session_key=_key(key), entry_id=payload.entryId))
 
@@ -162,10 +100,10 @@ def session_describe(request: HttpRequest, key: str):
 
 
 @router.patch("/{key}", response={200: dict, **ERRORS})
-def session_patch(request: HttpRequest, key: str, payload: SessionPatchIn):
-    session = services.session_patch(
+def session_patch(request: HttpRequest, key: str, payload: SessionChanges):
+    session = sessions.session_patch(
         key=_key(key),
-        changes=payload.model_dump(exclude_unset=True, exclude={"expectedSessionId", "expectedLifecycleRevision"}),
+        changes=payload.changes(),
         expected_session_id=payload.expectedSessionId,
         expected_lifecycle_revision=payload.expectedLifecycleRevision,
     )
@@ -173,9 +111,9 @@ def session_patch(request: HttpRequest, key: str, payload: SessionPatchIn):
 
 
 @router.delete("/{key}", response={200: dict, **ERRORS})
-def session_delete(request: HttpRequest, key: str, expected: Query[SessionDeleteQuery]):
+def session_delete(request: HttpRequest, key: str, expected: Query[ExpectedRevision]):
     key = _key(key)
-    deleted = services.session_delete(
+    deleted = sessions.session_delete(
         key=key,
         expected_session_id=expected.expectedSessionId,
         expected_lifecycle_revision=expected.expectedLifecycleRevision,
@@ -189,7 +127,7 @@ def session_delete(request: HttpRequest, key: str, expected: Query[SessionDelete
 
 
 @router.get("/{key}/history", response={200: dict, **ERRORS})
-def session_history(request: HttpRequest, key: str, query: Query[HistoryQuery]):
+def session_history(request: HttpRequest, key: str, query: Query[HistoryPage]):
     return selectors.chat_history(selectors.session_require(_key(key)), limit=query.limit)
 
 
@@ -200,17 +138,17 @@ async def session_send(request: HttpRequest, key: str, payload: MessageIn):
     The wait sleeps on the run-finished notification (re-reading the run on a slow timer in case
     one is lost), so a long wait costs no database polling.
     """
-    submitted = await database_sync_to_async(services.chat_send)(
+    submitted = await database_sync_to_async(runs.chat_send)(
         session_key=_key(key),
         message=payload.message,
         idempotency_key=payload.idempotencyKey or str(uuid.uuid4()),
     )
     if not payload.wait:
-        return selectors.chat_send_payload(submitted)
+        return selectors.chat_send_payload(submitted.run, created=submitted.created)
     return await wait_for_run(submitted.run.run_id, payload.timeoutMs)
 
 
 @router.post("/{key}/abort", response={200: dict, **ERRORS})
-def session_abort(request: HttpRequest, key: str, payload: AbortIn | None = None):
-    run_ids = services.run_abort(session_key=_key(key), run_id=payload.runId if payload is not None else None)
+def session_abort(request: HttpRequest, key: str, payload: AbortTarget | None = None):
+    run_ids = runs.run_abort(session_key=_key(key), run_id=payload.runId if payload is not None else None)
     return selectors.chat_abort_payload(run_ids)

@@ -7,12 +7,18 @@ class SessionsConfig(AppConfig):
     verbose_name = "Sessions"
 
     def ready(self) -> None:
-        # Registers the sessions.* / chat.* / agent.* methods and events with the gateway core.
-        from openclaw_site.gateway import runtime
+        from openclaw_site.gateway import lifecycle
 
-        from . import rpc, services, tasks  # noqa: F401
+        # Importing the handler modules registers the sessions.* / chat.* / agent.* methods and
+        # events with the gateway core.
+        from . import rpc  # noqa: F401
+        from .extensions import turn_runners
+        from .runners import GatewayTurnRunner
+        from .services import runs
+        from .tasks import runs_sweep
 
+        turn_runners.set_default(GatewayTurnRunner())
         # Embedded profile: the gateway runs turns itself, so it also recovers them at start and
-        # sweeps periodically (production: Celery beat runs tasks.runs_sweep).
-        runtime.on_startup(services.runs_recover_dead_gateways)
-        runtime.on_sweep(tasks.runs_sweep)
+        # sweeps periodically (production: Celery beat runs the sessions.runs_sweep task).
+        lifecycle.on_startup(runs.runs_recover_dead_gateways)
+        lifecycle.on_sweep(runs_sweep)

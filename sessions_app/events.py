@@ -1,8 +1,9 @@
 """Events of sessions_app, built server-side; everything that follows a write goes out after commit.
 
 * ``sessions.changed`` — to connections that called ``sessions.subscribe``.
-* ``chat`` / ``agent`` — the turn's stream, to every operator with ``operator.read``; each run
-  numbers its own ``chat`` and ``agent`` payloads (``payload.seq``).
+* ``chat`` / ``agent`` — the turn's stream, to the connection that sent the turn and to
+  ``sessions.subscribe`` subscribers; each run numbers its own ``chat`` and ``agent`` payloads
+  (``payload.seq``).
 * ``sessions.run_finished`` — a process-level notification that wakes ``agent.wait`` callers.
 """
 
@@ -10,19 +11,17 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from channels.layers import get_channel_layer
-from django.core.cache import cache
 from django.db import transaction
 
-from openclaw_site.gateway import background, publisher, runtime
+from openclaw_site.gateway import publisher, state
 from openclaw_site.gateway import scopes as sc
 from openclaw_site.gateway.events import publish_on_commit, publish_rollback_unsafe, send_direct_rollback_unsafe
 from openclaw_site.gateway.registry import registry
 
-if TYPE_CHECKING:
-    from .models import Run, Session
+from .models import Run, Session
 
 logger = logging.getLogger(__name__)
 
@@ -32,13 +31,6 @@ EVENT_CHAT = registry.event("chat", scope=sc.READ, subscription="sessions")
 EVENT_AGENT = registry.event("agent", scope=sc.READ, subscription="sessions")
 
 RUN_FINISHED = "sessions.run_finished"
-# Scoped to one execution (run id + start time), so a flag can never stop a later run that
-# reuses the id after its session was deleted; cleared when the run ends.
-ABORT_KEY = "sessions:run-abort:{}:{}"
-
-
-def abort_key(run: Run) -> str:
-    return ABORT_KEY.format(run.run_id, int(run.started_at.timestamp() * 1000) if run.started_at else 0)
 
 
 def _ms(value) -> int | None:
@@ -75,29 +67,13 @@ def publish_session_changed_on_commit(
     publish_on_commit(EVENT_SESSIONS_CHANGED, payload)
 
 
-# --- turn dispatch, abort, completion -------------------------------------------------------
-
-
-def dispatch_turn_on_commit(run_id: str) -> None:
-    from .tasks import run_turn
-
-    background.dispatch_on_commit(run_turn, run_id)
-
-
-def request_abort_on_commit(run: Run) -> None:
-    # The runner polls this flag between chunks (and while waiting on the provider).
-    key = abort_key(run)
-    transaction.on_commit(lambda: cache.set(key, 1, timeout=24 * 3600))
-
-
-def abort_requested(run: Run) -> bool:
-    return bool(cache.get(abort_key(run)))
+# --- the turn's stream and its end ----------------------------------------------------------
 
 
 def notify_run_finished(run_id: str) -> None:
     try:
         publisher.run_sync(
-            lambda: get_channel_layer().group_send(runtime.PROCESS_GROUP, {"type": RUN_FINISHED, "runId": run_id})
+            lambda: get_channel_layer().group_send(state.PROCESS_GROUP, {"type": RUN_FINISHED, "runId": run_id})
         )
     except Exception:
         # agent.wait also re-reads the run on a slow timer; a lost wake-up only delays it.
@@ -215,6 +191,5 @@ def publish_turn_end_on_commit(run: Run, session: Session, emitter: TurnEmitter 
     def publish() -> None:
         emitter.end(run)
         notify_run_finished(run.run_id)
-        cache.delete(abort_key(run))
 
     transaction.on_commit(publish)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from django.conf import settings
 from django.db.models import Q, QuerySet
@@ -11,19 +11,27 @@ from django.db.models import Q, QuerySet
 from openclaw_site.gateway.exceptions import NotFound
 
 from . import keys
+from .extensions import session_projections
 from .models import Run, Session, SessionWindow, TranscriptEvent
 from .providers import default_model
-
-if TYPE_CHECKING:
-    from .services import CreatedSession, SubmitResult
 
 
 def _ms(value) -> int | None:
     return int(value.timestamp() * 1000) if value else None
 
 
+def session_rows(sessions: Sequence[Session]) -> list[dict]:
+    """The GatewaySessionRow projection of sessions.list / sessions.describe, with the fields other
+    apps contribute (:data:`sessions_app.extensions.session_projections`), asked for once per page."""
+    extra = session_projections.extra_fields(sessions)
+    return [{**_own_row(session), **extra.get(session.key, {})} for session in sessions]
+
+
 def session_row(session: Session) -> dict:
-    """The GatewaySessionRow projection used by sessions.list / sessions.describe."""
+    return session_rows([session])[0]
+
+
+def _own_row(session: Session) -> dict:
     row = {
         "key": session.key,
         "kind": "direct",
@@ -119,12 +127,12 @@ def sessions_list_payload(
         "nextOffset": offset + len(sessions) if has_more else None,
         "hasMore": has_more,
         "defaults": session_defaults(),
-        "sessions": [session_row(s) for s in sessions],
+        "sessions": session_rows(sessions),
     }
 
 
-def session_created_payload(created: CreatedSession) -> dict:
-    session = created.session
+def session_created_payload(session: Session, *, worktree: dict | None = None, run: Run | None = None) -> dict:
+    """The sessions.create (and sessions.adopt) result."""
     result: dict = {
         "ok": True,
         "key": session.key,
@@ -133,12 +141,15 @@ def session_created_payload(created: CreatedSession) -> dict:
         "runStarted": False,
         "resolved": resolved_model(session),
     }
-    if created.worktree is not None:
-        worktree = created.worktree
+    if worktree is not None:
         result["worktree"] = {"id": worktree["id"], "path": worktree["path"], "branch": worktree["branch"]}
-    if created.run is not None:
-        result.update(runStarted=True, runId=created.run.run_id)
+    if run is not None:
+        result.update(runStarted=True, runId=run.run_id)
     return result
+
+
+def session_adopted_payload(session: Session) -> dict:
+    return {"ok": True, "key": session.key, "sessionId": session.session_id, "entry": session_row(session)}
 
 
 def session_entry_payload(session: Session, *, resolved: bool = False) -> dict:
@@ -149,10 +160,9 @@ def session_entry_payload(session: Session, *, resolved: bool = False) -> dict:
     return result
 
 
-def chat_send_payload(submitted: SubmitResult) -> dict:
+def chat_send_payload(run: Run, *, created: bool) -> dict:
     """The chat.send acknowledgement: a new run has started; a repeated key reports that run."""
-    run = submitted.run
-    if submitted.created:
+    if created:
         return {"runId": run.run_id, "status": "started"}
     if not run.is_terminal:
         return {"runId": run.run_id, "status": "in_flight"}

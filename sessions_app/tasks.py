@@ -7,7 +7,8 @@ from datetime import timedelta
 from celery import shared_task
 from django.utils import timezone
 
-from . import services, turns
+from . import turns
+from .services import runs
 
 # A running turn heartbeats every 5 s; silence this long means its worker died.
 STALE_RUN_AFTER = timedelta(seconds=30)
@@ -24,10 +25,10 @@ def run_turn(run_id: str) -> str | None:
 def runs_sweep() -> dict:
     """Fail turns whose worker stopped heartbeating; dispatch queued turns whose task was lost."""
     now = timezone.now()
-    failed = services.runs_recover_dead_gateways()
-    failed += services.runs_recover(
+    failed = runs.runs_recover_dead_gateways()
+    failed += runs.runs_recover(
         stale_before=now - STALE_RUN_AFTER,
         reason="run interrupted: its worker stopped responding (no heartbeat for 30 s)",
     )
-    redispatched = services.runs_redispatch_stuck(queued_before=now - STUCK_QUEUED_AFTER)
+    redispatched = runs.runs_redispatch_stuck(queued_before=now - STUCK_QUEUED_AFTER)
     return {"failed": failed, "redispatched": redispatched}

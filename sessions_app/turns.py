@@ -13,11 +13,12 @@ import time
 
 from openclaw_site.gateway import background
 
-from . import services
-from .events import TurnEmitter, abort_requested
+from .events import TurnEmitter
 from .models import RunStatus
-from .providers import get_provider
+from .providers import default_model, get_provider
 from .providers.base import Aborted, ChatMessage, Delta, Finish, ProviderError
+from .services import runs
+from .services.runs import TurnOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -44,16 +45,16 @@ class _TurnProbe:
         now = time.monotonic()
         if now - self.beat_at >= HEARTBEAT_INTERVAL_S:
             self.beat_at = now
-            self.lost = not services.run_heartbeat(run_id=self.run_id)
+            self.lost = not runs.run_heartbeat(run_id=self.run_id)
         if not self.aborted and now - self.checked_at >= ABORT_POLL_INTERVAL_S:
             self.checked_at = now
-            self.aborted = abort_requested(self.run)
+            self.aborted = runs.abort_requested(self.run)
         return self.aborted or self.lost
 
 
 def execute_turn(run_id: str) -> str | None:
     """Run the turn if it is still queued and its session idle; returns its terminal status."""
-    claim = services.run_claim(run_id=run_id, worker=background.worker_label())
+    claim = runs.run_claim(run_id=run_id, worker=background.worker_label())
     if claim is None:
         return None
     run, session = claim.run, claim.session
@@ -61,13 +62,11 @@ def execute_turn(run_id: str) -> str | None:
     emitter.start(int(run.started_at.timestamp() * 1000))
     should_abort = _TurnProbe(run)
     parts: list[str] = []
-    outcome: services.TurnOutcome
+    outcome: TurnOutcome
     provider_name, model = "", session.model
     try:
         provider = get_provider()
         provider_name = provider.name
-        from .providers import default_model
-
         model = session.model or default_model()
         messages = [ChatMessage(role=role, content=text) for role, text in claim.history]
         finish: Finish | None = None
@@ -80,7 +79,7 @@ def execute_turn(run_id: str) -> str | None:
             should_abort()  # a fast stream must heartbeat too
         if finish is None:
             raise ProviderError("model provider ended without finishing the reply", kind="malformed")
-        outcome = services.TurnOutcome(
+        outcome = TurnOutcome(
             status=RunStatus.OK,
             text="".join(parts),
             stop_reason=finish.stop_reason,
@@ -91,7 +90,7 @@ def execute_turn(run_id: str) -> str | None:
     except Aborted:
         if should_abort.lost:
             return None  # swept as dead meanwhile; its outcome is already recorded
-        outcome = services.TurnOutcome(
+        outcome = TurnOutcome(
             status=RunStatus.ABORTED,
             text="".join(parts),
             stop_reason="aborted",
@@ -99,7 +98,7 @@ def execute_turn(run_id: str) -> str | None:
             model=model,
         )
     except ProviderError as error:
-        outcome = services.TurnOutcome(
+        outcome = TurnOutcome(
             status=RunStatus.ERROR,
             error=error.summary,
             error_kind=error.kind,
@@ -109,12 +108,12 @@ def execute_turn(run_id: str) -> str | None:
     except Exception as error:
         # A bug or an unexpected failure must still end the turn, or it would stay "running".
         logger.exception("turn %s failed", run_id)
-        outcome = services.TurnOutcome(
+        outcome = TurnOutcome(
             status=RunStatus.ERROR,
             error=f"turn failed: {type(error).__name__}: {error}",
             error_kind="unknown",
             model_provider=provider_name,
             model=model,
         )
-    finished = services.run_finish(run_id=run_id, outcome=outcome, emitter=emitter)
+    finished = runs.run_finish(run_id=run_id, outcome=outcome, emitter=emitter)
     return finished.status if finished is not None else None

@@ -5,9 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-from openclaw_site.gateway import runtime
+from channels.db import database_sync_to_async
 
+from openclaw_site.gateway import state
+
+from . import selectors
 from .events import RUN_FINISHED
+
+# Re-read the run at least this often even without a wake-up (a lost notification only delays).
+WAIT_RECHECK_S = 5.0
 
 
 class RunWaiters:
@@ -33,4 +39,25 @@ class RunWaiters:
 
 
 run_waiters = RunWaiters()
-runtime.on_process_message(RUN_FINISHED, lambda message: run_waiters.wake(message["runId"]))
+state.on_process_message(RUN_FINISHED, lambda message: run_waiters.wake(message["runId"]))
+
+
+async def wait_for_run(run_id: str, timeout_ms: int) -> dict:
+    """``agent.wait``: the run's terminal payload, or ``status: "timeout"`` after ``timeout_ms``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_ms / 1000
+    while True:
+        woken = run_waiters.add(run_id)  # before reading: a finish between read and wait still wakes us
+        try:
+            run = await database_sync_to_async(selectors.run_get)(run_id)
+            if run is not None and run.is_terminal:
+                return selectors.run_wait_payload(run)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return {"runId": run_id, "status": "timeout"}
+            try:
+                await asyncio.wait_for(woken, min(remaining, WAIT_RECHECK_S))
+            except TimeoutError:
+                pass
+        finally:
+            run_waiters.discard(run_id, woken)

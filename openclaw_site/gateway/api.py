@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.http import HttpRequest
-from ninja import Router, Schema
+from ninja import Router
 
-from . import selectors, services
-from .services import Actor
+from . import selectors
+from .audit import Actor
+from .schemas import ErrorOut
+from .services import pairing
 
 router = Router(tags=["gateway"])
-
-
-class ErrorShape(Schema):
-    code: str
-    message: str
-    details: Any = None
-    retryable: bool | None = None
-    retryAfterMs: int | None = None
-
-
-class ErrorOut(Schema):
-    error: ErrorShape
 
 
 def _actor(request: HttpRequest) -> Actor:
@@ -49,11 +37,11 @@ def device_list(request: HttpRequest) -> dict:
 
 @router.post("/pairing/{request_id}/approve", response={200: dict, 400: ErrorOut, 403: ErrorOut, 404: ErrorOut})
 def pairing_approve(request: HttpRequest, request_id: str):
-    device = services.pairing_request_approve(request_id=request_id, actor=_actor(request))
+    device = pairing.pairing_request_approve(request_id=request_id, actor=_actor(request))
     return {"requestId": request_id, "device": selectors.paired_device_shape(device, connected=False)}
 
 
 @router.post("/pairing/{request_id}/reject", response={200: dict, 400: ErrorOut, 404: ErrorOut})
 def pairing_reject(request: HttpRequest, request_id: str):
-    pairing = services.pairing_request_reject(request_id=request_id, actor=_actor(request))
-    return {"requestId": request_id, "deviceId": pairing.device_id}
+    rejected = pairing.pairing_request_reject(request_id=request_id, actor=_actor(request))
+    return {"requestId": request_id, "deviceId": rejected.device_id}

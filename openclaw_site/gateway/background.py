@@ -6,14 +6,20 @@ Apps call :func:`dispatch_on_commit` with a Celery task; the task function is th
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
 from typing import Any
 
+from channels.db import DatabaseSyncToAsync
 from django.conf import settings
-from django.db import transaction
+from django.db import close_old_connections, connections, transaction
 
-from . import runtime
+from . import state
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +32,7 @@ def dispatch_now(task: Any, *args: Any) -> None:
     if task_mode() == "celery":
         task.apply_async(args=args)
     else:
-        runtime.run_in_process(task, *args)
+        run_in_process(task, *args)
 
 
 def dispatch_on_commit(task: Any, *args: Any) -> None:
@@ -35,9 +41,48 @@ def dispatch_on_commit(task: Any, *args: Any) -> None:
 
 def worker_label() -> str:
     """Who is executing right now: this gateway process, or a Celery worker process."""
-    if runtime.in_process_worker():
-        return f"gateway:{runtime.BOOT_ID}"
-    import os
-    import socket
-
+    if state.in_process_worker():
+        return f"gateway:{state.BOOT_ID}"
     return f"celery:{socket.gethostname()}:{os.getpid()}"
+
+
+def run_in_process(fn: Callable[..., Any], *args: Any) -> None:
+    """Run a sync task function in a worker thread of this process.
+
+    On the gateway's event loop when there is one, so that what the task publishes through the
+    channel layer reaches this process's consumers; otherwise (a shell, a unit test) in a thread.
+    """
+    loop = state.main_loop()
+    if loop is None:
+        thread = threading.Thread(
+            target=_run_task_in_thread, args=(fn, args), name=state.IN_PROCESS_THREAD_PREFIX, daemon=True
+        )
+        thread.start()
+        return
+
+    async def runner() -> None:
+        try:
+            await DatabaseSyncToAsync(_run_task, thread_sensitive=False)(fn, args)
+        except Exception:
+            logger.exception("in-process task %s failed", getattr(fn, "name", fn))
+
+    asyncio.run_coroutine_threadsafe(runner(), loop)
+
+
+def _run_task_in_thread(fn: Callable[..., Any], args: tuple) -> None:
+    try:
+        _run_task(fn, args)
+    finally:
+        # This thread ends now: its connections would otherwise stay open until garbage collection.
+        connections.close_all()
+
+
+def _run_task(fn: Callable[..., Any], args: tuple) -> None:
+    token = state.enter_in_process_task()
+    try:
+        fn(*args)
+    except Exception:
+        logger.exception("in-process task %s failed", getattr(fn, "name", fn))
+    finally:
+        state.leave_in_process_task(token)
+        close_old_connections()

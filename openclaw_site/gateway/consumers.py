@@ -17,7 +17,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from . import runtime, services
+from . import invoke, lifecycle, state
 from .conf import gateway_setting
 from .context import RpcContext
 from .dispatch import error_response, parse_frame, run_request
@@ -26,7 +26,8 @@ from .exceptions import GatewayError, HandshakeRejected, InvalidRequest, Unavail
 from .handshake import ConnectContext, FirstFrameInvalid, parse_connect
 from .hello import accept_connect, presence_changed
 from .registry import registry
-from .scopes import ROLE_OPERATOR, scope_satisfied
+from .services import connections
+from .visibility import event_visible
 
 logger = logging.getLogger(__name__)
 
@@ -125,12 +126,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.handshake_timer.cancel()
         self.phase = "authenticating"
         try:
-            await runtime.ensure_process_registered()
+            await lifecycle.ensure_process_registered()
             self.ctx, hello, presence = await database_sync_to_async(accept_connect)(
                 params,
                 ConnectContext(
                     conn_id=self.conn_id,
-                    boot_id=runtime.BOOT_ID,
+                    boot_id=state.BOOT_ID,
                     channel_name=self.channel_name,
                     nonce=self.nonce,
                     remote_ip=self.remote_ip,
@@ -149,7 +150,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             return
         await self.channel_layer.group_add(BROADCAST_GROUP, self.channel_name)
         self.phase = "open"
-        runtime.local_connections.add(self)
+        lifecycle.ensure_started()
+        state.local_connections.add(self)
         await self._send_frame({"type": "res", "id": request_id, "ok": True, "payload": hello})
         await presence_changed(presence)
 
@@ -212,19 +214,16 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     # --- channel-layer messages -----------------------------------------------------------
 
     async def gateway_event(self, message: dict[str, Any]) -> None:
-        if self.phase != "open" or self.ctx is None:
+        ctx = self.ctx
+        if self.phase != "open" or ctx is None:
             return
-        spec = registry.events.get(message["event"])
-        if spec is None:
-            return  # unknown event families are denied by default
-        if spec.operators_only and self.ctx.role != ROLE_OPERATOR:
-            return
-        if spec.scope is not None and not scope_satisfied(self.ctx.scopes, spec.scope):
-            return
-        if message.get("direct"):
-            if spec.subscription is not None and spec.subscription in self.ctx.subscriptions:
-                return  # the subscription group delivers it
-        elif spec.subscription is not None and spec.subscription not in self.ctx.subscriptions:
+        if not event_visible(
+            registry.events.get(message["event"]),
+            role=ctx.role,
+            scopes=ctx.scopes,
+            subscriptions=ctx.subscriptions,
+            direct=bool(message.get("direct")),
+        ):
             return
         await self.send_event(message["event"], message["payload"], state_version=message.get("stateVersion"))
 
@@ -234,23 +233,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self.close(code=message.get("code", 1008), reason=message.get("reason") or None)
 
     async def gateway_invoke_request(self, message: dict[str, Any]) -> None:
-        """Forward a node.invoke to the node behind this socket, remembering where to answer."""
-        ctx = self.ctx
-        if self.phase != "open" or ctx is None or ctx.node_id != message["nodeId"]:
-            await self.channel_layer.send(
-                message["replyChannel"],
-                _invoke_failure(message["id"], "NOT_CONNECTED", "node not connected"),
-            )
-            return
-        ctx.pending_invokes[message["id"]] = (message["replyChannel"], message["command"])
-        payload = {k: message[k] for k in ("id", "nodeId", "command", "paramsJSON") if k in message}
-        for optional in ("timeoutMs", "idempotencyKey"):
-            if message.get(optional) is not None:
-                payload[optional] = message[optional]
-        await self._send_frame({"type": "event", "event": "node.invoke.request", "payload": payload})
+        await invoke.forward_to_node(self.ctx if self.phase == "open" else None, message, self._send_frame)
 
     async def gateway_invoke_result(self, message: dict[str, Any]) -> None:
-        runtime.invoke_broker.resolve(message["id"], message)
+        invoke.resolve(message)
 
     # --- teardown -------------------------------------------------------------------------
 
@@ -270,31 +256,18 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             task.cancel()
         if not was_open:
             return
-        runtime.local_connections.discard(self)
+        state.local_connections.discard(self)
         try:
             await self.channel_layer.group_discard(BROADCAST_GROUP, self.channel_name)
             for subscription in list(self.ctx.subscriptions):
                 await self.channel_layer.group_discard(subscription_group(subscription), self.channel_name)
-            for invoke_id, (reply_channel, command) in list(self.ctx.pending_invokes.items()):
-                await self.channel_layer.send(
-                    reply_channel, _invoke_failure(invoke_id, "NOT_CONNECTED", f"node disconnected ({command})")
-                )
-            self.ctx.pending_invokes.clear()
-            if runtime.is_stopping():
+            await invoke.fail_pending(self.ctx)
+            if state.is_stopping():
                 return
-            if await database_sync_to_async(services.connection_unregister)(conn_id=self.conn_id):
+            if await database_sync_to_async(connections.connection_unregister)(conn_id=self.conn_id):
                 await presence_changed(None)
         except Exception:
             logger.exception("failed to clean up connection %s", self.conn_id)
-
-
-def _invoke_failure(invoke_id: str, code: str, message: str) -> dict[str, Any]:
-    return {
-        "type": "gateway.invoke.result",
-        "id": invoke_id,
-        "ok": False,
-        "error": {"code": code, "message": message},
-    }
 
 
 def _frame_id(text: str) -> str:

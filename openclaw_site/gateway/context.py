@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from channels.layers import get_channel_layer
+
 from . import scopes as sc
-from .services import Actor
+from .audit import Actor
+from .events import subscription_group
 
 
 @dataclass
@@ -34,19 +37,11 @@ class RpcContext:
         return sc.scope_satisfied(self.scopes, scope)
 
     async def subscribe(self, subscription: str) -> None:
-        from channels.layers import get_channel_layer
-
-        from .events import subscription_group
-
         if subscription not in self.subscriptions:
             self.subscriptions.add(subscription)
             await get_channel_layer().group_add(subscription_group(subscription), self.channel_name)
 
     async def unsubscribe(self, subscription: str) -> None:
-        from channels.layers import get_channel_layer
-
-        from .events import subscription_group
-
         if subscription in self.subscriptions:
             self.subscriptions.discard(subscription)
             await get_channel_layer().group_discard(subscription_group(subscription), self.channel_name)

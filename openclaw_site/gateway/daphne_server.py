@@ -13,6 +13,8 @@ import logging
 from daphne import ws_protocol
 from daphne.server import Server
 
+from . import lifecycle
+
 logger = logging.getLogger(__name__)
 
 MAX_CLOSE_REASON_BYTES = 123
@@ -58,23 +60,20 @@ def run_gateway_server(
     ready_callable=None,
     verbosity: int = 1,
 ) -> None:
+    # Imported here: importing the reactor installs it, which must happen after Daphne chose one.
     from twisted.internet import defer, reactor
-
-    from . import runtime
 
     ws_protocol.WebSocketFactory.protocol = ReasonCarryingWebSocketProtocol
 
     def broadcast_shutdown():
         loop = asyncio.get_event_loop()
-        future = asyncio.ensure_future(runtime.shutdown("gateway stopping"), loop=loop)
+        future = asyncio.ensure_future(lifecycle.shutdown("gateway stopping"), loop=loop)
         return defer.Deferred.fromFuture(future)
 
     reactor.addSystemEventTrigger("before", "shutdown", broadcast_shutdown)
 
     def on_ready():
-        loop = asyncio.get_event_loop()
-        runtime.set_main_loop(loop)
-        runtime.STARTUP_TASK = loop.create_task(runtime.startup())
+        lifecycle.start_in_background(asyncio.get_event_loop())
         if ready_callable is not None:
             ready_callable()
 

@@ -15,7 +15,6 @@ from django.db import transaction
 from pydantic import ValidationError
 
 from . import scopes as sc
-from . import services
 from .auth import (
     auth_failure,
     device_token_limiter,
@@ -28,6 +27,7 @@ from .conf import shared_password, shared_token
 from .exceptions import GatewayError, HandshakeRejected, InvalidRequest, NotPaired
 from .models import PairedDevice
 from .protocol import PROTOCOL_VERSION, ConnectParams, RequestFrame, format_validation_error, negotiate_protocol
+from .services import connections, pairing, tokens
 
 PAIRING_REQUIREMENTS = {
     "not-paired": "device is not approved yet",
@@ -139,8 +139,8 @@ def _check_credentials(params: ConnectParams, ctx: ConnectContext, role: str) ->
                 auth_failure("rate_limited", params=params, local=local, retry_after_ms=device_limit.retry_after_ms)
             )
         try:
-            record = services.device_token_verify(device_id=params.device.id, role=role, token=candidate)
-        except services.DeviceTokenRejected:
+            record = tokens.device_token_verify(device_id=params.device.id, role=role, token=candidate)
+        except tokens.DeviceTokenRejected:
             if device_token:
                 state = device_token_limiter.record_failure(ctx.remote_ip)
                 reason = "rate_limited" if state.locked else "device_token_mismatch"
@@ -171,9 +171,9 @@ def _claim(
     public_key: str,
     reason: str,
     is_repair: bool,
-) -> services.PairingClaim:
+) -> pairing.PairingClaim:
     client = params.client
-    return services.PairingClaim(
+    return pairing.PairingClaim(
         device_id=params.device.id,
         public_key=public_key,
         role=role,
@@ -238,7 +238,9 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
     if params.device is None:
         if role == sc.ROLE_NODE:
             raise _reject(NotPaired("device identity required", details={"code": "DEVICE_IDENTITY_REQUIRED"}))
-        services.connection_register(record=_record(params, ctx, role, requested_scopes, auth_method, None, None, []))
+        connections.connection_register(
+            record=_record(params, ctx, role, requested_scopes, auth_method, None, None, [])
+        )
         return ConnectOutcome(role, requested_scopes, auth_method, None, None, [], None, None)
 
     public_key, _version = verify_device_proof(params, role=role, scopes=list(params.scopes or []), nonce=ctx.nonce)
@@ -249,7 +251,7 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
         if device is None or not device.has_role(sc.ROLE_NODE):
             reason = "not-paired" if device is None else "role-upgrade"
             claim = _claim(params, ctx, role, [], public_key, reason, is_repair=device is not None)
-            request, _created = services.pairing_request_ensure(claim=claim)
+            request, _created = pairing.pairing_request_ensure(claim=claim)
             raise _pairing_required(request, reason, role, [], device)
     elif device is None or not device.has_role(role):
         if auth_method not in ("token", "password"):
@@ -261,19 +263,19 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
     with transaction.atomic():
         if role == sc.ROLE_OPERATOR and auth_method in ("token", "password"):
             claim = _claim(params, ctx, role, requested_scopes, public_key, "not-paired", is_repair=device is not None)
-            device, _changed = services.operator_device_auto_approve(claim=claim, known=device)
+            device, _changed = pairing.operator_device_auto_approve(claim=claim, known=device)
         if token_record is not None:
-            services.device_token_touch(token_record)
+            tokens.device_token_touch(token_record)
             issued_token, issued_at = params.auth.deviceToken or params.auth.token, None
         else:
             token_scopes = requested_scopes if role == sc.ROLE_OPERATOR else []
-            issued_token, issued_at = services.device_token_ensure(device=device, role=role, scopes=token_scopes)
+            issued_token, issued_at = tokens.device_token_ensure(device=device, role=role, scopes=token_scopes)
 
     commands: list[str] = []
     if role == sc.ROLE_NODE:
         approved = set(device.approved_commands or [])
         commands = sorted(c for c in set(params.commands or []) if c in approved)
-    services.connection_register(
+    connections.connection_register(
         record=_record(params, ctx, role, requested_scopes, auth_method, device_id, device, commands)
     )
     return ConnectOutcome(
@@ -297,10 +299,10 @@ def _record(
     device_id: str | None,
     device: PairedDevice | None,
     commands: list[str],
-) -> services.ConnectionRecord:
+) -> connections.ConnectionRecord:
     client = params.client
     is_node = role == sc.ROLE_NODE
-    return services.ConnectionRecord(
+    return connections.ConnectionRecord(
         conn_id=ctx.conn_id,
         boot_id=ctx.boot_id,
         channel_name=ctx.channel_name,

@@ -8,11 +8,12 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.core.cache import cache
 
-from . import counters, runtime
+from . import counters, state
 from .conf import auth_mode, gateway_setting
 from .context import RpcContext
 from .events import BROADCAST_GROUP, broadcast_message
 from .handshake import ConnectContext, ConnectOutcome, authenticate_connect
+from .health import last_health
 from .protocol import SERVER_VERSION, ConnectParams
 from .registry import EVENT_PRESENCE, registry
 from .selectors import presence_entries
@@ -61,9 +62,9 @@ def build_hello(ctx: RpcContext, outcome: ConnectOutcome, protocol: int) -> tupl
     presence, version = presence_snapshot(bump=True)
     snapshot: dict[str, Any] = {
         "presence": presence,
-        "health": runtime.last_health() or {},
+        "health": last_health() or {},
         "stateVersion": version,
-        "uptimeMs": runtime.uptime_ms(),
+        "uptimeMs": state.uptime_ms(),
         "authMode": auth_mode(),
     }
     for provider in registry.snapshot_providers:
@@ -76,7 +77,7 @@ def build_hello(ctx: RpcContext, outcome: ConnectOutcome, protocol: int) -> tupl
     hello = {
         "type": "hello-ok",
         "protocol": protocol,
-        "server": {"version": SERVER_VERSION, "connId": ctx.conn_id, "bootId": runtime.BOOT_ID},
+        "server": {"version": SERVER_VERSION, "connId": ctx.conn_id, "bootId": state.BOOT_ID},
         "features": {"methods": registry.method_names(), "events": registry.event_names(), "capabilities": []},
         "snapshot": snapshot,
         "auth": auth,

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import runtime
+from . import state
 
 PUBLISH_TIMEOUT_S = 10.0
 
@@ -40,7 +40,7 @@ def run_sync(make: Callable[[], Awaitable[Any]]) -> Any:
         pass  # no loop in this thread: the normal case
     else:
         raise RuntimeError("publisher.run_sync called on an event loop thread; await the coroutine instead")
-    loop = runtime.main_loop() or _background_loop()
+    loop = state.main_loop() or _background_loop()
 
     async def call() -> Any:
         return await make()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from datetime import datetime, timedelta
 
@@ -53,13 +55,15 @@ def live_node_connection(node_id: str) -> GatewayConnection | None:
     return live_connections().filter(role=ROLE_NODE, node_id=node_id).first()
 
 
+def live_processes() -> QuerySet[GatewayProcess]:
+    return GatewayProcess.objects.filter(heartbeat_at__gte=process_stale_before())
+
+
 def stale_processes() -> QuerySet[GatewayProcess]:
     return GatewayProcess.objects.filter(heartbeat_at__lt=process_stale_before())
 
 
 def _pid_exists(pid: int) -> bool:
-    import os
-
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -74,14 +78,8 @@ def live_process_boot_ids() -> set[str]:
 
     The pid check notices a killed process at once instead of after the heartbeat timeout.
     """
-    import socket
-
     host = socket.gethostname()
-    return {
-        str(p.boot_id)
-        for p in GatewayProcess.objects.filter(heartbeat_at__gte=process_stale_before())
-        if p.hostname != host or _pid_exists(p.pid)
-    }
+    return {str(p.boot_id) for p in live_processes() if p.hostname != host or _pid_exists(p.pid)}
 
 
 # --- pairing --------------------------------------------------------------------------------

@@ -2,10 +2,10 @@
 
 from celery import shared_task
 
-from . import services
+from .services import sweep
 
 
 @shared_task(name="gateway.sweep", acks_late=True, ignore_result=True)
 def gateway_sweep() -> dict:
     """Expire overdue pairing requests and forget gateway processes that stopped heartbeating."""
-    return services.gateway_sweep()
+    return sweep.gateway_sweep()

@@ -9,8 +9,8 @@ import pytest
 from native_harness import services
 from native_harness.harness import CATALOG_ID, HOST_ID, UPSTREAM_KIND
 from openclaw_client.client import GatewayError
-from sessions_app import links
 from sessions_app.models import Session, TranscriptEvent
+from sessions_app.services import links
 from tests.support.clients import operator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True, databases=["default", "harness"])]

@@ -7,7 +7,6 @@ import pytest
 from django.utils import timezone
 
 from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway import services
 from openclaw_site.gateway.auth import hash_device_token
 from openclaw_site.gateway.models import (
     DevicePairingRequest,
@@ -16,6 +15,7 @@ from openclaw_site.gateway.models import (
     GatewayProcess,
     PairedDevice,
 )
+from openclaw_site.gateway.services import pairing
 
 
 def _device_id(n: int) -> str:
@@ -27,7 +27,7 @@ def make_pairing_request() -> Callable[..., DevicePairingRequest]:
     """An open pairing request, recorded the way a connecting device records it."""
 
     def make(n: int = 1, *, role: str = sc.ROLE_OPERATOR, scopes: list[str] | None = None) -> DevicePairingRequest:
-        claim = services.PairingClaim(
+        claim = pairing.PairingClaim(
             device_id=_device_id(n),
             public_key=f"pk-{n}",
             role=role,
@@ -39,7 +39,7 @@ def make_pairing_request() -> Callable[..., DevicePairingRequest]:
             client_id="cli",
             client_mode="cli",
         )
-        request, created = services.pairing_request_ensure(claim=claim)
+        request, created = pairing.pairing_request_ensure(claim=claim)
         assert created
         return request
 

@@ -10,7 +10,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway import services
+from openclaw_site.gateway.audit import Actor, audit
+from openclaw_site.gateway.exceptions import InvalidRequest
 from openclaw_site.gateway.models import (
     AuditLog,
     DevicePairingRequest,
@@ -20,6 +21,7 @@ from openclaw_site.gateway.models import (
     PairedDevice,
     PairingStatus,
 )
+from openclaw_site.gateway.services import pairing
 
 pytestmark = pytest.mark.django_db
 
@@ -47,7 +49,7 @@ def populated(make_device, make_token, make_connection, make_pairing_request):
     token = make_token(device)
     make_connection(device)
     request = make_pairing_request(2)
-    services.pairing_request_reject(request_id=str(request.request_id), actor=services.Actor.system("cli"))
+    pairing.pairing_request_reject(request_id=str(request.request_id), actor=Actor.system("cli"))
     make_pairing_request(3)
     return device, token
 
@@ -157,7 +159,7 @@ def test_related_columns_have_no_n_plus_one(
         device = make_device(n)
         make_token(device)
         make_connection(device)
-        services.audit(services.Actor.for_user(admin_user), "node.rename", "node", device.device_id)
+        audit(Actor.for_user(admin_user), "node.rename", "node", device.device_id)
 
     with django_assert_max_num_queries(10):
         response = admin_client.get(admin_url(model, "changelist"))
@@ -283,7 +285,7 @@ def test_reject_resolves_the_request_without_pairing(admin_client, admin_user, m
 @pytest.mark.parametrize("action", ["approve_requests", "reject_requests"])
 def test_non_pending_request_is_skipped_with_reason(admin_client, make_pairing_request, action):
     request = make_pairing_request(1)
-    services.pairing_request_reject(request_id=str(request.request_id), actor=services.Actor.system("cli"))
+    pairing.pairing_request_reject(request_id=str(request.request_id), actor=Actor.system("cli"))
     request.refresh_from_db()
     audit_rows = AuditLog.objects.count()
 
@@ -323,7 +325,7 @@ def test_overdue_request_is_skipped_with_reason(admin_client, make_pairing_reque
 def test_approve_handles_a_mixed_selection_per_object(admin_client, make_pairing_request):
     open_request = make_pairing_request(1)
     approved = make_pairing_request(2)
-    services.pairing_request_approve(request_id=str(approved.request_id), actor=services.Actor.system("cli"))
+    pairing.pairing_request_approve(request_id=str(approved.request_id), actor=Actor.system("cli"))
 
     response = run_action(admin_client, DevicePairingRequest, "approve_requests", [open_request, approved], index=0)
 
@@ -341,9 +343,9 @@ def test_service_errors_are_reported_as_skips(admin_client, make_pairing_request
     request = make_pairing_request(1)
 
     def lost_race(**kwargs):
-        raise services.InvalidRequest("unknown requestId")
+        raise InvalidRequest("unknown requestId")
 
-    monkeypatch.setattr(services, "pairing_request_approve", lost_race)
+    monkeypatch.setattr(pairing, "pairing_request_approve", lost_race)
 
     response = run_action(admin_client, DevicePairingRequest, "approve_requests", [request], index=0)
 

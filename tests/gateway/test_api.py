@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from openclaw_site.gateway import services
 from openclaw_site.gateway.models import AuditLog, PairedDevice
+from openclaw_site.gateway.services import pairing
 from tests.support.api import API_TOKEN
 
 TOKEN = API_TOKEN
@@ -39,8 +39,8 @@ def test_other_endpoints_need_the_token():
 
 @pytest.mark.django_db
 def test_pairing_approval_over_http():
-    request, _ = services.pairing_request_ensure(
-        claim=services.PairingClaim(
+    request, _ = pairing.pairing_request_ensure(
+        claim=pairing.PairingClaim(
             device_id="a" * 64, public_key="pk", role="node", scopes=[], reason="not-paired", is_repair=False
         )
     )

@@ -9,13 +9,13 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from openclaw_site.gateway import services
 from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, PairedDevice
+from openclaw_site.gateway.services import pairing
 
 
 def _request(device_id: str = "c" * 64) -> DevicePairingRequest:
-    request, _ = services.pairing_request_ensure(
-        claim=services.PairingClaim(
+    request, _ = pairing.pairing_request_ensure(
+        claim=pairing.PairingClaim(
             device_id=device_id,
             public_key="pk",
             role="node",

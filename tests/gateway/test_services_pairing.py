@@ -9,10 +9,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from openclaw_site.gateway import services
+from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import InvalidRequest, PermissionDenied
 from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, PairedDevice, PairingStatus
-from openclaw_site.gateway.services import Actor, PairingClaim
+from openclaw_site.gateway.services import pairing, sweep, tokens
+from openclaw_site.gateway.services.pairing import PairingClaim
 
 
 def claim(device_id: str = "d" * 64, *, role: str = "node", commands: list[str] | None = None, **extra) -> PairingClaim:
@@ -41,9 +42,9 @@ def published(monkeypatch):
 @pytest.mark.django_db
 def test_a_device_has_one_open_request_which_follows_its_latest_claim(django_capture_on_commit_callbacks, published):
     with django_capture_on_commit_callbacks(execute=True):
-        first, created = services.pairing_request_ensure(claim=claim())
+        first, created = pairing.pairing_request_ensure(claim=claim())
     with django_capture_on_commit_callbacks(execute=True):
-        again, created_again = services.pairing_request_ensure(claim=claim(commands=["echo", "run"]))
+        again, created_again = pairing.pairing_request_ensure(claim=claim(commands=["echo", "run"]))
     assert created and not created_again
     assert first.pk == again.pk
     assert again.commands == ["echo", "run"]
@@ -59,7 +60,7 @@ def test_nothing_is_published_when_the_transaction_rolls_back(published):
     from django.db import transaction
 
     with pytest.raises(RuntimeError), transaction.atomic():
-        services.pairing_request_ensure(claim=claim())
+        pairing.pairing_request_ensure(claim=claim())
         raise RuntimeError("caller failed after the service")
     assert published == []
     assert not DevicePairingRequest.objects.exists()
@@ -67,29 +68,29 @@ def test_nothing_is_published_when_the_transaction_rolls_back(published):
 
 @pytest.mark.django_db
 def test_an_expired_request_is_replaced_by_a_new_one():
-    old, _ = services.pairing_request_ensure(claim=claim())
+    old, _ = pairing.pairing_request_ensure(claim=claim())
     DevicePairingRequest.objects.filter(pk=old.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-    new, created = services.pairing_request_ensure(claim=claim())
+    new, created = pairing.pairing_request_ensure(claim=claim())
     assert created and new.pk != old.pk
     assert DevicePairingRequest.objects.get(pk=old.pk).status == PairingStatus.EXPIRED
     with pytest.raises(InvalidRequest, match="unknown requestId"):
-        services.pairing_request_approve(request_id=str(old.pk), actor=Actor.system())
+        pairing.pairing_request_approve(request_id=str(old.pk), actor=Actor.system())
 
 
 @pytest.mark.django_db
 def test_the_sweep_expires_overdue_requests():
-    request, _ = services.pairing_request_ensure(claim=claim())
+    request, _ = pairing.pairing_request_ensure(claim=claim())
     DevicePairingRequest.objects.filter(pk=request.pk).update(expires_at=timezone.now())
-    assert services.gateway_sweep()["expiredRequests"] == 1
+    assert sweep.gateway_sweep()["expiredRequests"] == 1
     assert DevicePairingRequest.objects.get().status == PairingStatus.EXPIRED
 
 
 @pytest.mark.django_db
 def test_approval_of_exec_commands_needs_admin():
-    request, _ = services.pairing_request_ensure(claim=claim(commands=["system.run"]))
+    request, _ = pairing.pairing_request_ensure(claim=claim(commands=["system.run"]))
     pairer = Actor(label="device:x", scopes=("operator.pairing", "operator.write"))
     with pytest.raises(PermissionDenied, match=r"missing scope: operator\.admin"):
-        services.pairing_request_approve(request_id=str(request.pk), actor=pairer)
+        pairing.pairing_request_approve(request_id=str(request.pk), actor=pairer)
     assert DevicePairingRequest.objects.get().status == PairingStatus.PENDING
     assert not PairedDevice.objects.exists()
     assert not AuditLog.objects.exists()
@@ -97,12 +98,12 @@ def test_approval_of_exec_commands_needs_admin():
 
 @pytest.mark.django_db
 def test_approval_of_plain_commands_needs_write():
-    request, _ = services.pairing_request_ensure(claim=claim(commands=["echo"]))
+    request, _ = pairing.pairing_request_ensure(claim=claim(commands=["echo"]))
     with pytest.raises(PermissionDenied, match=r"missing scope: operator\.write"):
-        services.pairing_request_approve(
+        pairing.pairing_request_approve(
             request_id=str(request.pk), actor=Actor(label="x", scopes=("operator.pairing",))
         )
-    device = services.pairing_request_approve(
+    device = pairing.pairing_request_approve(
         request_id=str(request.pk), actor=Actor(label="y", scopes=("operator.pairing", "operator.write"))
     )
     assert device.approved_commands == ["echo"]
@@ -111,24 +112,24 @@ def test_approval_of_plain_commands_needs_write():
 
 @pytest.mark.django_db
 def test_approving_twice_fails_the_second_time():
-    request, _ = services.pairing_request_ensure(claim=claim())
-    services.pairing_request_approve(request_id=str(request.pk), actor=Actor.system())
+    request, _ = pairing.pairing_request_ensure(claim=claim())
+    pairing.pairing_request_approve(request_id=str(request.pk), actor=Actor.system())
     with pytest.raises(InvalidRequest, match="unknown requestId"):
-        services.pairing_request_approve(request_id=str(request.pk), actor=Actor.system())
+        pairing.pairing_request_approve(request_id=str(request.pk), actor=Actor.system())
     with pytest.raises(InvalidRequest, match="unknown requestId"):
-        services.pairing_request_reject(request_id=str(request.pk), actor=Actor.system())
+        pairing.pairing_request_reject(request_id=str(request.pk), actor=Actor.system())
     assert AuditLog.objects.filter(action="device.pair.approve").count() == 1
 
 
 @pytest.mark.django_db
 def test_malformed_request_ids_are_unknown():
     with pytest.raises(InvalidRequest, match="unknown requestId"):
-        services.pairing_request_approve(request_id="not-a-uuid", actor=Actor.system())
+        pairing.pairing_request_approve(request_id="not-a-uuid", actor=Actor.system())
 
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_approve_and_reject_resolve_the_request_once():
-    request, _ = services.pairing_request_ensure(claim=claim())
+    request, _ = pairing.pairing_request_ensure(claim=claim())
     outcomes: list[str] = []
     barrier = threading.Barrier(2)
 
@@ -143,8 +144,8 @@ def test_concurrent_approve_and_reject_resolve_the_request_once():
             connection.close()
 
     threads = [
-        threading.Thread(target=decide, args=(services.pairing_request_approve,)),
-        threading.Thread(target=decide, args=(services.pairing_request_reject,)),
+        threading.Thread(target=decide, args=(pairing.pairing_request_approve,)),
+        threading.Thread(target=decide, args=(pairing.pairing_request_reject,)),
     ]
     for thread in threads:
         thread.start()
@@ -161,24 +162,24 @@ def test_token_ensure_mints_once_and_verify_reports_the_reason():
     device = PairedDevice.objects.create(
         device_id="e" * 64, public_key="pk", roles=["node"], approved_at=timezone.now()
     )
-    token, issued_at = services.device_token_ensure(device=device, role="node", scopes=[])
+    token, issued_at = tokens.device_token_ensure(device=device, role="node", scopes=[])
     assert token and issued_at
-    assert services.device_token_ensure(device=device, role="node", scopes=[]) == (None, None)
-    assert services.device_token_verify(device_id=device.device_id, role="node", token=token).role == "node"
+    assert tokens.device_token_ensure(device=device, role="node", scopes=[]) == (None, None)
+    assert tokens.device_token_verify(device_id=device.device_id, role="node", token=token).role == "node"
     for device_id, role, presented, reason in [
         ("f" * 64, "node", token, "device-not-paired"),
         (device.device_id, "operator", token, "token-missing"),
         (device.device_id, "node", "wrong", "token-mismatch"),
     ]:
-        with pytest.raises(services.DeviceTokenRejected) as rejected:
-            services.device_token_verify(device_id=device_id, role=role, token=presented)
+        with pytest.raises(tokens.DeviceTokenRejected) as rejected:
+            tokens.device_token_verify(device_id=device_id, role=role, token=presented)
         assert rejected.value.reason == reason
-    services.device_token_revoke(device_id=device.device_id, role="node", actor=Actor.system())
-    with pytest.raises(services.DeviceTokenRejected) as revoked:
-        services.device_token_verify(device_id=device.device_id, role="node", token=token)
+    tokens.device_token_revoke(device_id=device.device_id, role="node", actor=Actor.system())
+    with pytest.raises(tokens.DeviceTokenRejected) as revoked:
+        tokens.device_token_verify(device_id=device.device_id, role="node", token=token)
     assert revoked.value.reason == "token-revoked"
     # Revoking again is a no-op, not a second audit entry.
-    services.device_token_revoke(device_id=device.device_id, role="node", actor=Actor.system())
+    tokens.device_token_revoke(device_id=device.device_id, role="node", actor=Actor.system())
     assert AuditLog.objects.filter(action="device.token.revoke").count() == 1
 
 
@@ -187,13 +188,13 @@ def test_node_catalog_memo_is_invalidated_by_pairing_changes():
     from openclaw_site.gateway import selectors
 
     assert selectors.node_catalog_snapshot() == []
-    request, _ = services.pairing_request_ensure(claim=claim())
+    request, _ = pairing.pairing_request_ensure(claim=claim())
     (pending,) = selectors.node_catalog_snapshot()
     assert pending["approvalState"] == "pending-approval"
-    services.pairing_request_approve(request_id=str(request.pk), actor=Actor.system())
+    pairing.pairing_request_approve(request_id=str(request.pk), actor=Actor.system())
     (approved,) = selectors.node_catalog_snapshot()
     assert approved["approvalState"] == "approved"
-    services.node_rename(node_id=request.device_id, display_name="renamed", actor=Actor.system())
+    pairing.node_rename(node_id=request.device_id, display_name="renamed", actor=Actor.system())
     assert selectors.node_catalog_snapshot()[0]["displayName"] == "renamed"
-    services.node_remove(node_id=request.device_id, actor=Actor.system())
+    pairing.node_remove(node_id=request.device_id, actor=Actor.system())
     assert selectors.node_catalog_snapshot() == []

@@ -9,8 +9,8 @@ import pytest
 
 from native_harness import services
 from native_harness.harness import CATALOG_ID, HOST_ID, UPSTREAM_KIND, harness
-from sessions_app import links
 from sessions_app.models import Session, TranscriptEvent
+from sessions_app.services import links
 
 SOURCE_KEY = "agent:main:source"
 TURNS = [

@@ -7,9 +7,9 @@ import pytest
 from native_harness import services
 from native_harness.models import NativeThread
 from openclaw_site.gateway.exceptions import InvalidRequest, NotFound, Unavailable
-from sessions_app import forks, initialization, links
-from sessions_app import services as session_services
 from sessions_app.models import Session, TranscriptEvent
+from sessions_app.services import forks, initialization, links, sessions
+from sessions_app.services.transcripts import append_many
 
 from .conftest import SOURCE_KEY
 
@@ -54,9 +54,8 @@ def test_upstream_fork_creates_a_ready_child_on_a_fresh_thread(seeded):
 
 
 def test_local_fork_copies_the_active_path_before_the_entry(transactional_db):
-    session_services.session_create(spec=session_services.SessionSpec(key="agent:main:plain", agent_id="main"))
+    sessions.session_create(spec=sessions.SessionSpec(key="agent:main:plain", agent_id="main"))
     window = Session.objects.get(key="agent:main:plain").session_id
-    from sessions_app.transcripts import append_many
 
     bodies = [
         {"role": role, "content": [{"type": "text", "text": text}], "timestamp": 1}
@@ -71,7 +70,7 @@ def test_local_fork_copies_the_active_path_before_the_entry(transactional_db):
     assert child.fork_source_entry_id == events[2].event_id
     with pytest.raises(InvalidRequest, match=f"entry is not a user message: {events[1].event_id}"):
         forks.session_fork(session_key="agent:main:plain", entry_id=events[1].event_id)
-    session_services.session_reset(key="agent:main:plain")  # the old generation leaves the active path
+    sessions.session_reset(key="agent:main:plain")  # the old generation leaves the active path
     for entry, message in (
         (events[2].event_id, f"message entry is not on the active path: {events[2].event_id}"),
         ("nope", "message entry not found: nope"),
@@ -101,6 +100,6 @@ def test_a_ready_child_with_a_supervision_binding_refuses_owner_rollback_outside
 def test_sessions_delete_removes_a_harness_session_and_its_binding(seeded):
     result = forks.session_fork(session_key=SOURCE_KEY, entry_id=seeded.entry_id)
     child = Session.objects.get(key=result["sessionKey"])
-    assert session_services.session_delete(key=child.key)
+    assert sessions.session_delete(key=child.key)
     assert not Session.objects.filter(key=child.key).exists()
     assert services.binding_read("main", child.session_id) is None

@@ -21,9 +21,10 @@ from native_harness import services
 from native_harness.harness import harness
 from native_harness.models import NativeThread
 from openclaw_site.gateway.exceptions import GatewayError
-from sessions_app import forks, initialization, links, stages
+from sessions_app import stages
 from sessions_app.harnesses import registry
 from sessions_app.models import Session, TranscriptEvent
+from sessions_app.services import forks, initialization, links
 
 from .conftest import SOURCE_KEY
 from .faults import trigger

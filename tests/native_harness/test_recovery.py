@@ -15,8 +15,8 @@ from django.db import connection
 from native_harness import services
 from native_harness.models import NativeThread
 from openclaw_site.gateway.models import AuditLog
-from sessions_app import forks, links
 from sessions_app.models import Session
+from sessions_app.services import forks, links
 from tests.support.processes import ROOT, current_database_url
 
 from .conftest import SOURCE_KEY
@@ -25,7 +25,8 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "harn
 
 KILL_SCRIPT = """
 import os
-from sessions_app import forks, stages
+from sessions_app import stages
+from sessions_app.services import forks
 kill_at = stages.listening({stage!r}, lambda **_: os._exit(137))  # kept: collecting it would unregister
 kill_at.__enter__()
 forks.session_fork(session_key={source!r}, entry_id={entry!r})

@@ -14,10 +14,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from openclaw_site.gateway.models import AuditLog
-from sessions_app import services
-from sessions_app.events import abort_key, abort_requested
 from sessions_app.models import Run, RunStatus, Session, SessionWindow, TranscriptEvent
-from sessions_app.services import SessionSpec, TurnOutcome
+from sessions_app.services import runs, sessions
+from sessions_app.services.runs import abort_key, abort_requested
 
 pytestmark = pytest.mark.django_db
 
@@ -27,7 +26,7 @@ MODELS = [Session, SessionWindow, TranscriptEvent, Run]
 @pytest.fixture(autouse=True)
 def _no_dispatch(monkeypatch):
     """Turns stay where the test puts them: nothing runs them in the background."""
-    monkeypatch.setattr(services.events, "dispatch_turn_on_commit", lambda run_id: None)
+    monkeypatch.setattr(runs, "dispatch_turn_on_commit", lambda run_id, session: None)
 
 
 def admin_url(model, view: str, *args) -> str:
@@ -44,21 +43,21 @@ def run_action(client, model, action: str, objects):
 
 
 def make(key: str = "agent:main:s1", **fields) -> Session:
-    return services.session_create(spec=SessionSpec(key=key, agent_id=key.split(":")[1], **fields))
+    return sessions.session_create(spec=sessions.SessionSpec(key=key, agent_id=key.split(":")[1], **fields))
 
 
 def queued(session: Session, run_id: str) -> Run:
-    return services.run_submit(session_key=session.key, message="hi", idempotency_key=run_id).run
+    return runs.run_submit(session_key=session.key, message="hi", idempotency_key=run_id).run
 
 
 def running(session: Session, run_id: str) -> Run:
     queued(session, run_id)
-    return services.run_claim(run_id=run_id, worker="celery:test:1").run
+    return runs.run_claim(run_id=run_id, worker="celery:test:1").run
 
 
 def finished(session: Session, run_id: str, text: str = "done") -> Run:
     running(session, run_id)
-    return services.run_finish(run_id=run_id, outcome=TurnOutcome(status=RunStatus.OK, text=text))
+    return runs.run_finish(run_id=run_id, outcome=runs.TurnOutcome(status=RunStatus.OK, text=text))
 
 
 @pytest.fixture
@@ -66,7 +65,7 @@ def populated() -> Session:
     """A reset session with a finished turn in each window and a queued one."""
     session = make(label="Demo", display_name="Demo session")
     finished(session, "r1", "first")
-    session = services.session_reset(key=session.key)
+    session = sessions.session_reset(key=session.key)
     finished(session, "r2", "second")
     queued(session, "r3")
     return session
@@ -104,7 +103,7 @@ def test_changelists_have_no_n_plus_one(admin_client, django_assert_max_num_quer
 
 def test_session_changelist_shows_state_columns(admin_client):
     archived = make("agent:main:old", label="Old")
-    services.session_patch(key=archived.key, changes={"archived": True})
+    sessions.session_patch(key=archived.key, changes={"archived": True})
     pending = make("agent:main:new", initialization_pending=True)
     finished(make("agent:ops:busy"), "r1")
 
@@ -302,14 +301,14 @@ def test_abort_skips_finished_turns_and_turns_that_end_meanwhile(admin_client, m
     session = make()
     done = finished(session, "done")
     late = queued(make("agent:main:late"), "late")
-    real_abort = services.run_abort
+    real_abort = runs.run_abort
 
     def ended_meanwhile(**kwargs):
         if kwargs["run_id"] == "late":
             return []
         return real_abort(**kwargs)
 
-    monkeypatch.setattr(services, "run_abort", ended_meanwhile)
+    monkeypatch.setattr(runs, "run_abort", ended_meanwhile)
 
     response = run_action(admin_client, Run, "abort_runs", [done, late])
 
@@ -336,7 +335,7 @@ def test_services_write_no_audit_row_without_an_actor():
     session = make()
     queued(session, "q1")
 
-    services.run_abort(session_key=session.key, run_id="q1")
-    services.session_reset(key=session.key)
+    runs.run_abort(session_key=session.key, run_id="q1")
+    sessions.session_reset(key=session.key)
 
     assert not AuditLog.objects.exists()

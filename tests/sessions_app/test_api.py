@@ -9,9 +9,9 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from sessions_app import rpc, services
+from sessions_app import rpc, schemas, waiters
 from sessions_app.models import Run, RunStatus, Session
-from sessions_app.services import SessionSpec, TurnOutcome
+from sessions_app.services import runs, sessions
 from tests.support.api import API_TOKEN
 
 TOKEN = API_TOKEN
@@ -36,18 +36,18 @@ def turns_in_process(settings, monkeypatch):
     would outlive the thread and keep the test database from being dropped.
     """
     settings.OPENCLAW_TASK_MODE = "inprocess"
-    monkeypatch.setattr(rpc, "WAIT_RECHECK_S", 0.1)
+    monkeypatch.setattr(waiters, "WAIT_RECHECK_S", 0.1)
     monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)
 
 
 def make(key: str = "agent:main:s1", **fields) -> Session:
-    return services.session_create(spec=SessionSpec(key=key, agent_id=key.split(":")[1], **fields))
+    return sessions.session_create(spec=sessions.SessionSpec(key=key, agent_id=key.split(":")[1], **fields))
 
 
 def finished_turn(session: Session, run_id: str, message: str, reply: str) -> Run:
-    services.run_submit(session_key=session.key, message=message, idempotency_key=run_id)
-    services.run_claim(run_id=run_id, worker="test")
-    return services.run_finish(run_id=run_id, outcome=TurnOutcome(status=RunStatus.OK, text=reply))
+    runs.run_submit(session_key=session.key, message=message, idempotency_key=run_id)
+    runs.run_claim(run_id=run_id, worker="test")
+    return runs.run_finish(run_id=run_id, outcome=runs.TurnOutcome(status=RunStatus.OK, text=reply))
 
 
 def error(code: str, message: str, **extra) -> dict:
@@ -116,10 +116,10 @@ def test_list_is_the_sessions_list_payload(client):
     make("agent:main:a", label="alpha")
     make("agent:main:b", label="beta")
     make("agent:ops:c")
-    services.session_patch(key="agent:main:b", changes={"archived": True})
+    sessions.session_patch(key="agent:main:b", changes={"archived": True})
 
     page = client.get("/api/sessions/", {"limit": 1})
-    rpc_page = rpc.sessions_list_rpc(None, rpc.SessionsListParams(limit=1))
+    rpc_page = rpc.sessions_list_rpc(None, schemas.SessionsListParams(limit=1))
 
     assert page.status_code == 200
     body = page.json()
@@ -220,7 +220,7 @@ def test_describe_takes_the_key_in_the_path(client):
     missing = client.get("/api/sessions/agent:main:nope")
 
     assert full.status_code == 200
-    assert full.json() == rpc.sessions_describe_rpc(None, rpc.SessionKeyParams(key=session.key))
+    assert full.json() == rpc.sessions_describe_rpc(None, schemas.SessionRef(key=session.key))
     assert full.json()["session"]["label"] == "L"
     assert bare.json() == full.json() == encoded.json()
     assert missing.status_code == 404
@@ -297,8 +297,8 @@ def test_delete_removes_the_session_and_404s_after(client):
 @pytest.mark.django_db
 def test_delete_is_unavailable_while_a_turn_runs(client):
     session = make()
-    services.run_submit(session_key=session.key, message="hi", idempotency_key="busy")
-    services.run_claim(run_id="busy", worker="test")
+    runs.run_submit(session_key=session.key, message="hi", idempotency_key="busy")
+    runs.run_claim(run_id="busy", worker="test")
 
     response = client.delete(f"/api/sessions/{session.key}")
 
@@ -323,7 +323,7 @@ def test_history_is_the_chat_history_payload(client):
 
     assert response.status_code == 200
     body = response.json()
-    assert body == rpc.chat_history_rpc(None, rpc.ChatHistoryParams(sessionKey=session.key, limit=3))
+    assert body == rpc.chat_history_rpc(None, schemas.ChatHistoryParams(sessionKey=session.key, limit=3))
     assert [(m["role"], m["content"][0]["text"]) for m in body["messages"]] == [
         ("assistant", "ONE"),
         ("user", "two"),
@@ -381,7 +381,7 @@ def test_send_without_waiting_acknowledges_like_chat_send(client, turns_in_proce
 
 @pytest.mark.django_db(transaction=True)
 def test_send_times_out_when_the_run_does_not_finish(client, turns_in_process, monkeypatch):
-    monkeypatch.setattr(services.events, "dispatch_turn_on_commit", lambda run_id: None)
+    monkeypatch.setattr(runs, "dispatch_turn_on_commit", lambda run_id, session: None)
     make("agent:main:stuck")
 
     response = client.post(
@@ -397,9 +397,9 @@ def test_send_times_out_when_the_run_does_not_finish(client, turns_in_process, m
 
 @pytest.mark.django_db(transaction=True)
 def test_send_errors(client, monkeypatch):
-    monkeypatch.setattr(services.events, "dispatch_turn_on_commit", lambda run_id: None)
+    monkeypatch.setattr(runs, "dispatch_turn_on_commit", lambda run_id, session: None)
     make("agent:main:work")
-    services.run_submit(session_key=make("agent:main:other").key, message="x", idempotency_key="used")
+    runs.run_submit(session_key=make("agent:main:other").key, message="x", idempotency_key="used")
 
     def send(key: str, **payload):
         return client.post(f"/api/sessions/{key}/messages", payload, content_type="application/json")
@@ -427,9 +427,9 @@ def test_send_errors(client, monkeypatch):
 
 @pytest.mark.django_db
 def test_abort(client, monkeypatch):
-    monkeypatch.setattr(services.events, "dispatch_turn_on_commit", lambda run_id: None)
+    monkeypatch.setattr(runs, "dispatch_turn_on_commit", lambda run_id, session: None)
     session = make()
-    services.run_submit(session_key=session.key, message="hi", idempotency_key="queued")
+    runs.run_submit(session_key=session.key, message="hi", idempotency_key="queued")
     url = f"/api/sessions/{session.key}/abort"
 
     wrong_run = client.post(url, {"runId": "unknown"}, content_type="application/json")
@@ -453,7 +453,7 @@ def test_abort(client, monkeypatch):
 @pytest.mark.django_db
 def test_run_detail(client):
     session = make()
-    services.run_submit(session_key=session.key, message="hi", idempotency_key="queued")
+    runs.run_submit(session_key=session.key, message="hi", idempotency_key="queued")
     finished_turn(session, "done", "one", "ONE")
 
     queued = client.get("/api/sessions/runs/queued")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sessions_app import links, stages
+from sessions_app import stages
 from sessions_app.models import SessionUpstreamLink
+from sessions_app.services import links
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,10 +8,10 @@ import pytest
 from django.utils import timezone
 
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
-from sessions_app import selectors, services, tasks, turns
+from sessions_app import selectors, tasks, turns
 from sessions_app.models import Run, Session, SessionWindow, TranscriptEvent
 from sessions_app.providers.base import ProviderError
-from sessions_app.services import SessionSpec
+from sessions_app.services import runs, sessions, transcripts
 
 pytestmark = pytest.mark.django_db
 
@@ -20,12 +20,12 @@ pytestmark = pytest.mark.django_db
 def _no_dispatch(monkeypatch):
     """Record dispatched turns instead of running them: the tests drive the runner themselves."""
     dispatched: list[str] = []
-    monkeypatch.setattr(services.events, "dispatch_turn_on_commit", dispatched.append)
+    monkeypatch.setattr(runs, "dispatch_turn_on_commit", lambda run_id, session: dispatched.append(run_id))
     return dispatched
 
 
 def make(key: str = "agent:main:s1") -> Session:
-    return services.session_create(spec=SessionSpec(key=key, agent_id="main"))
+    return sessions.session_create(spec=sessions.SessionSpec(key=key, agent_id="main"))
 
 
 def window(session: Session) -> SessionWindow:
@@ -43,9 +43,9 @@ def test_create_makes_the_first_window_and_refuses_a_duplicate_key():
 def test_transcript_appends_are_dense_linked_and_idempotent():
     session = make()
     w = window(session)
-    first = services.transcript_append(window=w, type="message", body={"role": "user"}, idempotency_key="k1")
-    second = services.transcript_append(window=w, type="message", body={"role": "assistant"}, idempotency_key="k2")
-    again = services.transcript_append(window=w, type="message", body={"role": "user", "x": 1}, idempotency_key="k1")
+    first = transcripts.transcript_append(window=w, type="message", body={"role": "user"}, idempotency_key="k1")
+    second = transcripts.transcript_append(window=w, type="message", body={"role": "assistant"}, idempotency_key="k2")
+    again = transcripts.transcript_append(window=w, type="message", body={"role": "user", "x": 1}, idempotency_key="k1")
     assert (first.seq, second.seq) == (1, 2)
     assert second.parent_id == first.event_id and first.parent_id == ""
     assert again.pk == first.pk and again.body == {"role": "user"}
@@ -54,11 +54,11 @@ def test_transcript_appends_are_dense_linked_and_idempotent():
 
 def test_guarded_mutations_refuse_a_stale_caller_and_change_nothing():
     session = make()
-    fresh = services.session_reset(key=session.key)
+    fresh = sessions.session_reset(key=session.key)
     for mutate in (
-        lambda: services.session_patch(key=session.key, changes={"label": "x"}, expected_session_id=session.session_id),
-        lambda: services.session_reset(key=session.key, expected_lifecycle_revision=session.lifecycle_revision),
-        lambda: services.session_delete(key=session.key, expected_session_id=session.session_id),
+        lambda: sessions.session_patch(key=session.key, changes={"label": "x"}, expected_session_id=session.session_id),
+        lambda: sessions.session_reset(key=session.key, expected_lifecycle_revision=session.lifecycle_revision),
+        lambda: sessions.session_delete(key=session.key, expected_session_id=session.session_id),
     ):
         with pytest.raises(Conflict, match=r"Session agent:main:s1 changed; retry\."):
             mutate()
@@ -68,15 +68,15 @@ def test_guarded_mutations_refuse_a_stale_caller_and_change_nothing():
         fresh.lifecycle_revision,
         "",
     )
-    assert services.session_patch(key=session.key, changes={"label": "ok"}, expected_session_id=fresh.session_id)
+    assert sessions.session_patch(key=session.key, changes={"label": "ok"}, expected_session_id=fresh.session_id)
 
 
 def test_patch_refuses_unknown_fields_and_missing_sessions():
     make()
     with pytest.raises(InvalidRequest, match=r"sessions\.patch cannot change: key"):
-        services.session_patch(key="agent:main:s1", changes={"key": "other"})
+        sessions.session_patch(key="agent:main:s1", changes={"key": "other"})
     with pytest.raises(NotFound, match="session not found: agent:main:nope"):
-        services.session_patch(key="agent:main:nope", changes={"label": "x"})
+        sessions.session_patch(key="agent:main:nope", changes={"label": "x"})
 
 
 def test_send_validates_and_is_idempotent():
@@ -86,14 +86,14 @@ def test_send_validates_and_is_idempotent():
         (" \t\n", "message or attachment required"),
     ):
         with pytest.raises(InvalidRequest, match=error):
-            services.run_submit(session_key=session.key, message=message, idempotency_key="x")
-    first = services.run_submit(session_key=session.key, message="caf\u0065\u0301\x07", idempotency_key="r")
-    again = services.run_submit(session_key=session.key, message="other text", idempotency_key="r")
+            runs.run_submit(session_key=session.key, message=message, idempotency_key="x")
+    first = runs.run_submit(session_key=session.key, message="caf\u0065\u0301\x07", idempotency_key="r")
+    again = runs.run_submit(session_key=session.key, message="other text", idempotency_key="r")
     assert first.created and not again.created and again.run.pk == first.run.pk
     assert first.run.message == "café"  # NFC, control character stripped
     other = make("agent:main:s2")
     with pytest.raises(Conflict, match="idempotencyKey already used for another session"):
-        services.run_submit(session_key=other.key, message="hi", idempotency_key="r")
+        runs.run_submit(session_key=other.key, message="hi", idempotency_key="r")
     assert Run.objects.count() == 1
 
 
@@ -101,36 +101,34 @@ def test_a_pending_session_admits_no_turn():
     session = make()
     Session.objects.filter(pk=session.pk).update(initialization_pending=True)
     with pytest.raises(Unavailable, match=r"Session agent:main:s1 is initializing; retry later\."):
-        services.run_submit(session_key=session.key, message="hi", idempotency_key="r")
+        runs.run_submit(session_key=session.key, message="hi", idempotency_key="r")
     assert not Run.objects.exists()
 
 
 def test_one_turn_at_a_time_per_session_and_the_next_is_dispatched(_no_dispatch):
     session = make()
-    services.run_submit(session_key=session.key, message="one", idempotency_key="r1")
-    services.run_submit(session_key=session.key, message="two", idempotency_key="r2")
+    runs.run_submit(session_key=session.key, message="one", idempotency_key="r1")
+    runs.run_submit(session_key=session.key, message="two", idempotency_key="r2")
     assert _no_dispatch == ["r1", "r2"]
-    claim = services.run_claim(run_id="r1", worker="test")
+    claim = runs.run_claim(run_id="r1", worker="test")
     assert claim is not None and claim.history == [("user", "one")]
-    assert services.run_claim(run_id="r2", worker="test") is None  # session busy
-    assert services.run_claim(run_id="r1", worker="test") is None  # already running
-    finished = services.run_finish(run_id="r1", outcome=services.TurnOutcome(status="ok", text="ONE"))
+    assert runs.run_claim(run_id="r2", worker="test") is None  # session busy
+    assert runs.run_claim(run_id="r1", worker="test") is None  # already running
+    finished = runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="ok", text="ONE"))
     assert finished.status == "ok"
     assert _no_dispatch[-1] == "r2"
-    second = services.run_claim(run_id="r2", worker="test")
+    second = runs.run_claim(run_id="r2", worker="test")
     assert second.history == [("user", "one"), ("assistant", "ONE"), ("user", "two")]
     # A finish for a run that is no longer running writes nothing.
-    assert services.run_finish(run_id="r1", outcome=services.TurnOutcome(status="ok", text="again")) is None
+    assert runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="ok", text="again")) is None
     assert TranscriptEvent.objects.count() == 3
 
 
 def test_error_turns_write_no_assistant_message():
     session = make()
-    services.run_submit(session_key=session.key, message="one", idempotency_key="r1")
-    services.run_claim(run_id="r1", worker="test")
-    run = services.run_finish(
-        run_id="r1", outcome=services.TurnOutcome(status="error", error="boom", error_kind="http")
-    )
+    runs.run_submit(session_key=session.key, message="one", idempotency_key="r1")
+    runs.run_claim(run_id="r1", worker="test")
+    run = runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="error", error="boom", error_kind="http"))
     assert (run.status, run.error, run.error_kind) == ("error", "boom", "http")
     assert [e.body["role"] for e in TranscriptEvent.objects.order_by("seq")] == ["user"]
     assert Session.objects.get(pk=session.pk).status == "failed"
@@ -138,41 +136,41 @@ def test_error_turns_write_no_assistant_message():
 
 def test_reset_fails_queued_turns_and_refuses_while_running():
     session = make()
-    services.run_submit(session_key=session.key, message="one", idempotency_key="r1")
-    services.run_submit(session_key=session.key, message="two", idempotency_key="r2")
-    services.run_claim(run_id="r1", worker="test")
+    runs.run_submit(session_key=session.key, message="one", idempotency_key="r1")
+    runs.run_submit(session_key=session.key, message="two", idempotency_key="r2")
+    runs.run_claim(run_id="r1", worker="test")
     with pytest.raises(Unavailable, match="Reset is unavailable while the agent is working"):
-        services.session_reset(key=session.key)
+        sessions.session_reset(key=session.key)
     with pytest.raises(Unavailable, match="Delete is unavailable while the agent is working"):
-        services.session_delete(key=session.key)
-    services.run_finish(run_id="r1", outcome=services.TurnOutcome(status="ok", text="x"))
-    services.session_reset(key=session.key)
+        sessions.session_delete(key=session.key)
+    runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="ok", text="x"))
+    sessions.session_reset(key=session.key)
     assert Run.objects.get(run_id="r2").status == "error"
     assert Run.objects.get(run_id="r2").error == "session was reset before the turn started"
 
 
 def test_abort_ends_queued_turns_at_once_and_flags_running_ones(monkeypatch):
     flagged: list[str] = []
-    monkeypatch.setattr(services.events, "request_abort_on_commit", lambda run: flagged.append(run.run_id))
+    monkeypatch.setattr(runs, "request_abort_on_commit", lambda run: flagged.append(run.run_id))
     session = make()
-    services.run_submit(session_key=session.key, message="one", idempotency_key="r1")
-    services.run_submit(session_key=session.key, message="two", idempotency_key="r2")
-    services.run_claim(run_id="r1", worker="test")
-    assert services.run_abort(session_key=session.key) == ["r1", "r2"]
+    runs.run_submit(session_key=session.key, message="one", idempotency_key="r1")
+    runs.run_submit(session_key=session.key, message="two", idempotency_key="r2")
+    runs.run_claim(run_id="r1", worker="test")
+    assert runs.run_abort(session_key=session.key) == ["r1", "r2"]
     assert Run.objects.get(run_id="r2").status == "aborted"
     assert Run.objects.get(run_id="r1").status == "running"
     assert flagged == ["r1"]
     with pytest.raises(InvalidRequest, match="runId does not match sessionKey"):
-        services.run_abort(session_key=session.key, run_id="unknown")
+        runs.run_abort(session_key=session.key, run_id="unknown")
 
 
 def test_recovery_fails_silent_runs_only():
     session = make()
     quiet = make("agent:main:quiet")
     for key, run_id in ((session.key, "alive"), (quiet.key, "dead")):
-        services.run_submit(session_key=key, message="hi", idempotency_key=run_id)
-        services.run_claim(run_id=run_id, worker="celery:host:1")
-    services.run_submit(session_key=quiet.key, message="next", idempotency_key="queued-after-dead")
+        runs.run_submit(session_key=key, message="hi", idempotency_key=run_id)
+        runs.run_claim(run_id=run_id, worker="celery:host:1")
+    runs.run_submit(session_key=quiet.key, message="next", idempotency_key="queued-after-dead")
     Run.objects.filter(run_id="dead").update(heartbeat_at=timezone.now() - timedelta(minutes=5))
     result = tasks.runs_sweep()
     assert result["failed"] == ["dead"]
@@ -186,16 +184,16 @@ def test_recovery_fails_silent_runs_only():
 
 def test_runs_of_a_gateway_process_that_is_gone_are_failed_at_start():
     session = make()
-    services.run_submit(session_key=session.key, message="hi", idempotency_key="r1")
-    services.run_claim(run_id="r1", worker="gateway:00000000-0000-0000-0000-000000000000")
-    assert services.runs_recover_dead_gateways() == ["r1"]
+    runs.run_submit(session_key=session.key, message="hi", idempotency_key="r1")
+    runs.run_claim(run_id="r1", worker="gateway:00000000-0000-0000-0000-000000000000")
+    assert runs.runs_recover_dead_gateways() == ["r1"]
     assert Run.objects.get(run_id="r1").error == "run interrupted: the gateway process running it stopped"
 
 
 def test_execute_turn_with_the_echo_provider(settings):
     settings.OPENCLAW_MODEL = {**settings.OPENCLAW_MODEL, "PROVIDER": "echo", "MODEL": "echo"}
     session = make()
-    services.run_submit(session_key=session.key, message="Reply exactly: PONG", idempotency_key="r1")
+    runs.run_submit(session_key=session.key, message="Reply exactly: PONG", idempotency_key="r1")
     assert turns.execute_turn("r1") == "ok"
     assert turns.execute_turn("r1") is None  # a duplicate task changes nothing
     run = Run.objects.get(run_id="r1")
@@ -229,7 +227,7 @@ class _FailingProvider:
 def test_execute_turn_records_provider_failures(monkeypatch, error, message, kind):
     monkeypatch.setattr(turns, "get_provider", lambda: _FailingProvider(error))
     session = make()
-    services.run_submit(session_key=session.key, message="hi", idempotency_key="r1")
+    runs.run_submit(session_key=session.key, message="hi", idempotency_key="r1")
     assert turns.execute_turn("r1") == "error"
     run = Run.objects.get(run_id="r1")
     assert (run.error, run.error_kind) == (message, kind)

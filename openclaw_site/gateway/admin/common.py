@@ -14,7 +14,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.functional import cached_property
 
-from openclaw_site.gateway import services
+from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import GatewayError
 from openclaw_site.gateway.models import (
     PairingStatus,
@@ -47,7 +47,7 @@ def per_object_action(
     *,
     label: Callable[[Any], str],
     skip_reason: Callable[[Any], str | None],
-    act: Callable[[Any, services.Actor], str],
+    act: Callable[[Any, Actor], str],
     deletes: bool = False,
 ) -> None:
     """Run one audited service call per object; ``act`` returns the Django history message.
@@ -56,7 +56,7 @@ def per_object_action(
     "N done, M skipped: <reasons>". With ``deletes`` the object is gone afterwards and Django's
     history records a deletion.
     """
-    actor = services.Actor.for_user(request.user)
+    actor = Actor.for_user(request.user)
     done, skipped = 0, []
     for obj in objects:
         reason = skip_reason(obj)

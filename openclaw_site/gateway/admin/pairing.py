@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from openclaw_site.gateway import services
+from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import GatewayError
 from openclaw_site.gateway.models import (
     DevicePairingRequest,
@@ -22,6 +22,7 @@ from openclaw_site.gateway.models import (
     PairingStatus,
 )
 from openclaw_site.gateway.selectors import live_connections
+from openclaw_site.gateway.services import pairing, tokens
 
 from .common import (
     ConnectedFilter,
@@ -171,11 +172,11 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
         """
         if request.POST.get("post") != "yes":
             return self._remove_confirmation(request, queryset)
-        actor = services.Actor.for_user(request.user)
+        actor = Actor.for_user(request.user)
         done, skipped = 0, []
         for device in queryset:
             try:
-                services.paired_device_remove(device_id=device.device_id, actor=actor)
+                pairing.paired_device_remove(device_id=device.device_id, actor=actor)
             except GatewayError as exc:
                 skipped.append(f"{device}: {exc.message}")
                 continue
@@ -218,7 +219,7 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
     @admin.action(description="Revoke all device tokens", permissions=["change"])
     def revoke_device_tokens(self, request: HttpRequest, queryset: QuerySet[PairedDevice]) -> None:
-        actor = services.Actor.for_user(request.user)
+        actor = Actor.for_user(request.user)
         done, skipped = 0, []
         for device in queryset.prefetch_related("tokens"):
             active = sorted(t.role for t in device.tokens.all() if t.revoked_at is None)
@@ -228,7 +229,7 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             revoked = []
             for role in active:
                 try:
-                    services.device_token_revoke(device_id=device.device_id, role=role, actor=actor)
+                    tokens.device_token_revoke(device_id=device.device_id, role=role, actor=actor)
                 except GatewayError as exc:
                     skipped.append(f"{device} ({role} token): {exc.message}")
                     continue
@@ -336,16 +337,16 @@ class DevicePairingRequestAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
     @admin.action(description="Approve selected pairing requests", permissions=["change"])
     def approve_requests(self, request: HttpRequest, queryset: QuerySet[DevicePairingRequest]) -> None:
-        def approve(obj: DevicePairingRequest, actor: services.Actor) -> str:
-            device = services.pairing_request_approve(request_id=str(obj.request_id), actor=actor)
+        def approve(obj: DevicePairingRequest, actor: Actor) -> str:
+            device = pairing.pairing_request_approve(request_id=str(obj.request_id), actor=actor)
             return f"Approved via admin action: device {device.device_id} paired as {obj.role}."
 
         per_object_action(self, request, queryset, label=_request_label, skip_reason=self._not_open_reason, act=approve)
 
     @admin.action(description="Reject selected pairing requests", permissions=["change"])
     def reject_requests(self, request: HttpRequest, queryset: QuerySet[DevicePairingRequest]) -> None:
-        def reject(obj: DevicePairingRequest, actor: services.Actor) -> str:
-            services.pairing_request_reject(request_id=str(obj.request_id), actor=actor)
+        def reject(obj: DevicePairingRequest, actor: Actor) -> str:
+            pairing.pairing_request_reject(request_id=str(obj.request_id), actor=actor)
             return "Rejected via admin action."
 
         per_object_action(self, request, queryset, label=_request_label, skip_reason=self._not_open_reason, act=reject)
@@ -394,8 +395,8 @@ class DeviceTokenAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
     @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[DeviceToken]) -> None:
-        def revoke(token: DeviceToken, actor: services.Actor) -> str:
-            services.device_token_revoke(device_id=token.device_id, role=token.role, actor=actor)
+        def revoke(token: DeviceToken, actor: Actor) -> str:
+            tokens.device_token_revoke(device_id=token.device_id, role=token.role, actor=actor)
             return "Revoked via admin action."
 
         per_object_action(

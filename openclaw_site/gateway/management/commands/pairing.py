@@ -6,9 +6,10 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from openclaw_site.gateway import selectors, services
+from openclaw_site.gateway import selectors
+from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import GatewayError
-from openclaw_site.gateway.services import Actor
+from openclaw_site.gateway.services import pairing
 
 
 class Command(BaseCommand):
@@ -28,13 +29,13 @@ class Command(BaseCommand):
             if action == "list":
                 result = selectors.device_pair_list()
             elif action == "approve":
-                device = services.pairing_request_approve(request_id=options["request_id"], actor=actor)
+                device = pairing.pairing_request_approve(request_id=options["request_id"], actor=actor)
                 result = {"requestId": options["request_id"], "deviceId": device.device_id, "roles": device.roles}
             elif action == "reject":
-                request = services.pairing_request_reject(request_id=options["request_id"], actor=actor)
+                request = pairing.pairing_request_reject(request_id=options["request_id"], actor=actor)
                 result = {"requestId": options["request_id"], "deviceId": request.device_id}
             else:
-                services.paired_device_remove(device_id=options["device_id"], actor=actor)
+                pairing.paired_device_remove(device_id=options["device_id"], actor=actor)
                 result = {"deviceId": options["device_id"], "removed": True}
         except GatewayError as error:
             raise CommandError(f"{error.code}: {error.message}") from None

@@ -14,8 +14,8 @@ from django.db import IntegrityError, transaction
 
 from openclaw_site.gateway.exceptions import Conflict
 
-from . import stages
-from .models import SessionUpstreamLink
+from .. import stages
+from ..models import SessionUpstreamLink
 
 IDENTITY_FIELDS = ("catalogId", "hostId", "threadId", "upstreamKind", "upstreamRef")
 

@@ -1,7 +1,7 @@
 """Session workspaces: a plain cwd, or a managed git worktree on branch ``openclaw/<name>``.
 
-The worktree lives outside the database, so ``create_session_with_workspace`` creates it first and
-removes it again (worktree and branch) when the session insert fails.
+Git only; ``creation.py`` composes it with the session insert (and undoes a worktree whose
+session could not be created).
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from openclaw_site.gateway.exceptions import GatewayError, InvalidRequest
-
-from . import services
-from .models import Session
+from openclaw_site.gateway.exceptions import InvalidRequest
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +70,7 @@ def plan_session_workspace(
     )
 
 
-def _add_worktree(plan: WorkspacePlan) -> dict:
+def worktree_add(plan: WorkspacePlan) -> dict:
     worktree_id = uuid.uuid4().hex[:12]
     path = Path(settings.STATE_DIR) / "worktrees" / f"{plan.name}-{worktree_id}"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +91,7 @@ def _add_worktree(plan: WorkspacePlan) -> dict:
     }
 
 
-def remove_worktree(worktree: dict) -> None:
+def worktree_remove(worktree: dict) -> None:
     """Undo a managed worktree: the checkout and its branch. Failures are logged, not raised."""
     removed = _git(["worktree", "remove", "--force", worktree["path"]], worktree["repoRoot"])
     if removed.returncode != 0:
@@ -102,17 +99,3 @@ def remove_worktree(worktree: dict) -> None:
     deleted = _git(["branch", "-D", worktree["branch"]], worktree["repoRoot"])
     if deleted.returncode != 0:
         logger.warning("could not delete branch %s: %s", worktree["branch"], deleted.stderr.strip())
-
-
-def create_session_with_workspace(*, spec: services.SessionSpec, plan: WorkspacePlan) -> tuple[Session, dict | None]:
-    if not plan.worktree:
-        return services.session_create(spec=spec), None
-    worktree = _add_worktree(plan)
-    try:
-        session = services.session_create(
-            spec=services.SessionSpec(**{**spec.__dict__, "cwd": worktree["path"], "worktree": worktree})
-        )
-    except GatewayError:
-        remove_worktree(worktree)
-        raise
-    return session, worktree

@@ -1,6 +1,7 @@
-"""Bulk transcript writes: importing a native thread's history, copying an active path (forks).
+"""Transcript writes: one append after the leaf (turns), and bulk appends (imports, forks).
 
-One INSERT per batch, not one round trip per event: a fork's cost grows with the history only
+A window's transcript is linear: every append follows the current leaf. Bulk writes are one
+INSERT per batch, not one round trip per event: a fork's cost grows with the history only
 through the rows it writes.
 """
 
@@ -11,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
-from .models import Session, SessionWindow, TranscriptEvent, new_id
+from ..models import Session, SessionWindow, TranscriptEvent, new_id
 
 BATCH_SIZE = 500
 
@@ -71,3 +73,46 @@ def import_messages(
     return append_many(
         window_id=window_id, session_key=session_key, bodies=[_message_body(m) for m in messages], guard=guard
     )
+
+
+def transcript_append(
+    *,
+    window: SessionWindow,
+    type: str,
+    body: dict[str, Any],
+    idempotency_key: str | None = None,
+) -> TranscriptEvent:
+    """Append after the current leaf of a window whose session row the caller holds locked
+    (``window`` read inside that transaction).
+
+    A repeated append with the same idempotency key returns the existing event unchanged.
+    """
+    if idempotency_key is not None:
+        existing = TranscriptEvent.objects.filter(window=window, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing
+    event = TranscriptEvent.objects.create(
+        window=window,
+        seq=window.next_seq,
+        parent_id=window.leaf_event_id,
+        type=type,
+        body=body,
+        idempotency_key=idempotency_key,
+    )
+    window.next_seq += 1
+    window.leaf_event_id = event.event_id
+    if type == "message":
+        window.message_count += 1
+    SessionWindow.objects.filter(pk=window.pk).update(
+        next_seq=window.next_seq, leaf_event_id=window.leaf_event_id, message_count=window.message_count
+    )
+    return event
+
+
+def message_body(role: str, text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "role": role,
+        "content": [{"type": "text", "text": text}],
+        "timestamp": int(timezone.now().timestamp() * 1000),
+        **{k: v for k, v in extra.items() if v is not None},
+    }

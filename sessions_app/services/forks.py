@@ -14,10 +14,12 @@ from django.db import transaction
 
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
 
-from . import events, keys, links
-from .harnesses import ForkRequest, registry
+from .. import events, keys
+from ..extensions import SessionAction, action_guards
+from ..harnesses import ForkRequest, registry
+from ..models import Run, RunStatus, Session, SessionWindow, TranscriptEvent, WindowReason
+from . import links
 from .initialization import InitializationError, initialization_source
-from .models import Run, RunStatus, Session, SessionWindow, TranscriptEvent, WindowReason
 from .transcripts import append_many
 
 EXTERNAL_HARNESS_MESSAGE = (
@@ -59,6 +61,7 @@ def _lock_unchanged(key: str, seen: Session) -> Session:
         raise Conflict(f"Session {key} changed; retry fork.", details={"code": "SESSION_CHANGED"})
     if Run.objects.filter(session=source, status=RunStatus.RUNNING).exists():
         raise Unavailable("Fork is unavailable while the agent is working.", retryable=True)
+    action_guards.check(source, SessionAction.FORK)
     return source
 
 
@@ -153,19 +156,16 @@ def _upstream_fork(seen: Session, link: dict[str, Any], entry_id: str) -> dict[s
 
 def session_adopt_requested(
     *, thread_id: str, harness_id: str, agent_id: str | None, key: str | None, label: str | None
-) -> dict[str, Any]:
-    """sessions.adopt as a caller asks for it (RPC and JSON API): the new session's payload."""
-    from .selectors import session_row
-
+) -> Session:
+    """sessions.adopt as a caller asks for it (RPC and JSON API): keys normalized under the agent."""
     agent = keys.normalize_agent_id(agent_id)
-    session = session_adopt(
+    return session_adopt(
         thread_id=thread_id,
         harness_id=harness_id,
         agent_id=agent,
         key=keys.canonical_key(key, agent) if key else None,
         label=(label or "").strip(),
     )
-    return {"ok": True, "key": session.key, "sessionId": session.session_id, "entry": session_row(session)}
 
 
 def session_adopt(*, thread_id: str, harness_id: str, agent_id: str, key: str | None, label: str = "") -> Session:

@@ -24,11 +24,12 @@ from typing import Any
 
 from django.db import transaction
 
+from openclaw_site.gateway.audit import audit
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, Unavailable
 
-from . import events, stages
-from .harnesses import DeletionTarget, registry
-from .models import Run, RunStatus, Session, SessionWindow, WindowReason
+from .. import events, stages
+from ..harnesses import DeletionTarget, registry
+from ..models import Run, RunStatus, Session, SessionWindow, WindowReason
 
 logger = logging.getLogger(__name__)
 
@@ -396,7 +397,5 @@ def clear_stuck_initialization(*, key: str, actor=None) -> bool:
     finally:
         handle.close()
     if actor is not None:
-        from openclaw_site.gateway.services import audit
-
         audit(actor, "session.initialization.clear", "session", key, {"sessionId": current["session_id"]})
     return True

@@ -1,0 +1,252 @@
+"""``node.invoke`` brokering, end to end, in one place.
+
+1. The caller's process checks the call, claims its ``idempotencyKey`` and sends a
+   ``gateway.invoke.request`` message to the node's connection (on whichever gateway process holds
+   it; ``GatewayConnection.channel_name`` routes it through the channel layer).
+2. That connection turns it into a ``node.invoke.request`` event for the node and remembers where
+   the answer goes (``RpcContext.pending_invokes``).
+3. The node answers with ``node.invoke.result``; its connection forwards a
+   ``gateway.invoke.result`` message to the caller's channel, which resolves the waiting future
+   (:data:`broker`). A node that disconnects first fails its pending invokes with ``NOT_CONNECTED``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from . import idempotency, selectors
+from . import scopes as sc
+from .conf import gateway_setting
+from .context import RpcContext
+from .events import EVENT_NODE_INVOKE_REQUEST
+from .exceptions import InvalidRequest, PermissionDenied, Unavailable
+from .schemas import NodeInvokeParams, NodeInvokeResultParams
+
+REQUEST_MESSAGE = "gateway.invoke.request"
+RESULT_MESSAGE = "gateway.invoke.result"
+# Commands a plain node.invoke must not reach, with the error OpenClaw answers.
+RESERVED_COMMANDS = ("system.execApprovals.get", "system.execApprovals.set")
+
+
+class InvokeBroker:
+    """Futures of the ``node.invoke`` calls made on this process, resolved by routed results."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, asyncio.Future] = {}
+
+    def create(self, invoke_id: str) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._pending[invoke_id] = future
+        return future
+
+    def resolve(self, invoke_id: str, result: dict[str, Any]) -> bool:
+        future = self._pending.pop(invoke_id, None)
+        if future is None or future.done():
+            return False
+        future.set_result(result)
+        return True
+
+    def discard(self, invoke_id: str) -> None:
+        self._pending.pop(invoke_id, None)
+
+
+broker = InvokeBroker()
+
+
+@dataclass(frozen=True)
+class InvokeTarget:
+    channel_name: str
+    conn_id: str
+    commands: list[str]
+
+
+def _target(node_id: str) -> InvokeTarget | None:
+    conn = selectors.live_node_connection(node_id)
+    if conn is None:
+        return None
+    return InvokeTarget(channel_name=conn.channel_name, conn_id=str(conn.conn_id), commands=list(conn.commands))
+
+
+def failure_message(invoke_id: str, code: str, message: str) -> dict[str, Any]:
+    return {"type": RESULT_MESSAGE, "id": invoke_id, "ok": False, "error": {"code": code, "message": message}}
+
+
+# --- the caller's side ---------------------------------------------------------------------------
+
+
+async def node_invoke(ctx: RpcContext, params: NodeInvokeParams) -> dict:
+    """``node.invoke``: run a declared, approved command on a connected node and return its outcome."""
+    node_id, command = params.nodeId.strip(), params.command.strip()
+    if not node_id or not command:
+        raise InvalidRequest("nodeId and command required")
+    if command in RESERVED_COMMANDS:
+        raise InvalidRequest("use exec.approvals.node.get/set for node exec approvals")
+    if command == "browser.proxy" and not ctx.has_scope(sc.ADMIN):
+        raise PermissionDenied(f"missing scope: {sc.ADMIN}")
+    target = await database_sync_to_async(_target)(node_id)
+    if target is None:
+        raise Unavailable("node not connected", details={"code": "NOT_CONNECTED"})
+    if not target.commands:
+        raise InvalidRequest(
+            f'node did not declare commands; "{command}" cannot be invoked',
+            details={"reason": "node did not declare commands", "command": command},
+        )
+    if command not in target.commands:
+        raise InvalidRequest(
+            f'node command "{command}" is not declared by the node or not in its approved command surface',
+            details={"reason": "command not declared by node", "command": command},
+        )
+    timeout_ms = params.timeoutMs if params.timeoutMs else gateway_setting("NODE_INVOKE_TIMEOUT_MS")
+    # A retried invoke (same caller, node and key) within 5 minutes gets the first outcome instead
+    # of running the command twice.
+    claimed = await idempotency.claim(
+        "node.invoke",
+        f"{ctx.device_id or ctx.auth_method}:{node_id}",
+        params.idempotencyKey,
+        in_flight_ttl_s=timeout_ms / 1000 + 5,
+    )
+    if claimed.recorded is not None:
+        return _replay(claimed.recorded)
+    try:
+        result = await _route_and_wait(ctx, params, node_id, command, target, timeout_ms)
+    except BaseException:
+        # Not delivered or not answered: the node may not have run it, so a retry may.
+        await idempotency.release(claimed)
+        raise
+    if result.get("ok"):
+        payload, payload_json = _result_payload(result)
+        response = {"ok": True, "nodeId": node_id, "command": command, "payload": payload}
+        if payload_json is not None:
+            response["payloadJSON"] = payload_json
+        await idempotency.record(claimed, {"ok": True, "payload": response})
+        return response
+    error = result.get("error") or {}
+    code = error.get("code") or "UNAVAILABLE"
+    message = error.get("message") or "node invoke failed"
+    details: dict[str, Any] = {"nodeError": {"code": code, "message": message}}
+    failure = Unavailable(message, details=details)
+    if code == "NOT_CONNECTED":
+        details["code"] = "NOT_CONNECTED"
+        await idempotency.release(claimed)
+    else:
+        await idempotency.record(claimed, {"ok": False, "error": failure.to_shape()})
+    raise failure
+
+
+def _replay(recorded: dict[str, Any]) -> dict:
+    if recorded["ok"]:
+        return recorded["payload"]
+    shape = recorded["error"]
+    raise Unavailable(shape["message"], details=shape.get("details"), code=shape["code"])
+
+
+def _result_payload(result: dict[str, Any]) -> tuple[Any, str | None]:
+    payload_json = result.get("payloadJSON")
+    if isinstance(payload_json, str):
+        try:
+            return json.loads(payload_json), payload_json
+        except json.JSONDecodeError:
+            return {"payloadJSON": payload_json}, payload_json
+    return result.get("payload"), None
+
+
+async def _route_and_wait(
+    ctx: RpcContext,
+    params: NodeInvokeParams,
+    node_id: str,
+    command: str,
+    target: InvokeTarget,
+    timeout_ms: int,
+) -> dict[str, Any]:
+    """Send one invoke to the node's connection (on whichever process) and wait for its result."""
+    invoke_id = str(uuid.uuid4())
+    future = broker.create(invoke_id)
+    try:
+        await get_channel_layer().send(
+            target.channel_name,
+            {
+                "type": REQUEST_MESSAGE,
+                "id": invoke_id,
+                "nodeId": node_id,
+                "connId": target.conn_id,
+                "command": command,
+                "paramsJSON": json.dumps(params.params) if params.params is not None else None,
+                "timeoutMs": timeout_ms,
+                "idempotencyKey": params.idempotencyKey,
+                "replyChannel": ctx.channel_name,
+            },
+        )
+        try:
+            return await asyncio.wait_for(future, timeout_ms / 1000)
+        except TimeoutError:
+            raise Unavailable(
+                "node invoke timed out",
+                details={"nodeError": {"code": "TIMEOUT", "message": "node invoke timed out"}},
+            ) from None
+    finally:
+        broker.discard(invoke_id)
+
+
+def resolve(message: dict[str, Any]) -> None:
+    """A routed ``gateway.invoke.result`` reached the caller's connection: wake the waiting call."""
+    broker.resolve(message["id"], message)
+
+
+# --- the node's side -----------------------------------------------------------------------------
+
+
+async def forward_to_node(
+    ctx: RpcContext | None, message: dict[str, Any], send_frame: Callable[[dict[str, Any]], Awaitable[None]]
+) -> None:
+    """Turn a routed request into a ``node.invoke.request`` event for the node behind ``ctx``.
+
+    ``ctx`` is None when the connection is no longer open; a request for another node (the node
+    reconnected elsewhere) is refused the same way, so the caller never waits for its timeout.
+    """
+    if ctx is None or ctx.node_id != message["nodeId"]:
+        await get_channel_layer().send(
+            message["replyChannel"], failure_message(message["id"], "NOT_CONNECTED", "node not connected")
+        )
+        return
+    ctx.pending_invokes[message["id"]] = (message["replyChannel"], message["command"])
+    payload = {k: message[k] for k in ("id", "nodeId", "command", "paramsJSON") if k in message}
+    for optional in ("timeoutMs", "idempotencyKey"):
+        if message.get(optional) is not None:
+            payload[optional] = message[optional]
+    await send_frame({"type": "event", "event": EVENT_NODE_INVOKE_REQUEST, "payload": payload})
+
+
+async def node_invoke_result(ctx: RpcContext, params: NodeInvokeResultParams) -> dict:
+    """``node.invoke.result``: forward the node's answer to the caller (a late or unknown one is ignored)."""
+    if params.nodeId != ctx.node_id:
+        raise InvalidRequest("nodeId mismatch")
+    pending = ctx.pending_invokes.pop(params.id, None)
+    if pending is None:
+        return {"ok": True, "ignored": True}
+    reply_channel, _command = pending
+    payload, payload_json = params.payload, params.payloadJSON
+    if payload_json is not None and not isinstance(payload_json, str):
+        payload, payload_json = payload_json, None
+    message: dict[str, Any] = {"type": RESULT_MESSAGE, "id": params.id, "ok": params.ok, "payload": payload}
+    if payload_json is not None:
+        message["payloadJSON"] = payload_json
+    if params.error is not None:
+        message["error"] = params.error.model_dump(exclude_none=True)
+    await get_channel_layer().send(reply_channel, message)
+    return {"ok": True}
+
+
+async def fail_pending(ctx: RpcContext) -> None:
+    """The node's connection closed: every call still waiting on it fails with ``NOT_CONNECTED``."""
+    layer = get_channel_layer()
+    for invoke_id, (reply_channel, command) in list(ctx.pending_invokes.items()):
+        await layer.send(reply_channel, failure_message(invoke_id, "NOT_CONNECTED", f"node disconnected ({command})"))
+    ctx.pending_invokes.clear()

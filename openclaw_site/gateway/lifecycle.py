@@ -1,0 +1,162 @@
+"""Starting, running and stopping one gateway process.
+
+At start (``serve``): register the process, start the background loop (ticks, heartbeat, the
+embedded profile's sweeps) and the process listener, run the apps' startup hooks. At ``SIGTERM``:
+tell every local connection ``shutdown``, close them, leave the process registry. Apps add their
+own startup hooks and sweeps with :func:`on_startup` / :func:`on_sweep` from their ``ready()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from . import state
+from .conf import gateway_setting
+from .services import connections as connection_services
+from .services.sweep import gateway_sweep
+
+logger = logging.getLogger(__name__)
+
+SWEEP_INTERVAL_S = 15
+# Redis group membership expires after a day (channels_redis ``group_expiry``); renew well before.
+PROCESS_GROUP_RENEW_S = 3600
+
+_sweeps: list[Callable[[], Any]] = []
+_startup_hooks: list[Callable[[], Any]] = []
+
+
+class _Tasks:
+    def __init__(self) -> None:
+        self.loop_task: asyncio.Task | None = None
+        self.listener_task: asyncio.Task | None = None
+        self.startup_task: asyncio.Task | None = None
+        self.registered = False
+
+
+_tasks = _Tasks()
+
+
+def on_sweep(fn: Callable[[], Any]) -> None:
+    """A periodic recovery function run by the gateway loop when embedded (Celery beat otherwise)."""
+    _sweeps.append(fn)
+
+
+def on_startup(fn: Callable[[], Any]) -> None:
+    """A sync function run once in the database thread when a gateway process starts."""
+    _startup_hooks.append(fn)
+
+
+def ensure_started() -> None:
+    """Start this process's background loop and process listener (idempotent; on the running loop)."""
+    loop = asyncio.get_running_loop()
+    if state.main_loop() is None:
+        state.set_main_loop(loop)
+    if _tasks.loop_task is None or _tasks.loop_task.done():
+        _tasks.loop_task = loop.create_task(_background_loop())
+    if _tasks.listener_task is None or _tasks.listener_task.done():
+        _tasks.listener_task = loop.create_task(_process_listener())
+
+
+async def ensure_process_registered() -> None:
+    if not _tasks.registered:
+        await database_sync_to_async(connection_services.process_register)(boot_id=state.BOOT_ID)
+        _tasks.registered = True
+
+
+def start_in_background(loop: asyncio.AbstractEventLoop) -> None:
+    """Called by the server once it listens: :func:`startup` as a task (kept referenced while it runs)."""
+    state.set_main_loop(loop)
+    _tasks.startup_task = loop.create_task(startup())
+
+
+async def startup() -> None:
+    """Process start (``serve``): register the process, start the loops, run the apps' startup hooks."""
+    ensure_started()
+    await ensure_process_registered()
+    for hook in _startup_hooks:
+        try:
+            await database_sync_to_async(hook)()
+        except Exception:
+            logger.exception("startup hook %s failed", hook)
+
+
+async def _process_listener() -> None:
+    layer = get_channel_layer()
+    # The default prefix on purpose: channels_redis runs one receive loop per layer for process-
+    # specific channels, and a channel with another prefix would starve the consumers' channels.
+    channel = await layer.new_channel()
+    joined_at: float | None = None
+    while not state.is_stopping():
+        try:
+            if joined_at is None or time.monotonic() - joined_at > PROCESS_GROUP_RENEW_S:
+                await layer.group_add(state.PROCESS_GROUP, channel)
+                joined_at = time.monotonic()
+            message = await layer.receive(channel)
+            handler = state.process_message_handler(message.get("type", ""))
+            if handler is not None:
+                handler(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("process listener failed; retrying")
+            await asyncio.sleep(1)
+
+
+async def _background_loop() -> None:
+    """Ticks to local connections, this process's heartbeat and (embedded profile) the sweeps."""
+    tick_s = gateway_setting("TICK_INTERVAL_MS") / 1000
+    heartbeat_s = gateway_setting("PROCESS_HEARTBEAT_INTERVAL_MS") / 1000
+    run_sweeps_here = not settings.REDIS_URL  # production runs the sweeps in Celery beat
+    now = time.monotonic()
+    next_tick, next_heartbeat, next_sweep = now + tick_s, now + heartbeat_s, now + SWEEP_INTERVAL_S
+    while not state.is_stopping():
+        await asyncio.sleep(max(0.05, min(next_tick, next_heartbeat, next_sweep) - time.monotonic()))
+        now = time.monotonic()
+        try:
+            if now >= next_tick:
+                next_tick = now + tick_s
+                ts = int(time.time() * 1000)
+                for consumer in state.local_connections:
+                    await consumer.send_event("tick", {"ts": ts})
+            if now >= next_heartbeat:
+                next_heartbeat = now + heartbeat_s
+                await database_sync_to_async(connection_services.process_heartbeat)(boot_id=state.BOOT_ID)
+            if run_sweeps_here and now >= next_sweep:
+                next_sweep = now + SWEEP_INTERVAL_S
+                await database_sync_to_async(gateway_sweep)()
+                for sweep in _sweeps:
+                    await database_sync_to_async(sweep)()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The loop must outlive a database hiccup; the next round retries.
+            logger.exception("gateway background loop round failed")
+
+
+async def shutdown(reason: str = "gateway stopping", restart_expected_ms: int | None = None) -> None:
+    """Tell every local connection we are going away, close them, and leave the registry."""
+    state.mark_stopping()
+    payload: dict[str, Any] = {"reason": reason}
+    if restart_expected_ms is not None:
+        payload["restartExpectedMs"] = restart_expected_ms
+    for consumer in list(state.local_connections):
+        try:
+            await consumer.send_event("shutdown", payload)
+            await consumer.close(code=1012, reason="gateway shutdown")
+        except Exception:
+            logger.exception("failed to send shutdown to a connection")
+    try:
+        await database_sync_to_async(connection_services.process_unregister)(boot_id=state.BOOT_ID)
+    except Exception:
+        logger.exception("failed to unregister gateway process")
+    for task in (_tasks.loop_task, _tasks.listener_task):
+        if task is not None:
+            task.cancel()

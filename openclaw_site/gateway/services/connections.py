@@ -1,0 +1,155 @@
+"""Gateway processes and their live connections: what makes a connection routable from every process."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from .. import events
+from .. import scopes as sc
+from ..models import GatewayConnection, GatewayProcess, PairedDevice
+from ..selectors import node_catalog_changed
+
+
+def connections_close(connections: list[GatewayConnection], *, reason: str, code: int = 1008) -> None:
+    by_channel = [c.channel_name for c in connections]
+    GatewayConnection.objects.filter(pk__in=[c.pk for c in connections]).delete()
+    events.send_to_channels_on_commit(by_channel, events.close_message(code, reason))
+
+
+def process_register(*, boot_id: str) -> GatewayProcess:
+    now = timezone.now()
+    process, _ = GatewayProcess.objects.update_or_create(
+        boot_id=boot_id,
+        defaults={"hostname": socket.gethostname(), "pid": os.getpid(), "started_at": now, "heartbeat_at": now},
+    )
+    return process
+
+
+def process_heartbeat(*, boot_id: str) -> None:
+    if not GatewayProcess.objects.filter(boot_id=boot_id).update(heartbeat_at=timezone.now()):
+        # Swept as dead after a long pause (debugger, overloaded host): come back.
+        process_register(boot_id=boot_id)
+
+
+def process_unregister(*, boot_id: str) -> None:
+    with transaction.atomic():
+        device_ids = list(
+            GatewayConnection.objects.filter(process_id=boot_id)
+            .exclude(device_id="")
+            .values_list("device_id", flat=True)
+        )
+        GatewayProcess.objects.filter(boot_id=boot_id).delete()
+        node_catalog_changed()
+        if device_ids:
+            PairedDevice.objects.filter(device_id__in=device_ids).update(
+                last_disconnected_at=timezone.now(), last_seen_at=timezone.now(), last_seen_reason="disconnect"
+            )
+
+
+@dataclass(frozen=True)
+class ConnectionRecord:
+    conn_id: str
+    boot_id: str
+    channel_name: str
+    role: str
+    scopes: list[str]
+    auth_method: str
+    device_id: str
+    node_id: str | None
+    client_id: str
+    client_mode: str
+    client_version: str
+    display_name: str
+    platform: str
+    device_family: str
+    model_identifier: str
+    instance_id: str
+    remote_ip: str
+    caps: list[str]
+    commands: list[str]
+    permissions: dict[str, bool]
+    path_env: str
+
+
+def connection_register(*, record: ConnectionRecord) -> None:
+    """Make a connection routable from every gateway process; a node replaces its older socket."""
+    try:
+        _connection_insert(record)
+    except IntegrityError:
+        # Our process row was swept (a long pause without heartbeats): register again and retry.
+        process_register(boot_id=record.boot_id)
+        _connection_insert(record)
+
+
+def _connection_insert(record: ConnectionRecord) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # Connection rows die with their process anyway; their commit need not wait for the
+            # WAL flush (pairing decisions and tokens keep full durability).
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        if record.role == sc.ROLE_NODE and record.node_id:
+            replaced = list(GatewayConnection.objects.filter(role=sc.ROLE_NODE, node_id=record.node_id))
+            connections_close(replaced, reason="replaced by a newer connection")
+        GatewayConnection.objects.create(
+            conn_id=record.conn_id,
+            process_id=record.boot_id,
+            channel_name=record.channel_name,
+            role=record.role,
+            scopes=record.scopes,
+            auth_method=record.auth_method,
+            device_id=record.device_id,
+            node_id=record.node_id or "",
+            client_id=record.client_id,
+            client_mode=record.client_mode,
+            client_version=record.client_version,
+            display_name=record.display_name,
+            platform=record.platform,
+            device_family=record.device_family,
+            model_identifier=record.model_identifier,
+            instance_id=record.instance_id,
+            remote_ip=record.remote_ip,
+            caps=record.caps,
+            commands=record.commands,
+            permissions=record.permissions,
+            path_env=record.path_env,
+            connected_at=now,
+        )
+        if record.device_id:
+            PairedDevice.objects.filter(device_id=record.device_id).update(
+                last_connected_at=now, last_seen_at=now, last_seen_reason="connect"
+            )
+        if record.role == sc.ROLE_NODE:
+            node_catalog_changed()
+
+
+def connection_unregister(*, conn_id: str) -> bool:
+    with transaction.atomic():
+        conn = GatewayConnection.objects.filter(conn_id=conn_id).first()
+        if conn is None:
+            return False
+        conn.delete()
+        if conn.role == sc.ROLE_NODE:
+            node_catalog_changed()
+        if conn.device_id:
+            now = timezone.now()
+            PairedDevice.objects.filter(device_id=conn.device_id).update(
+                last_disconnected_at=now, last_seen_at=now, last_seen_reason="disconnect"
+            )
+        return True
+
+
+def node_presence_touch(*, node_id: str, reason: str) -> bool:
+    with transaction.atomic():
+        touched = PairedDevice.objects.filter(device_id=node_id).update(
+            last_seen_at=timezone.now(), last_seen_reason=reason
+        )
+        if touched:
+            node_catalog_changed()
+    return bool(touched)

@@ -1,0 +1,128 @@
+"""Device tokens: one per (device, role), stored as a hash, minted on approval, rotated and revoked."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from .. import scopes as sc
+from ..audit import Actor, audit
+from ..auth import hash_device_token, new_device_token, secret_matches
+from ..exceptions import InvalidRequest, NotFound
+from ..models import DeviceToken, GatewayConnection, PairedDevice
+from ..selectors import to_ms
+from . import connections
+
+
+class DeviceTokenRejected(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def device_token_verify(*, device_id: str, role: str, token: str) -> DeviceToken:
+    """Reasons: device-not-paired, token-missing, token-revoked, token-mismatch."""
+    device = PairedDevice.objects.filter(device_id=device_id).first()
+    if device is None:
+        raise DeviceTokenRejected("device-not-paired")
+    record = DeviceToken.objects.filter(device=device, role=role).first()
+    if record is None:
+        raise DeviceTokenRejected("token-missing")
+    if not secret_matches(hash_device_token(token), record.token_hash):
+        raise DeviceTokenRejected("token-mismatch")
+    if record.revoked_at is not None:
+        raise DeviceTokenRejected("token-revoked")
+    return record
+
+
+def device_token_ensure(*, device: PairedDevice, role: str, scopes: list[str]) -> tuple[str | None, int | None]:
+    """Mint a token for (device, role) when it has no usable one; returns (token, issuedAtMs).
+
+    Only hashes are stored, so an existing token cannot be handed out again: a device that lost
+    its token rotates it (``device.token.rotate``) or re-pairs.
+    """
+    current = DeviceToken.objects.filter(device=device, role=role).first()
+    if current is not None and current.revoked_at is None and sc.scopes_cover(current.scopes, scopes):
+        return None, None  # the common reconnect: nothing to mint, no lock needed
+    with transaction.atomic():
+        record = DeviceToken.objects.select_for_update(no_key=True).filter(device=device, role=role).first()
+        # Locked: two first connects of one device must not both mint.
+        if record is not None and record.revoked_at is None and sc.scopes_cover(record.scopes, scopes):
+            return None, None
+        token = new_device_token()
+        now = timezone.now()
+        if record is None:
+            record = DeviceToken.objects.create(
+                device=device, role=role, token_hash=hash_device_token(token), scopes=scopes
+            )
+        else:
+            record.token_hash = hash_device_token(token)
+            record.scopes = sc.normalize_scopes([*record.scopes, *scopes]) if record.revoked_at is None else scopes
+            record.revoked_at = None
+            record.rotated_at = now
+            record.save(update_fields=["token_hash", "scopes", "revoked_at", "rotated_at"])
+        return token, to_ms(now)
+
+
+def device_token_touch(record: DeviceToken) -> None:
+    DeviceToken.objects.filter(pk=record.pk).update(last_used_at=timezone.now())
+
+
+def device_token_rotate(*, device_id: str, role: str, scopes: list[str] | None, actor: Actor) -> dict:
+    """Issue a fresh token; the secret is returned only to the device itself."""
+    with transaction.atomic():
+        device = PairedDevice.objects.filter(device_id=device_id).first()
+        if device is None:
+            raise NotFound("unknown deviceId")
+        if not device.has_role(role):
+            raise InvalidRequest("device token rotation denied")
+        wanted = sc.normalize_scopes(
+            scopes if scopes is not None else (device.approved_scopes if role == sc.ROLE_OPERATOR else [])
+        )
+        if role == sc.ROLE_OPERATOR and not sc.scopes_cover(device.approved_scopes, wanted):
+            raise InvalidRequest("device token rotation denied")
+        if not sc.scopes_cover(actor.scopes, wanted) and actor.device_id != device_id:
+            raise InvalidRequest("device token rotation denied")
+        token = new_device_token()
+        now = timezone.now()
+        DeviceToken.objects.update_or_create(
+            device=device,
+            role=role,
+            defaults={"token_hash": hash_device_token(token), "scopes": wanted, "revoked_at": None, "rotated_at": now},
+        )
+        others = GatewayConnection.objects.filter(device_id=device_id, role=role, auth_method="device-token")
+        if actor.conn_id:
+            others = others.exclude(conn_id=actor.conn_id)
+        connections.connections_close(list(others), reason="device token rotated")
+        audit(actor, "device.token.rotate", "device", device_id, {"role": role, "scopes": wanted})
+    in_band = actor.device_id == device_id
+    result = {
+        "deviceId": device_id,
+        "role": role,
+        "scopes": wanted,
+        "rotatedAtMs": to_ms(now),
+        "tokenDelivery": "in-band" if in_band else "withheld-cross-device",
+    }
+    if in_band:
+        result["token"] = token
+    return result
+
+
+def device_token_revoke(*, device_id: str, role: str, actor: Actor) -> dict:
+    """Revoke (idempotent: revoking a revoked token changes, closes and audits nothing)."""
+    with transaction.atomic():
+        now = timezone.now()
+        updated = DeviceToken.objects.filter(device_id=device_id, role=role, revoked_at__isnull=True).update(
+            revoked_at=now
+        )
+        if not updated:
+            record = DeviceToken.objects.filter(device_id=device_id, role=role).first()
+            if record is None:
+                raise NotFound("unknown device token")
+            return {"deviceId": device_id, "role": role, "revokedAtMs": to_ms(record.revoked_at)}
+        others = GatewayConnection.objects.filter(device_id=device_id, role=role, auth_method="device-token")
+        if actor.conn_id:
+            others = others.exclude(conn_id=actor.conn_id)
+        connections.connections_close(list(others), reason="device token revoked")
+        audit(actor, "device.token.revoke", "device", device_id, {"role": role})
+    return {"deviceId": device_id, "role": role, "revokedAtMs": to_ms(now)}

@@ -1,0 +1,175 @@
+"""Parameter and response shapes of the sessions operations, shared by the RPC and the JSON API.
+
+Each operation has one schema; the JSON API takes the parts that are not in its URL (the session
+key, the agent) from the same base classes. Every limit on what a caller sends is declared here
+once, with the column it protects in mind, so bad input is refused before any write.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from ninja import Schema
+from pydantic import Field
+
+from openclaw_site.gateway.protocol import ClosedModel
+
+WORKTREE_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
+MAX_WAIT_MS = 24 * 3600 * 1000
+
+# A run's id is its idempotency key (``Run.run_id``, 200 characters).
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=200)]
+Label = Annotated[str | None, Field(max_length=200)]
+Category = Annotated[str | None, Field(max_length=100)]
+ModelName = Annotated[str | None, Field(max_length=200)]
+ListLimit = Annotated[int, Field(ge=1, le=1000)]
+HistoryLimit = Annotated[int, Field(ge=1, le=1000)]
+WaitTimeoutMs = Annotated[int, Field(ge=0, le=MAX_WAIT_MS)]
+
+
+class SessionRef(ClosedModel):
+    """A session named by key (``agent:<agent>:<rest>``, or a bare key under ``agentId``)."""
+
+    key: str = Field(min_length=1)
+    agentId: str | None = None
+
+
+class ExpectedRevision(ClosedModel):
+    """Guarded mutations: refused when the session changed since the caller read it."""
+
+    expectedSessionId: str | None = None
+    expectedLifecycleRevision: str | None = None
+
+
+# --- sessions.* -------------------------------------------------------------------------------
+
+
+class SessionsCreateParams(ClosedModel):
+    key: str | None = None
+    idempotencyKey: IdempotencyKey | None = None
+    agentId: str | None = None
+    label: Label = None
+    displayName: Label = None
+    category: Category = None
+    model: ModelName = None
+    parentSessionKey: str | None = None
+    message: str | None = None
+    worktree: bool | None = None
+    worktreeBaseRef: str | None = Field(default=None, max_length=200)
+    worktreeName: str | None = Field(default=None, pattern=WORKTREE_NAME_PATTERN)
+    cwd: str | None = None
+    execNode: str | None = None
+
+
+class SessionsListParams(ClosedModel):
+    limit: ListLimit = 100
+    offset: int = Field(default=0, ge=0)
+    agentId: str | None = None
+    label: str | None = None
+    search: str | None = Field(default=None, max_length=200)
+    archived: bool | Literal["all"] = False
+
+
+class SessionChanges(ExpectedRevision):
+    """What ``sessions.patch`` may change (the JSON API's PATCH body)."""
+
+    label: Label = None
+    displayName: Label = None
+    category: Category = None
+    archived: bool | None = None
+    pinned: bool | None = None
+    model: ModelName = None
+
+    def changes(self) -> dict:
+        """The fields the caller set, without the guards."""
+        return self.model_dump(exclude_unset=True, exclude={"key", "agentId", *ExpectedRevision.model_fields})
+
+
+class SessionsPatchParams(SessionChanges, SessionRef):
+    pass
+
+
+class SessionsResetParams(ExpectedRevision, SessionRef):
+    reason: Literal["new", "reset"] = "reset"
+
+
+class SessionsDeleteParams(ExpectedRevision, SessionRef):
+    deleteTranscript: bool | None = None
+
+
+class ForkEntry(ClosedModel):
+    """The transcript entry (a user message) a fork starts before."""
+
+    entryId: str = Field(min_length=1)
+
+
+class SessionsForkParams(ForkEntry):
+    sessionKey: str = Field(min_length=1)
+    agentId: str | None = None
+
+
+class SessionsAdoptParams(ClosedModel):
+    threadId: str = Field(min_length=1)
+    harness: str = "native"
+    agentId: str | None = None
+    key: str | None = None
+    label: Label = None
+
+
+# --- chat.* and agent.wait --------------------------------------------------------------------
+
+
+class ChatSendParams(ClosedModel):
+    sessionKey: str = Field(min_length=1)
+    message: str
+    idempotencyKey: IdempotencyKey
+    agentId: str | None = None
+    sessionId: str | None = None
+    thinking: str | None = None
+    timeoutMs: int | None = Field(default=None, ge=0)
+    deliver: bool | None = None
+
+
+class HistoryPage(ClosedModel):
+    limit: HistoryLimit = 200
+
+
+class ChatHistoryParams(HistoryPage):
+    sessionKey: str = Field(min_length=1)
+    agentId: str | None = None
+    maxChars: int | None = Field(default=None, ge=1)
+
+
+class AbortTarget(ClosedModel):
+    """Which turn to stop; none: every queued and running turn of the session."""
+
+    runId: str | None = Field(default=None, min_length=1)
+
+
+class ChatAbortParams(AbortTarget):
+    sessionKey: str = Field(min_length=1)
+    agentId: str | None = None
+
+
+class AgentWaitParams(ClosedModel):
+    runId: str = Field(min_length=1)
+    timeoutMs: WaitTimeoutMs = 30_000
+
+
+class MessageIn(ClosedModel):
+    """The JSON API's ``chat.send`` (and, with ``wait``, ``agent.wait``) in one call."""
+
+    message: str
+    idempotencyKey: IdempotencyKey | None = None
+    wait: bool = True
+    timeoutMs: WaitTimeoutMs = 30_000
+
+
+class RunOut(Schema):
+    runId: str
+    sessionKey: str
+    status: Literal["queued", "running", "ok", "error", "aborted"]
+    startedAt: int | None
+    endedAt: int | None
+    error: str | None
+    outputText: str | None

@@ -1,0 +1,72 @@
+"""``sessions.create`` as a caller asks for it (RPC and JSON API): workspace, session, first turn.
+
+The one place that composes the workspace service (git worktrees, outside the database), the
+session insert and the first turn, so that those modules do not import each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from openclaw_site.gateway.exceptions import GatewayError
+
+from .. import keys
+from ..models import Run, Session
+from ..schemas import SessionsCreateParams
+from . import runs, workspace
+from .sessions import SessionSpec, session_create
+
+
+@dataclass(frozen=True)
+class CreatedSession:
+    session: Session
+    worktree: dict | None = None
+    run: Run | None = None
+
+
+def session_create_requested(*, request: SessionsCreateParams) -> CreatedSession:
+    """1. Validate the workspace options (OpenClaw's messages, in its order).
+    2. Canonicalize the key under the agent; no key means a fresh dashboard key.
+    3. Create the session, with its git worktree when asked (removed again if the insert fails).
+    4. With ``message``, submit the first turn (idempotency key defaults to ``create-<sessionId>``).
+    """
+    agent = keys.normalize_agent_id(request.agentId)
+    plan = workspace.plan_session_workspace(
+        cwd=request.cwd,
+        worktree=bool(request.worktree),
+        worktree_base_ref=request.worktreeBaseRef,
+        worktree_name=request.worktreeName,
+        exec_node=request.execNode,
+    )
+    session_key = keys.canonical_key(request.key, agent) if request.key else keys.dashboard_key(agent)
+    spec = SessionSpec(
+        key=session_key,
+        agent_id=keys.agent_of(session_key),
+        label=(request.label or "").strip(),
+        display_name=(request.displayName or "").strip(),
+        category=(request.category or "").strip(),
+        model=(request.model or "").strip(),
+        parent_session_key=keys.canonical_key(request.parentSessionKey, agent)
+        if request.parentSessionKey
+        else keys.main_key(agent),
+        cwd=plan.cwd,
+    )
+    session, created_worktree = _create_with_workspace(spec=spec, plan=plan)
+    run = None
+    if request.message is not None:
+        run_id = request.idempotencyKey or f"create-{session.session_id}"
+        run = runs.run_submit(session_key=session.key, message=request.message, idempotency_key=run_id).run
+    return CreatedSession(session=session, worktree=created_worktree, run=run)
+
+
+def _create_with_workspace(*, spec: SessionSpec, plan: workspace.WorkspacePlan) -> tuple[Session, dict | None]:
+    """The worktree lives outside the database: made first, removed again when the insert fails."""
+    if not plan.worktree:
+        return session_create(spec=spec), None
+    worktree = workspace.worktree_add(plan)
+    try:
+        session = session_create(spec=replace(spec, cwd=worktree["path"], worktree=worktree))
+    except GatewayError:
+        workspace.worktree_remove(worktree)
+        raise
+    return session, worktree

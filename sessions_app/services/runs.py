@@ -1,0 +1,374 @@
+"""Writes of chat runs: submit, claim, heartbeat, finish, abort, recovery, and turn dispatch.
+
+A turn is a guarded state machine in the database (queued → running → ok | error | aborted); every
+transition is a compare-and-set on ``status`` under the session lock, so a duplicate task, a sweep
+or an abort racing with a runner change nothing that is not theirs. Which runner executes a turn
+is asked of :data:`sessions_app.extensions.turn_runners` once the run is committed.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from openclaw_site.gateway import state
+from openclaw_site.gateway.audit import Actor, audit
+from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, Unavailable
+from openclaw_site.gateway.selectors import live_process_boot_ids
+
+from .. import events
+from ..events import TurnEmitter
+from ..extensions import SessionAction, action_guards, turn_runners
+from ..models import TERMINAL_RUN_STATUSES, Run, RunStatus, Session, SessionWindow
+from ..selectors import active_path
+from .sessions import session_for_turn, session_lock
+from .transcripts import message_body, transcript_append
+
+# --- turn dispatch and the abort flag -------------------------------------------------------
+
+# Scoped to one execution (run id + start time), so a flag can never stop a later run that
+# reuses the id after its session was deleted; cleared when the run ends.
+ABORT_KEY = "sessions:run-abort:{}:{}"
+
+
+def dispatch_turn_on_commit(run_id: str, session: Session) -> None:
+    """Once the transaction commits, hand the run to the runner of its session."""
+    transaction.on_commit(lambda: turn_runners.for_session(session).dispatch(run_id))
+
+
+def abort_key(run: Run) -> str:
+    return ABORT_KEY.format(run.run_id, int(run.started_at.timestamp() * 1000) if run.started_at else 0)
+
+
+def request_abort_on_commit(run: Run) -> None:
+    # The runner polls this flag between chunks (and while waiting on the provider).
+    key = abort_key(run)
+    transaction.on_commit(lambda: cache.set(key, 1, timeout=24 * 3600))
+
+
+def abort_requested(run: Run) -> bool:
+    return bool(cache.get(abort_key(run)))
+
+
+def _clear_abort_on_commit(run: Run) -> None:
+    key = abort_key(run)
+    transaction.on_commit(lambda: cache.delete(key))
+
+
+# --- chat runs ------------------------------------------------------------------------------
+
+_CONTROL_CHARS = {c for c in map(chr, range(32)) if c not in "\n\t\r"} | {"\x7f"}
+
+
+def clean_message(message: str) -> str:
+    """NFC-normalized text without control characters; NUL bytes and empty text are refused."""
+    if "\x00" in message:
+        raise InvalidRequest("message must not contain null bytes")
+    text = "".join(ch for ch in unicodedata.normalize("NFC", message) if ch not in _CONTROL_CHARS)
+    if not text.strip():
+        raise InvalidRequest("message or attachment required")
+    return text
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    run: Run
+    created: bool
+
+
+def run_submit(*, session_key: str, message: str, idempotency_key: str, origin_channel: str = "") -> SubmitResult:
+    """Record a turn (queued); a repeated idempotency key is the same run, whatever its state."""
+    text = clean_message(message)
+    existing = Run.objects.filter(run_id=idempotency_key).first()
+    if existing is not None:
+        if existing.session_key != session_key:
+            raise Conflict("idempotencyKey already used for another session", details={"code": "RUN_KEY_REUSED"})
+        return SubmitResult(existing, created=False)
+    try:
+        with transaction.atomic():
+            session = session_lock(session_key)
+            if session.initialization_pending:
+                raise Unavailable(f"Session {session_key} is initializing; retry later.", retryable=True)
+            action_guards.check(session, SessionAction.SEND)
+            run = Run.objects.create(
+                run_id=idempotency_key,
+                session=session,
+                session_key=session.key,
+                window_id=session.session_id,
+                message=text,
+                status=RunStatus.QUEUED,
+                origin_channel=origin_channel,
+            )
+            session.last_interaction_at = timezone.now()
+            session.last_run_id = run.run_id
+            session.save(update_fields=["last_interaction_at", "last_run_id", "updated_at"])
+            dispatch_turn_on_commit(run.run_id, session)
+    except IntegrityError:
+        # A concurrent send with the same key won the insert.
+        existing = Run.objects.get(run_id=idempotency_key)
+        if existing.session_key != session_key:
+            raise Conflict("idempotencyKey already used for another session") from None
+        return SubmitResult(existing, created=False)
+    return SubmitResult(run, created=True)
+
+
+def chat_send(
+    *,
+    session_key: str,
+    message: str,
+    idempotency_key: str,
+    expected_session_id: str | None = None,
+    origin_channel: str = "",
+) -> SubmitResult:
+    """chat.send: submit a turn to the session (see :func:`session_for_turn` and :func:`run_submit`)."""
+    session = session_for_turn(key=session_key)
+    if expected_session_id is not None and expected_session_id != session.session_id:
+        raise InvalidRequest(f"sessionId does not match the current session of {session.key}")
+    return run_submit(
+        session_key=session.key, message=message, idempotency_key=idempotency_key, origin_channel=origin_channel
+    )
+
+
+@dataclass(frozen=True)
+class ClaimedTurn:
+    run: Run
+    session: Session
+    history: list[tuple[str, str]]  # (role, text) of the active path, the new user message last
+
+
+def run_claim(*, run_id: str, worker: str) -> ClaimedTurn | None:
+    """Start a queued turn if its session is idle; None when it is not this caller's to run.
+
+    In one transaction under the session lock: no other turn of the session may be running;
+    queued → running by compare-and-set; the user message is appended to the transcript (so
+    concurrent sends give U1 A1 U2 A2, never U1 U2 A1 A2).
+    """
+    with transaction.atomic():
+        run = Run.objects.filter(run_id=run_id).select_related("session").first()
+        if run is None or run.status != RunStatus.QUEUED:
+            return None
+        session = session_lock(run.session.key)
+        if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
+            return None  # the running turn dispatches this one when it ends
+        if run.window_id != session.session_id:
+            Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
+                status=RunStatus.ERROR, error="session was reset before the turn started", ended_at=timezone.now()
+            )
+            return None
+        now = timezone.now()
+        claimed = Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
+            status=RunStatus.RUNNING, worker=worker, started_at=now, heartbeat_at=now
+        )
+        if claimed != 1:
+            return None
+        window = SessionWindow.objects.get(pk=run.window_id)
+        user_event = transcript_append(
+            window=window,
+            type="message",
+            body=message_body("user", run.message, idempotencyKey=f"{run.run_id}:user"),
+            idempotency_key=f"{run.run_id}:user",
+        )
+        Run.objects.filter(pk=run.pk).update(user_event_id=user_event.event_id)
+        session.status = "running"
+        session.save(update_fields=["status", "updated_at"])
+        run.refresh_from_db()
+        history = active_path_texts(window)
+        events.publish_session_changed_on_commit(session, reason="send", phase="start", run_id=run.run_id)
+    return ClaimedTurn(run=run, session=session, history=history)
+
+
+def active_path_texts(window: SessionWindow) -> list[tuple[str, str]]:
+    """The model's context: the newest messages of the active path, oldest first."""
+    texts = []
+    for event in active_path(window, limit=settings.OPENCLAW_MODEL["CONTEXT_MESSAGES"]):
+        body = event.body
+        text = "".join(part.get("text", "") for part in body.get("content", []) if part.get("type") == "text")
+        texts.append((body.get("role", "user"), text))
+    return texts
+
+
+def run_heartbeat(*, run_id: str) -> bool:
+    """Proof of life; False when the run is no longer running (aborted, swept)."""
+    return bool(Run.objects.filter(run_id=run_id, status=RunStatus.RUNNING).update(heartbeat_at=timezone.now()))
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    status: str  # ok | error | aborted
+    text: str = ""
+    stop_reason: str = ""
+    error: str = ""
+    error_kind: str = ""
+    usage: dict | None = None
+    model_provider: str = ""
+    model: str = ""
+
+
+def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None = None) -> Run | None:
+    """Record the end of a running turn and, in the same commit, its assistant message.
+
+    Nothing half-written: either the message and the terminal status commit together, or
+    neither. Returns None when the run was no longer running (swept meanwhile). After commit:
+    the terminal events, the run-finished notification, and the next queued turn of the session.
+    """
+    with transaction.atomic():
+        run = Run.objects.filter(run_id=run_id).select_related("session").first()
+        if run is None:
+            return None
+        session = session_lock(run.session.key)
+        run.refresh_from_db()
+        if run.status != RunStatus.RUNNING:
+            return None
+        assistant_event_id = ""
+        if outcome.text and outcome.status in (RunStatus.OK, RunStatus.ABORTED) and run.window_id == session.session_id:
+            window = SessionWindow.objects.get(pk=run.window_id)
+            event = transcript_append(
+                window=window,
+                type="message",
+                body=message_body(
+                    "assistant",
+                    outcome.text,
+                    stopReason="aborted" if outcome.status == RunStatus.ABORTED else (outcome.stop_reason or "stop"),
+                    provider=outcome.model_provider or None,
+                    model=outcome.model or None,
+                    usage=outcome.usage,
+                    runId=run.run_id,
+                ),
+                idempotency_key=f"{run.run_id}:assistant",
+            )
+            assistant_event_id = event.event_id
+        now = timezone.now()
+        Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
+            status=outcome.status,
+            output_text=outcome.text,
+            stop_reason=outcome.stop_reason,
+            error=outcome.error[:4000],
+            error_kind=outcome.error_kind,
+            usage=outcome.usage,
+            model_provider=outcome.model_provider,
+            model=outcome.model,
+            assistant_event_id=assistant_event_id,
+            ended_at=now,
+        )
+        session.status = {"ok": "done", "error": "failed", "aborted": "killed"}[outcome.status]
+        if outcome.usage:
+            session.input_tokens += int(outcome.usage.get("input") or 0)
+            session.output_tokens += int(outcome.usage.get("output") or 0)
+        if not session.model and outcome.model:
+            session.model, session.model_provider = outcome.model, outcome.model_provider
+        session.save()
+        run.refresh_from_db()
+        next_run = (
+            Run.objects.filter(session=session, status=RunStatus.QUEUED)
+            .order_by("created_at")
+            .values_list("run_id", flat=True)
+            .first()
+        )
+        events.publish_turn_end_on_commit(run, session, emitter)
+        _clear_abort_on_commit(run)
+        events.publish_session_changed_on_commit(session, reason="send", phase="end", run_id=run.run_id)
+        if next_run is not None:
+            dispatch_turn_on_commit(next_run, session)
+    return run
+
+
+def run_abort(*, session_key: str, run_id: str | None = None, actor: Actor | None = None) -> list[str]:
+    """Stop the session's queued and running turns (or just ``run_id``); returns the runs asked to stop.
+
+    Queued turns end at once; a running turn is asked to stop (the runner keeps its partial text
+    as an aborted message). With ``actor`` (admin, operator UI) a stop is also written to the audit log.
+    """
+    with transaction.atomic():
+        session = session_lock(session_key)
+        active = Run.objects.filter(session=session, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+        if run_id is not None:
+            target = Run.objects.filter(run_id=run_id).first()
+            if target is None or target.session_id != session.pk:
+                raise InvalidRequest("runId does not match sessionKey")
+            active = active.filter(run_id=run_id)
+        runs = list(active.order_by("created_at"))
+        now = timezone.now()
+        for run in runs:
+            if run.status == RunStatus.QUEUED:
+                Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
+                    status=RunStatus.ABORTED, stop_reason="aborted", abort_requested_at=now, ended_at=now
+                )
+                run.status = RunStatus.ABORTED
+                events.publish_turn_end_on_commit(run, session)
+                _clear_abort_on_commit(run)
+            else:
+                Run.objects.filter(pk=run.pk).update(abort_requested_at=now)
+                request_abort_on_commit(run)
+        if actor is not None and runs:
+            outcomes = {run.run_id: "aborted" if run.status == RunStatus.ABORTED else "stop requested" for run in runs}
+            audit(actor, "session.run.abort", "session", session.key, {"runs": outcomes})
+    return [run.run_id for run in runs]
+
+
+def runs_recover(*, stale_before, reason: str, workers: list[str] | None = None) -> list[str]:
+    """Fail running turns whose worker stopped: no heartbeat since ``stale_before`` (or a dead worker).
+
+    Their sessions' queued turns are dispatched again.
+    """
+    candidates = Run.objects.filter(status=RunStatus.RUNNING)
+    if workers is not None:
+        candidates = candidates.filter(worker__in=workers)
+    else:
+        candidates = candidates.filter(heartbeat_at__lt=stale_before)
+    failed = []
+    for run_id in list(candidates.values_list("run_id", flat=True)):
+        with transaction.atomic():
+            run = Run.objects.filter(run_id=run_id).select_related("session").first()
+            session = session_lock(run.session.key)
+            updated = Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
+                status=RunStatus.ERROR, error=reason, error_kind="interrupted", ended_at=timezone.now()
+            )
+            if not updated:
+                continue
+            run.refresh_from_db()
+            session.status = "failed"
+            session.save(update_fields=["status", "updated_at"])
+            events.publish_turn_end_on_commit(run, session)
+            _clear_abort_on_commit(run)
+            next_run = Run.objects.filter(session=session, status=RunStatus.QUEUED).order_by("created_at").first()
+            if next_run is not None:
+                dispatch_turn_on_commit(next_run.run_id, session)
+            failed.append(run_id)
+    return failed
+
+
+def runs_recover_dead_gateways() -> list[str]:
+    """Fail turns that ran inside a gateway process that is gone (embedded profile restart)."""
+    live = {f"gateway:{boot}" for boot in live_process_boot_ids()}
+    live.add(f"gateway:{state.BOOT_ID}")
+    workers = set(
+        Run.objects.filter(status=RunStatus.RUNNING, worker__startswith="gateway:").values_list("worker", flat=True)
+    )
+    dead = sorted(workers - live)
+    if not dead:
+        return []
+    return runs_recover(
+        stale_before=None, workers=dead, reason="run interrupted: the gateway process running it stopped"
+    )
+
+
+def runs_redispatch_stuck(*, queued_before) -> list[str]:
+    """Queued turns of idle sessions that nobody started (a lost task): dispatch them again."""
+    stuck = []
+    queued = Run.objects.filter(status=RunStatus.QUEUED, created_at__lt=queued_before).select_related("session")
+    for run in queued.order_by("created_at"):
+        busy = Run.objects.filter(session_id=run.session_id, status=RunStatus.RUNNING).exists()
+        if not busy:
+            with transaction.atomic():
+                dispatch_turn_on_commit(run.run_id, run.session)
+            stuck.append(run.run_id)
+    return stuck
+
+
+def run_terminal(run: Run) -> bool:
+    return run.status in TERMINAL_RUN_STATUSES

@@ -1,0 +1,218 @@
+"""Writes of session rows: create, patch, reset (a new transcript generation), delete.
+
+The session row is the lock that serializes everything touching one conversation (transcript
+``seq``, turn order, reset); :func:`session_lock` takes it. Events go out only after commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from openclaw_site.gateway.audit import Actor, audit
+from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
+
+from .. import events, keys
+from ..extensions import SessionAction, action_guards
+from ..models import Run, RunStatus, Session, SessionWindow, WindowReason, new_id
+from .initialization import delete_session_guarded
+
+
+def session_lock(key: str) -> Session:
+    """The session row, locked for the rest of the transaction (serializes one conversation)."""
+    session = Session.objects.select_for_update(no_key=True).filter(key=key).first()
+    if session is None:
+        raise NotFound(f"session not found: {key}")
+    return session
+
+
+def _check_expected(session: Session, expected_session_id: str | None, expected_revision: str | None) -> None:
+    if (expected_session_id is not None and expected_session_id != session.session_id) or (
+        expected_revision is not None and expected_revision != session.lifecycle_revision
+    ):
+        raise Conflict(
+            f"Session {session.key} changed; retry.",
+            details={
+                "code": "SESSION_CHANGED",
+                "sessionId": session.session_id,
+                "lifecycleRevision": session.lifecycle_revision,
+            },
+        )
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    key: str
+    agent_id: str
+    label: str = ""
+    display_name: str = ""
+    category: str = ""
+    model: str = ""
+    model_provider: str = ""
+    cwd: str = ""
+    worktree: dict | None = None
+    parent_session_key: str = ""
+    created_via: str = "operator"
+    initialization_pending: bool = False
+    fork_source_session_key: str = ""
+    fork_source_session_id: str = ""
+    fork_source_entry_id: str = ""
+
+
+def session_create(*, spec: SessionSpec) -> Session:
+    """Insert a session and its first transcript window; an existing key is a Conflict."""
+    try:
+        with transaction.atomic():
+            session = Session.objects.create(
+                key=spec.key,
+                agent_id=spec.agent_id,
+                label=spec.label,
+                display_name=spec.display_name,
+                category=spec.category,
+                model=spec.model,
+                model_provider=spec.model_provider,
+                cwd=spec.cwd,
+                worktree=spec.worktree,
+                parent_session_key=spec.parent_session_key,
+                created_via=spec.created_via,
+                initialization_pending=spec.initialization_pending,
+                fork_source_session_key=spec.fork_source_session_key,
+                fork_source_session_id=spec.fork_source_session_id,
+                fork_source_entry_id=spec.fork_source_entry_id,
+            )
+            SessionWindow.objects.create(id=session.session_id, session=session, reason=WindowReason.INITIAL)
+            events.publish_session_changed_on_commit(session, reason="create")
+    except IntegrityError:
+        raise Conflict(f"session already exists: {spec.key}", details={"code": "SESSION_EXISTS"}) from None
+    return session
+
+
+def session_ensure_main(*, agent_id: str) -> Session:
+    """The agent's main session, created on first use (it is the default conversation)."""
+    key = keys.main_key(agent_id)
+    existing = Session.objects.filter(key=key).first()
+    if existing is not None:
+        return existing
+    try:
+        return session_create(spec=SessionSpec(key=key, agent_id=agent_id, created_via="internal"))
+    except Conflict:
+        return Session.objects.get(key=key)  # created concurrently
+
+
+def session_for_turn(*, key: str) -> Session:
+    """The session a chat turn goes to; the agent's main session is created on first use."""
+    session = Session.objects.filter(key=key).first()
+    if session is None and keys.is_main_key(key):
+        session = session_ensure_main(agent_id=keys.agent_of(key))
+    if session is None:
+        raise NotFound(f"session not found: {key}")
+    return session
+
+
+PATCHABLE = {"label", "displayName", "category", "archived", "pinned", "model"}
+
+
+def session_patch(
+    *,
+    key: str,
+    changes: dict[str, Any],
+    expected_session_id: str | None = None,
+    expected_lifecycle_revision: str | None = None,
+) -> Session:
+    if not changes:
+        raise InvalidRequest("sessions.patch needs at least one change")
+    unknown = set(changes) - PATCHABLE
+    if unknown:
+        raise InvalidRequest(f"sessions.patch cannot change: {', '.join(sorted(unknown))}")
+    with transaction.atomic():
+        session = session_lock(key)
+        _check_expected(session, expected_session_id, expected_lifecycle_revision)
+        now = timezone.now()
+        if "label" in changes:
+            session.label = (changes["label"] or "").strip()[:200]
+        if "displayName" in changes:
+            session.display_name = (changes["displayName"] or "").strip()[:200]
+        if "category" in changes:
+            session.category = (changes["category"] or "").strip()[:100]
+        if "archived" in changes:
+            session.archived_at = now if changes["archived"] else None
+        if "pinned" in changes:
+            session.pinned_at = now if changes["pinned"] else None
+        if "model" in changes:
+            session.model = (changes["model"] or "").strip()[:200]
+        session.save()
+        events.publish_session_changed_on_commit(session, reason="patch")
+    return session
+
+
+def session_reset(
+    *,
+    key: str,
+    reason: str = "reset",
+    expected_session_id: str | None = None,
+    expected_lifecycle_revision: str | None = None,
+    actor: Actor | None = None,
+) -> Session:
+    """Start a new transcript generation: new sessionId and lifecycleRevision, queued turns fail.
+
+    With ``actor`` (admin, operator UI) the reset is also written to the audit log.
+    """
+    with transaction.atomic():
+        session = session_lock(key)
+        _check_expected(session, expected_session_id, expected_lifecycle_revision)
+        if session.initialization_pending:
+            raise Unavailable(f"Session {key} is initializing; retry later.", retryable=True)
+        if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
+            raise Unavailable("Reset is unavailable while the agent is working.", retryable=True)
+        action_guards.check(session, SessionAction.RESET)
+        previous = session.session_id
+        session.session_id = new_id()
+        session.lifecycle_revision = new_id()
+        session.status = ""
+        session.save()
+        SessionWindow.objects.create(
+            id=session.session_id, session=session, previous_session_id=previous, reason=WindowReason.RESET
+        )
+        now = timezone.now()
+        failed = Run.objects.filter(session=session, status=RunStatus.QUEUED).update(
+            status=RunStatus.ERROR, error="session was reset before the turn started", ended_at=now
+        )
+        if actor is not None:
+            data = {"reason": reason, "previousSessionId": previous, "sessionId": session.session_id}
+            audit(actor, "session.reset", "session", key, {**data, "failedQueuedRuns": failed})
+        events.publish_session_changed_on_commit(session, reason="new" if reason == "new" else "reset")
+    return session
+
+
+def session_delete(
+    *,
+    key: str,
+    expected_session_id: str | None = None,
+    expected_lifecycle_revision: str | None = None,
+) -> bool:
+    """Delete a session with its windows, transcript and runs; a running turn blocks deletion.
+
+    A session owned by an agent harness is deleted through the harness's deletion participant
+    (which removes its binding after the commit); a pending one only by clearing its initialization.
+    """
+    with transaction.atomic():
+        session = Session.objects.select_for_update(no_key=True).filter(key=key).first()
+        if session is None:
+            return False
+        _check_expected(session, expected_session_id, expected_lifecycle_revision)
+        if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
+            raise Unavailable("Delete is unavailable while the agent is working; abort the run first.", retryable=True)
+        if session.initialization_pending:
+            raise Unavailable(f"Session {key} is initializing; retry later.", retryable=True)
+        action_guards.check(session, SessionAction.DELETE)
+        if not session.agent_harness_id:
+            events.publish_session_changed_on_commit(session, reason="delete", deleted=True)
+            session.delete()
+            return True
+        expected = {k: v for k, v in Session.objects.filter(pk=session.pk).values().first().items()}
+    if not delete_session_guarded(key=key, expected=expected, purpose="delete"):
+        raise Conflict(f"Session {key} changed; retry.", details={"code": "SESSION_CHANGED"})
+    return True
