@@ -8,6 +8,7 @@ cache, tasks in the gateway process. Production: ``DATABASE_URL`` (PostgreSQL) a
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 import dj_database_url
@@ -35,8 +36,6 @@ if os.environ.get("DJANGO_SECRET_KEY"):
     SECRET_KEY = os.environ["DJANGO_SECRET_KEY"]
 else:
     if not SECRET_KEY_FILE.exists():
-        import secrets
-
         fd = os.open(SECRET_KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(secrets.token_urlsafe(50))
@@ -57,6 +56,7 @@ INSTALLED_APPS = [
     "openclaw_site.gateway",
     "sessions_app",
     "native_harness",
+    "workers_app",
 ]
 
 MIDDLEWARE = [

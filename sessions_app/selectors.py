@@ -24,7 +24,14 @@ def session_rows(sessions: Sequence[Session]) -> list[dict]:
     """The GatewaySessionRow projection of sessions.list / sessions.describe, with the fields other
     apps contribute (:data:`sessions_app.extensions.session_projections`), asked for once per page."""
     extra = session_projections.extra_fields(sessions)
-    return [{**_own_row(session), **extra.get(session.key, {})} for session in sessions]
+    rows = []
+    for session in sessions:
+        row, contributed = _own_row(session), extra.get(session.key, {})
+        overridden = row.keys() & contributed.keys()
+        if overridden:
+            raise RuntimeError(f"a session projection overrides session fields {sorted(overridden)}")
+        rows.append({**{k: v for k, v in row.items() if v is not None}, **contributed})
+    return rows
 
 
 def session_row(session: Session) -> dict:
@@ -32,6 +39,7 @@ def session_row(session: Session) -> dict:
 
 
 def _own_row(session: Session) -> dict:
+    """Every field of the row, unset ones as None (left out on the wire)."""
     row = {
         "key": session.key,
         "kind": "direct",
@@ -56,17 +64,18 @@ def _own_row(session: Session) -> dict:
         "outputTokens": session.output_tokens,
         "lastRunId": session.last_run_id or None,
     }
-    if session.fork_source_session_key:
-        row["forkSource"] = {
+    row["forkSource"] = (
+        {
             "sessionKey": session.fork_source_session_key,
             "sessionId": session.fork_source_session_id,
             "entryId": session.fork_source_entry_id or None,
         }
-    if session.cwd:
-        row["spawnedCwd"] = session.cwd
-    if session.worktree:
-        row["worktree"] = session.worktree
-    return {k: v for k, v in row.items() if v is not None}
+        if session.fork_source_session_key
+        else None
+    )
+    row["spawnedCwd"] = session.cwd or None
+    row["worktree"] = session.worktree or None
+    return row
 
 
 def session_get(key: str) -> Session | None:

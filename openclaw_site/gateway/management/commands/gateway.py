@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
@@ -17,8 +19,6 @@ class Command(BaseCommand):
         add_call_arguments(sub.add_parser("call", help="Call one gateway method and print its JSON result"))
 
     def handle(self, *args, **options):
-        import argparse
-
         namespace = argparse.Namespace(**options)
         if not namespace.url:
             host = gateway_setting("BIND")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 
+from channels.routing import get_default_application
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from openclaw_site.gateway.conf import ensure_gateway_token, gateway_setting
+from openclaw_site.gateway.daphne_server import run_gateway_server
 
 
 class Command(BaseCommand):
@@ -18,9 +20,8 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=None, help="Port (OPENCLAW_GATEWAY_PORT); 0 picks one.")
 
     def handle(self, *args, **options):
-        from openclaw_site.asgi import application
-        from openclaw_site.gateway.daphne_server import run_gateway_server
-
+        # settings.ASGI_APPLICATION: the project's routing, named by the settings rather than imported.
+        application = get_default_application()
         host = options["bind"] or gateway_setting("BIND")
         port = options["port"] if options["port"] is not None else gateway_setting("PORT")
         token, created = ensure_gateway_token()
