@@ -58,14 +58,7 @@ def run_detail(request: HttpRequest, run_id: str):
 
 @router.get("/", response={200: dict, **ERRORS})
 def session_list(request: HttpRequest, filters: Query[SessionsListParams]):
-    return selectors.sessions_list_payload(
-        limit=filters.limit,
-        offset=filters.offset,
-        agent_id=filters.agentId,
-        label=filters.label,
-        search=filters.search,
-        archived=filters.archived,
-    )
+    return selectors.sessions_list_payload(filters)
 
 
 @router.post("/", response={201: dict, **ERRORS})
@@ -78,13 +71,7 @@ def session_create(request: HttpRequest, payload: SessionsCreateParams):
 @router.post("/adopt", response={201: dict, **ERRORS})
 def session_adopt(request: HttpRequest, payload: SessionsAdoptParams):
     """A new locked session continuing an existing native thread of an agent harness."""
-    session = forks.session_adopt_requested(
-        thread_id=payload.threadId,
-        harness_id=payload.harness,
-        agent_id=payload.agentId,
-        key=payload.key,
-        label=payload.label,
-    )
+    session = forks.session_adopt_requested(request=payload)
     return Status(201, selectors.session_adopted_payload(session))
 
 

@@ -44,14 +44,7 @@ def sessions_create_rpc(ctx: RpcContext, params: SessionsCreateParams) -> dict:
 
 @method("sessions.list", params=SessionsListParams, scope=sc.READ)
 def sessions_list_rpc(ctx: RpcContext, params: SessionsListParams) -> dict:
-    return selectors.sessions_list_payload(
-        limit=params.limit,
-        offset=params.offset,
-        agent_id=params.agentId,
-        label=params.label,
-        search=params.search,
-        archived=params.archived,
-    )
+    return selectors.sessions_list_payload(params)
 
 
 @method("sessions.describe", params=SessionRef, scope=sc.READ)
@@ -112,13 +105,7 @@ def sessions_fork_rpc(ctx: RpcContext, params: SessionsForkParams) -> dict:
 
 @method("sessions.adopt", params=SessionsAdoptParams, scope=sc.WRITE)
 def sessions_adopt_rpc(ctx: RpcContext, params: SessionsAdoptParams) -> dict:
-    session = forks.session_adopt_requested(
-        thread_id=params.threadId,
-        harness_id=params.harness,
-        agent_id=params.agentId,
-        key=params.key,
-        label=params.label,
-    )
+    session = forks.session_adopt_requested(request=params)
     return selectors.session_adopted_payload(session)
 
 

@@ -14,6 +14,7 @@ from . import keys
 from .extensions import session_projections
 from .models import Run, Session, SessionWindow, TranscriptEvent
 from .providers import default_model
+from .schemas import SessionsListParams
 
 
 def _ms(value) -> int | None:
@@ -110,30 +111,22 @@ def resolved_model(session: Session) -> dict:
 # --- payloads shared by the gateway methods and the JSON API --------------------------------
 
 
-def sessions_list_payload(
-    *,
-    limit: int,
-    offset: int,
-    agent_id: str | None = None,
-    label: str | None = None,
-    search: str | None = None,
-    archived: bool | str = False,
-) -> dict:
-    """The sessions.list result; ``agent_id`` as the caller gave it (normalized here)."""
+def sessions_list_payload(query: SessionsListParams) -> dict:
+    """The sessions.list result (the JSON API's ``GET /api/sessions/`` too)."""
     sessions, has_more = sessions_page(
-        limit=limit,
-        offset=offset,
-        agent_id=keys.normalize_agent_id(agent_id) if agent_id else None,
-        label=label,
-        search=search,
-        archived=archived,
+        limit=query.limit,
+        offset=query.offset,
+        agent_id=keys.normalize_agent_id(query.agentId) if query.agentId else None,
+        label=query.label,
+        search=query.search,
+        archived=query.archived,
     )
     return {
         "ts": int(time.time() * 1000),
         "count": len(sessions),
-        "limitApplied": limit,
-        "offset": offset,
-        "nextOffset": offset + len(sessions) if has_more else None,
+        "limitApplied": query.limit,
+        "offset": query.offset,
+        "nextOffset": query.offset + len(sessions) if has_more else None,
         "hasMore": has_more,
         "defaults": session_defaults(),
         "sessions": session_rows(sessions),
@@ -141,7 +134,7 @@ def sessions_list_payload(
 
 
 def session_created_payload(session: Session, *, worktree: dict | None = None, run: Run | None = None) -> dict:
-    """The sessions.create (and sessions.adopt) result."""
+    """The sessions.create result."""
     result: dict = {
         "ok": True,
         "key": session.key,

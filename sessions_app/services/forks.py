@@ -18,6 +18,7 @@ from .. import events, keys
 from ..extensions import SessionAction, action_guards
 from ..harnesses import ForkRequest, registry
 from ..models import Run, RunStatus, Session, SessionWindow, TranscriptEvent, WindowReason
+from ..schemas import SessionsAdoptParams
 from . import links
 from .initialization import InitializationError, initialization_source
 from .transcripts import append_many
@@ -154,17 +155,15 @@ def _upstream_fork(seen: Session, link: dict[str, Any], entry_id: str) -> dict[s
     return {"sessionKey": result.key, "editorText": result.editor_text or _text(point.entry)}
 
 
-def session_adopt_requested(
-    *, thread_id: str, harness_id: str, agent_id: str | None, key: str | None, label: str | None
-) -> Session:
+def session_adopt_requested(*, request: SessionsAdoptParams) -> Session:
     """sessions.adopt as a caller asks for it (RPC and JSON API): keys normalized under the agent."""
-    agent = keys.normalize_agent_id(agent_id)
+    agent = keys.normalize_agent_id(request.agentId)
     return session_adopt(
-        thread_id=thread_id,
-        harness_id=harness_id,
+        thread_id=request.threadId,
+        harness_id=request.harness,
         agent_id=agent,
-        key=keys.canonical_key(key, agent) if key else None,
-        label=(label or "").strip(),
+        key=keys.canonical_key(request.key, agent) if request.key else None,
+        label=(request.label or "").strip(),
     )
 
 
