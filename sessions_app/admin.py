@@ -30,8 +30,8 @@ from openclaw_site.gateway.admin.common import (
 from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import Conflict
 
+from .model_providers.base import ModelProviderErrorKind
 from .models import Run, RunStatus, Session, SessionWindow, TranscriptEvent
-from .providers.base import ProviderErrorKind
 from .services import initialization, runs, sessions
 from .tasks import STALE_RUN_AFTER
 
@@ -67,7 +67,7 @@ class ArchivedFilter(admin.SimpleListFilter):
 
 
 class RunStateFilter(admin.SimpleListFilter):
-    """Active turns, and the running ones whose worker went quiet (what the sweep will fail)."""
+    """Active turns, and the running ones whose executor went quiet (what the sweep will fail)."""
 
     title = "state"
     parameter_name = "state"
@@ -96,7 +96,7 @@ class ErrorKindFilter(admin.SimpleListFilter):
 
     title = "error kind"
     parameter_name = "error_kind"
-    KINDS = (*get_args(ProviderErrorKind), "interrupted")
+    KINDS = (*get_args(ModelProviderErrorKind), "interrupted")
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
         return [(kind, kind) for kind in self.KINDS]
@@ -315,7 +315,7 @@ class RunAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
         "session_key",
         "status",
         "abort_requested",
-        "worker",
+        "executor",
         "heartbeat_at",
         "started_at",
         "ended_at",
@@ -337,7 +337,7 @@ class RunAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
                     "session_key",
                     "window",
                     "status",
-                    "worker",
+                    "executor",
                     "heartbeat_at",
                     "abort_requested_at",
                 )

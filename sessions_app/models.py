@@ -159,8 +159,9 @@ class Run(models.Model):
     abort_requested_at = models.DateTimeField(null=True, blank=True)
     # The connection that sent the turn receives its stream without subscribing.
     origin_channel = models.CharField(max_length=200, blank=True)
-    # Who executes it ("celery:<host>:<pid>" or "gateway:<bootId>") and proof of life.
-    worker = models.CharField(max_length=200, blank=True)
+    # Which process executes it ("celery:<host>:<pid>" or "gateway:<bootId>") and its proof of life.
+    # The column keeps its first name; "worker" now means a worker environment (workers_app).
+    executor = models.CharField(max_length=200, blank=True, db_column="worker")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -170,7 +171,7 @@ class Run(models.Model):
         indexes = [
             # Next queued turn of a session, and "is a turn of this session running?".
             models.Index(fields=["session", "status", "created_at"], name="run_session_status_idx"),
-            # The sweep: running turns whose worker stopped heartbeating.
+            # The sweep: running turns whose executor stopped heartbeating.
             models.Index(fields=["status", "heartbeat_at"], name="run_status_heartbeat_idx"),
         ]
 

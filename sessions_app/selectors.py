@@ -12,8 +12,8 @@ from openclaw_site.gateway.exceptions import NotFound
 
 from . import keys
 from .extensions import session_projections
+from .model_providers import default_model
 from .models import Run, Session, SessionWindow, TranscriptEvent
-from .providers import default_model
 from .schemas import SessionsListParams
 
 

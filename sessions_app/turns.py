@@ -14,9 +14,9 @@ import time
 from openclaw_site.gateway import background
 
 from .events import TurnEmitter
+from .model_providers import default_model, get_model_provider
+from .model_providers.base import Aborted, ChatMessage, Delta, Finish, ModelProviderError
 from .models import RunStatus
-from .providers import default_model, get_provider
-from .providers.base import Aborted, ChatMessage, Delta, Finish, ProviderError
 from .services import runs
 from .services.runs import TurnOutcome
 
@@ -54,7 +54,7 @@ class _TurnProbe:
 
 def execute_turn(run_id: str) -> str | None:
     """Run the turn if it is still queued and its session idle; returns its terminal status."""
-    claim = runs.run_claim(run_id=run_id, worker=background.worker_label())
+    claim = runs.run_claim(run_id=run_id, executor=background.executor_label())
     if claim is None:
         return None
     run, session = claim.run, claim.session
@@ -65,7 +65,7 @@ def execute_turn(run_id: str) -> str | None:
     outcome: TurnOutcome
     provider_name, model = "", session.model
     try:
-        provider = get_provider()
+        provider = get_model_provider()
         provider_name = provider.name
         model = session.model or default_model()
         messages = [ChatMessage(role=role, content=text) for role, text in claim.history]
@@ -78,7 +78,7 @@ def execute_turn(run_id: str) -> str | None:
                 finish = item
             should_abort()  # a fast stream must heartbeat too
         if finish is None:
-            raise ProviderError("model provider ended without finishing the reply", kind="malformed")
+            raise ModelProviderError("model provider ended without finishing the reply", kind="malformed")
         outcome = TurnOutcome(
             status=RunStatus.OK,
             text="".join(parts),
@@ -97,7 +97,7 @@ def execute_turn(run_id: str) -> str | None:
             model_provider=provider_name,
             model=model,
         )
-    except ProviderError as error:
+    except ModelProviderError as error:
         outcome = TurnOutcome(
             status=RunStatus.ERROR,
             error=error.summary,

@@ -39,9 +39,9 @@ def dispatch_on_commit(task: Any, *args: Any) -> None:
     transaction.on_commit(functools.partial(dispatch_now, task, *args))
 
 
-def worker_label() -> str:
-    """Who is executing right now: this gateway process, or a Celery worker process."""
-    if state.in_process_worker():
+def executor_label() -> str:
+    """Which process is executing right now: this gateway process, or a Celery worker process."""
+    if state.in_process_task():
         return f"gateway:{state.BOOT_ID}"
     return f"celery:{socket.gethostname()}:{os.getpid()}"
 

@@ -87,7 +87,7 @@ _in_process_task: contextvars.ContextVar[bool] = contextvars.ContextVar("in_proc
 IN_PROCESS_THREAD_PREFIX = "openclaw-task"
 
 
-def in_process_worker() -> bool:
+def in_process_task() -> bool:
     return _in_process_task.get() or threading.current_thread().name.startswith(IN_PROCESS_THREAD_PREFIX)
 
 

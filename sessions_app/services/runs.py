@@ -141,7 +141,7 @@ class ClaimedTurn:
     history: list[tuple[str, str]]  # (role, text) of the active path, the new user message last
 
 
-def run_claim(*, run_id: str, worker: str) -> ClaimedTurn | None:
+def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
     """Start a queued turn if its session is idle; None when it is not this caller's to run.
 
     In one transaction under the session lock: no other turn of the session may be running;
@@ -162,7 +162,7 @@ def run_claim(*, run_id: str, worker: str) -> ClaimedTurn | None:
             return None
         now = timezone.now()
         claimed = Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
-            status=RunStatus.RUNNING, worker=worker, started_at=now, heartbeat_at=now
+            status=RunStatus.RUNNING, executor=executor, started_at=now, heartbeat_at=now
         )
         if claimed != 1:
             return None
@@ -310,14 +310,14 @@ def run_abort(*, session_key: str, run_id: str | None = None, actor: Actor | Non
     return [run.run_id for run in runs]
 
 
-def runs_recover(*, stale_before, reason: str, workers: list[str] | None = None) -> list[str]:
-    """Fail running turns whose worker stopped: no heartbeat since ``stale_before`` (or a dead worker).
+def runs_recover(*, stale_before, reason: str, executors: list[str] | None = None) -> list[str]:
+    """Fail running turns whose executor stopped: no heartbeat since ``stale_before`` (or a dead executor).
 
     Their sessions' queued turns are dispatched again.
     """
     candidates = Run.objects.filter(status=RunStatus.RUNNING)
-    if workers is not None:
-        candidates = candidates.filter(worker__in=workers)
+    if executors is not None:
+        candidates = candidates.filter(executor__in=executors)
     else:
         candidates = candidates.filter(heartbeat_at__lt=stale_before)
     failed = []
@@ -346,14 +346,14 @@ def runs_recover_dead_gateways() -> list[str]:
     """Fail turns that ran inside a gateway process that is gone (embedded profile restart)."""
     live = {f"gateway:{boot}" for boot in live_process_boot_ids()}
     live.add(f"gateway:{state.BOOT_ID}")
-    workers = set(
-        Run.objects.filter(status=RunStatus.RUNNING, worker__startswith="gateway:").values_list("worker", flat=True)
+    executors = set(
+        Run.objects.filter(status=RunStatus.RUNNING, executor__startswith="gateway:").values_list("executor", flat=True)
     )
-    dead = sorted(workers - live)
+    dead = sorted(executors - live)
     if not dead:
         return []
     return runs_recover(
-        stale_before=None, workers=dead, reason="run interrupted: the gateway process running it stopped"
+        stale_before=None, executors=dead, reason="run interrupted: the gateway process running it stopped"
     )
 
 

@@ -52,7 +52,7 @@ def queued(session: Session, run_id: str) -> Run:
 
 def running(session: Session, run_id: str) -> Run:
     queued(session, run_id)
-    return runs.run_claim(run_id=run_id, worker="celery:test:1").run
+    return runs.run_claim(run_id=run_id, executor="celery:test:1").run
 
 
 def finished(session: Session, run_id: str, text: str = "done") -> Run:

@@ -46,7 +46,7 @@ def make(key: str = "agent:main:s1", **fields) -> Session:
 
 def finished_turn(session: Session, run_id: str, message: str, reply: str) -> Run:
     runs.run_submit(session_key=session.key, message=message, idempotency_key=run_id)
-    runs.run_claim(run_id=run_id, worker="test")
+    runs.run_claim(run_id=run_id, executor="test")
     return runs.run_finish(run_id=run_id, outcome=runs.TurnOutcome(status=RunStatus.OK, text=reply))
 
 
@@ -298,7 +298,7 @@ def test_delete_removes_the_session_and_404s_after(client):
 def test_delete_is_unavailable_while_a_turn_runs(client):
     session = make()
     runs.run_submit(session_key=session.key, message="hi", idempotency_key="busy")
-    runs.run_claim(run_id="busy", worker="test")
+    runs.run_claim(run_id="busy", executor="test")
 
     response = client.delete(f"/api/sessions/{session.key}")
 

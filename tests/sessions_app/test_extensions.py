@@ -77,7 +77,7 @@ def test_the_next_queued_turn_goes_to_the_same_runner(django_capture_on_commit_c
     with turn_runners.selecting(lambda s: worker), django_capture_on_commit_callbacks(execute=True):
         send(session.key, "r1")
         send(session.key, "r2")
-        runs.run_claim(run_id="r1", worker="test")
+        runs.run_claim(run_id="r1", executor="test")
         runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="ok", text="done"))
 
     assert worker.dispatched == ["r1", "r2", "r2"]  # r2 at submit, and again when r1 ended
@@ -179,7 +179,7 @@ def test_refused_reset_and_delete_change_nothing():
 def test_a_refused_fork_source_creates_no_child():
     source = make("agent:main:source")
     runs.run_submit(session_key=source.key, message="first", idempotency_key="r1")
-    runs.run_claim(run_id="r1", worker="test")
+    runs.run_claim(run_id="r1", executor="test")
     runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="ok", text="reply"))
     entry = TranscriptEvent.objects.filter(window_id=source.session_id, body__role="user").get()
     with action_guards.guarding(refuse(SessionAction.FORK, "no fork while moving")):

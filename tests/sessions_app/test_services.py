@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
 from sessions_app import selectors, tasks, turns
+from sessions_app.model_providers.base import ModelProviderError
 from sessions_app.models import Run, Session, SessionWindow, TranscriptEvent
-from sessions_app.providers.base import ProviderError
 from sessions_app.services import runs, sessions, transcripts
 
 pytestmark = pytest.mark.django_db
@@ -110,14 +110,14 @@ def test_one_turn_at_a_time_per_session_and_the_next_is_dispatched(_no_dispatch)
     runs.run_submit(session_key=session.key, message="one", idempotency_key="r1")
     runs.run_submit(session_key=session.key, message="two", idempotency_key="r2")
     assert _no_dispatch == ["r1", "r2"]
-    claim = runs.run_claim(run_id="r1", worker="test")
+    claim = runs.run_claim(run_id="r1", executor="test")
     assert claim is not None and claim.history == [("user", "one")]
-    assert runs.run_claim(run_id="r2", worker="test") is None  # session busy
-    assert runs.run_claim(run_id="r1", worker="test") is None  # already running
+    assert runs.run_claim(run_id="r2", executor="test") is None  # session busy
+    assert runs.run_claim(run_id="r1", executor="test") is None  # already running
     finished = runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="ok", text="ONE"))
     assert finished.status == "ok"
     assert _no_dispatch[-1] == "r2"
-    second = runs.run_claim(run_id="r2", worker="test")
+    second = runs.run_claim(run_id="r2", executor="test")
     assert second.history == [("user", "one"), ("assistant", "ONE"), ("user", "two")]
     # A finish for a run that is no longer running writes nothing.
     assert runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="ok", text="again")) is None
@@ -127,7 +127,7 @@ def test_one_turn_at_a_time_per_session_and_the_next_is_dispatched(_no_dispatch)
 def test_error_turns_write_no_assistant_message():
     session = make()
     runs.run_submit(session_key=session.key, message="one", idempotency_key="r1")
-    runs.run_claim(run_id="r1", worker="test")
+    runs.run_claim(run_id="r1", executor="test")
     run = runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="error", error="boom", error_kind="http"))
     assert (run.status, run.error, run.error_kind) == ("error", "boom", "http")
     assert [e.body["role"] for e in TranscriptEvent.objects.order_by("seq")] == ["user"]
@@ -138,7 +138,7 @@ def test_reset_fails_queued_turns_and_refuses_while_running():
     session = make()
     runs.run_submit(session_key=session.key, message="one", idempotency_key="r1")
     runs.run_submit(session_key=session.key, message="two", idempotency_key="r2")
-    runs.run_claim(run_id="r1", worker="test")
+    runs.run_claim(run_id="r1", executor="test")
     with pytest.raises(Unavailable, match="Reset is unavailable while the agent is working"):
         sessions.session_reset(key=session.key)
     with pytest.raises(Unavailable, match="Delete is unavailable while the agent is working"):
@@ -155,7 +155,7 @@ def test_abort_ends_queued_turns_at_once_and_flags_running_ones(monkeypatch):
     session = make()
     runs.run_submit(session_key=session.key, message="one", idempotency_key="r1")
     runs.run_submit(session_key=session.key, message="two", idempotency_key="r2")
-    runs.run_claim(run_id="r1", worker="test")
+    runs.run_claim(run_id="r1", executor="test")
     assert runs.run_abort(session_key=session.key) == ["r1", "r2"]
     assert Run.objects.get(run_id="r2").status == "aborted"
     assert Run.objects.get(run_id="r1").status == "running"
@@ -169,7 +169,7 @@ def test_recovery_fails_silent_runs_only():
     quiet = make("agent:main:quiet")
     for key, run_id in ((session.key, "alive"), (quiet.key, "dead")):
         runs.run_submit(session_key=key, message="hi", idempotency_key=run_id)
-        runs.run_claim(run_id=run_id, worker="celery:host:1")
+        runs.run_claim(run_id=run_id, executor="celery:host:1")
     runs.run_submit(session_key=quiet.key, message="next", idempotency_key="queued-after-dead")
     Run.objects.filter(run_id="dead").update(heartbeat_at=timezone.now() - timedelta(minutes=5))
     result = tasks.runs_sweep()
@@ -185,7 +185,7 @@ def test_recovery_fails_silent_runs_only():
 def test_runs_of_a_gateway_process_that_is_gone_are_failed_at_start():
     session = make()
     runs.run_submit(session_key=session.key, message="hi", idempotency_key="r1")
-    runs.run_claim(run_id="r1", worker="gateway:00000000-0000-0000-0000-000000000000")
+    runs.run_claim(run_id="r1", executor="gateway:00000000-0000-0000-0000-000000000000")
     assert runs.runs_recover_dead_gateways() == ["r1"]
     assert Run.objects.get(run_id="r1").error == "run interrupted: the gateway process running it stopped"
 
@@ -217,7 +217,7 @@ class _FailingProvider:
     ("error", "message", "kind"),
     [
         (
-            ProviderError("model provider returned HTTP 500: nope", kind="http"),
+            ModelProviderError("model provider returned HTTP 500: nope", kind="http"),
             "model provider returned HTTP 500: nope",
             "http",
         ),
@@ -225,7 +225,7 @@ class _FailingProvider:
     ],
 )
 def test_execute_turn_records_provider_failures(monkeypatch, error, message, kind):
-    monkeypatch.setattr(turns, "get_provider", lambda: _FailingProvider(error))
+    monkeypatch.setattr(turns, "get_model_provider", lambda: _FailingProvider(error))
     session = make()
     runs.run_submit(session_key=session.key, message="hi", idempotency_key="r1")
     assert turns.execute_turn("r1") == "error"

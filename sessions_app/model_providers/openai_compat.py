@@ -1,6 +1,6 @@
 """OpenAI-compatible ``POST {base_url}/chat/completions`` streaming provider (httpx, synchronous).
 
-Threading: the HTTP exchange runs on one short-lived worker thread that pushes Delta/Finish/ProviderError items
+Threading: the HTTP exchange runs on one short-lived worker thread that pushes Delta/Finish/ModelProviderError items
 into a queue; the caller's thread (the one iterating ``stream()``) polls ``should_abort()`` and the total deadline
 every 100 ms while it waits for the next item. On abort or deadline the caller's thread shuts the worker's socket
 down (which wakes a blocked read at once, unlike ``close()``) and joins the worker before raising. So
@@ -24,7 +24,7 @@ from typing import Any
 import certifi
 import httpx
 
-from .base import Aborted, ChatMessage, Delta, Finish, ProviderError, ProviderErrorKind
+from .base import Aborted, ChatMessage, Delta, Finish, ModelProviderError, ModelProviderErrorKind
 
 
 @functools.cache
@@ -73,7 +73,7 @@ class OpenAICompatProvider:
         self, messages: Sequence[ChatMessage], *, model: str, should_abort: Callable[[], bool]
     ) -> Iterator[Delta | Finish]:
         if not self.config.base_url:
-            raise ProviderError("model provider base URL is not set (OPENCLAW_MODEL_BASE_URL)", kind="unknown")
+            raise ModelProviderError("model provider base URL is not set (OPENCLAW_MODEL_BASE_URL)", kind="unknown")
         payload = {
             "model": model,
             "messages": [{"role": m.role, "content": m.content} for m in messages],
@@ -116,7 +116,7 @@ class _Exchange:
         self.config = config
         self.payload = payload
         self.requested_model = requested_model
-        self.events: queue.SimpleQueue[Delta | Finish | ProviderError] = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[Delta | Finish | ModelProviderError] = queue.SimpleQueue()
         self._stop = threading.Event()
         # Guards _network_stream between the worker (which sets it) and close() (which shuts its socket down).
         self._lock = threading.Lock()
@@ -157,17 +157,17 @@ class _Exchange:
                 self._shutdown_socket()
 
     def _run(self) -> None:
-        outcome: Finish | ProviderError
+        outcome: Finish | ModelProviderError
         try:
             outcome = self._call()
         except _Stopped:
             return
-        except ProviderError as exc:
+        except ModelProviderError as exc:
             outcome = exc
         except Exception as exc:
             # A bug in this module or httpx, not a provider failure: keep the traceback, fail the turn.
             logger.exception("model provider call failed unexpectedly")
-            outcome = ProviderError(f"model provider call failed: {type(exc).__name__}: {exc}", kind="unknown")
+            outcome = ModelProviderError(f"model provider call failed: {type(exc).__name__}: {exc}", kind="unknown")
         finally:
             with self._lock:
                 self._network_stream = None
@@ -197,35 +197,35 @@ class _Exchange:
                 return self._read_event_stream(response, state)
         except httpx.ConnectTimeout:
             self._raise_if_stopped()
-            raise ProviderError(
+            raise ModelProviderError(
                 f"model provider unreachable: connect timed out after {_seconds(cfg.connect_timeout_s)} s",
                 kind="connection",
             ) from None
         except httpx.ConnectError as exc:
             self._raise_if_stopped()
-            raise ProviderError(f"model provider unreachable: {_describe(exc)}", kind="connection") from None
+            raise ModelProviderError(f"model provider unreachable: {_describe(exc)}", kind="connection") from None
         except httpx.TimeoutException:
             self._raise_if_stopped()
             raise _timed_out(cfg.read_timeout_s) from None
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             self._raise_if_stopped()
             if not state.headers_received:
-                raise ProviderError(
+                raise ModelProviderError(
                     f"model provider closed the connection without a response: {_describe(exc)}", kind="connection"
                 ) from None
             if state.finish_reason is not None:
                 # The reply was complete; only the trailing usage chunk / [DONE] got lost.
                 return state.finish()
-            raise ProviderError(
+            raise ModelProviderError(
                 f"model provider connection dropped mid-stream: {_describe(exc)}", kind="connection"
             ) from None
         except httpx.DecodingError as exc:
             raise _malformed(f"undecodable body ({_describe(exc)})") from None
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-            raise ProviderError(f"model provider base URL is invalid: {_describe(exc)}", kind="unknown") from None
+            raise ModelProviderError(f"model provider base URL is invalid: {_describe(exc)}", kind="unknown") from None
         except httpx.HTTPError as exc:
             self._raise_if_stopped()
-            raise ProviderError(f"model provider request failed: {_describe(exc)}", kind="connection") from None
+            raise ModelProviderError(f"model provider request failed: {_describe(exc)}", kind="connection") from None
 
     def _raise_if_stopped(self) -> None:
         if self._stop.is_set():
@@ -296,7 +296,7 @@ class _Exchange:
                 return bytes(data[:limit]), True
         return bytes(data), False
 
-    def _http_error(self, response: httpx.Response) -> ProviderError:
+    def _http_error(self, response: httpx.Response) -> ModelProviderError:
         try:
             body, _ = self._read_limited(response, MAX_ERROR_BODY_BYTES)
         except httpx.HTTPError:
@@ -305,7 +305,7 @@ class _Exchange:
         message, code = _error_fields(text)
         detail = _one_line(message, 1000) if message else _one_line(text[:200], 200)
         status = response.status_code
-        return ProviderError(
+        return ModelProviderError(
             f"model provider returned HTTP {status}: {detail or response.reason_phrase or 'no details'}",
             kind=_error_kind(status=status, code=code, message=message or text),
         )
@@ -356,7 +356,7 @@ class _ReplyState:
         if error:
             message, code = _error_fields_from(obj)
             detail = _one_line(message or json.dumps(error), 1000)
-            raise ProviderError(
+            raise ModelProviderError(
                 f"model provider reported an error: {detail}",
                 kind=_error_kind(status=None, code=code, message=message or ""),
             )
@@ -393,9 +393,9 @@ class _ReplyState:
         """The terminal item, once the body ended cleanly ([DONE], or the server closed the stream properly)."""
         if not self.content_seen:
             if self.refusal:
-                raise ProviderError(f"model refused: {_one_line(''.join(self.refusal), 500)}", kind="refusal")
+                raise ModelProviderError(f"model refused: {_one_line(''.join(self.refusal), 500)}", kind="refusal")
             if self.finish_reason == "content_filter":
-                raise ProviderError("model provider blocked the reply (content_filter)", kind="refusal")
+                raise ModelProviderError("model provider blocked the reply (content_filter)", kind="refusal")
             if self.finish_reason is None:
                 raise _malformed("stream ended without content or finish_reason")
         return Finish(
@@ -445,7 +445,7 @@ def _error_fields_from(obj: object) -> tuple[str | None, str | None]:
     )
 
 
-def _error_kind(*, status: int | None, code: str | None, message: str) -> ProviderErrorKind:
+def _error_kind(*, status: int | None, code: str | None, message: str) -> ModelProviderErrorKind:
     text = f"{code or ''} {message}".lower()
     if status == 429 or "rate_limit" in text:
         return "rate_limit"
@@ -454,12 +454,12 @@ def _error_kind(*, status: int | None, code: str | None, message: str) -> Provid
     return "http" if status is not None else "unknown"
 
 
-def _malformed(why: str) -> ProviderError:
-    return ProviderError(f"model provider sent a malformed response: {why}", kind="malformed")
+def _malformed(why: str) -> ModelProviderError:
+    return ModelProviderError(f"model provider sent a malformed response: {why}", kind="malformed")
 
 
-def _timed_out(seconds: float) -> ProviderError:
-    return ProviderError(f"model provider timed out after {_seconds(seconds)} s", kind="timeout")
+def _timed_out(seconds: float) -> ModelProviderError:
+    return ModelProviderError(f"model provider timed out after {_seconds(seconds)} s", kind="timeout")
 
 
 def _seconds(value: float) -> str:

@@ -1,10 +1,10 @@
-"""Model providers: ``get_provider()`` picks one from ``settings.OPENCLAW_MODEL`` at call time."""
+"""Model providers: ``get_model_provider()`` picks one from ``settings.OPENCLAW_MODEL`` at call time."""
 
 from __future__ import annotations
 
 from django.conf import settings
 
-from .base import Aborted, ChatMessage, Delta, Finish, ModelProvider, ProviderError, ProviderErrorKind
+from .base import Aborted, ChatMessage, Delta, Finish, ModelProvider, ModelProviderError, ModelProviderErrorKind
 from .echo import EchoProvider
 from .openai_compat import OpenAICompatConfig, OpenAICompatProvider
 
@@ -15,23 +15,23 @@ __all__ = [
     "EchoProvider",
     "Finish",
     "ModelProvider",
+    "ModelProviderError",
+    "ModelProviderErrorKind",
     "OpenAICompatConfig",
     "OpenAICompatProvider",
-    "ProviderError",
-    "ProviderErrorKind",
     "default_model",
-    "get_provider",
+    "get_model_provider",
 ]
 
 
-def get_provider() -> ModelProvider:
+def get_model_provider() -> ModelProvider:
     conf = settings.OPENCLAW_MODEL
     name = str(conf.get("PROVIDER") or "").strip()
     if name == "echo":
         return EchoProvider()
     if name == "openai":
         return OpenAICompatProvider(OpenAICompatConfig.from_settings(conf))
-    raise ProviderError(f"unknown model provider: {name}", kind="unknown")
+    raise ModelProviderError(f"unknown model provider: {name}", kind="unknown")
 
 
 def default_model() -> str:

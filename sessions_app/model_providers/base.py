@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-ProviderErrorKind = Literal[
+ModelProviderErrorKind = Literal[
     "timeout", "rate_limit", "http", "connection", "malformed", "context_length", "refusal", "unknown"
 ]
 
@@ -30,24 +30,24 @@ class Finish:
     model: str  # the model that actually answered (response "model" field, else the requested one)
 
 
-class ProviderError(Exception):
+class ModelProviderError(Exception):
     """A failed model call; ``summary`` is one readable line for operators and ``kind`` classifies it."""
 
-    def __init__(self, summary: str, *, kind: ProviderErrorKind = "unknown") -> None:
+    def __init__(self, summary: str, *, kind: ModelProviderErrorKind = "unknown") -> None:
         super().__init__(summary)
         self.summary = summary
-        self.kind: ProviderErrorKind = kind
+        self.kind: ModelProviderErrorKind = kind
 
     def __repr__(self) -> str:
-        return f"ProviderError({self.summary!r}, kind={self.kind!r})"
+        return f"ModelProviderError({self.summary!r}, kind={self.kind!r})"
 
     def __reduce__(self) -> tuple[object, ...]:
         # Keep ``kind`` across pickling (Celery results, multiprocessing); the default only replays ``args``.
         return (_restore_provider_error, (self.summary, self.kind))
 
 
-def _restore_provider_error(summary: str, kind: ProviderErrorKind) -> ProviderError:
-    return ProviderError(summary, kind=kind)
+def _restore_provider_error(summary: str, kind: ModelProviderErrorKind) -> ModelProviderError:
+    return ModelProviderError(summary, kind=kind)
 
 
 class Aborted(Exception):
@@ -62,7 +62,7 @@ class ModelProvider(Protocol):
     ) -> Iterator[Delta | Finish]:
         """Yields Delta chunks then exactly one Finish (last).
 
-        Raises ProviderError on failure, Aborted when should_abort() became true (the caller keeps the text it
+        Raises ModelProviderError on failure, Aborted when should_abort() became true (the caller keeps the text it
         already received). should_abort() is only ever called on the thread that iterates the stream.
         """
         ...

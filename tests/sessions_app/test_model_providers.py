@@ -15,19 +15,19 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from sessions_app.providers import (
+from sessions_app.model_providers import (
     Aborted,
     ChatMessage,
     Delta,
     EchoProvider,
     Finish,
     ModelProvider,
+    ModelProviderError,
     OpenAICompatProvider,
-    ProviderError,
     default_model,
-    get_provider,
+    get_model_provider,
 )
-from sessions_app.providers.openai_compat import WORKER_THREAD_NAME
+from sessions_app.model_providers.openai_compat import WORKER_THREAD_NAME
 from tests.support.mock_openai import (
     MockOpenAI,
     echo,
@@ -116,7 +116,7 @@ def openai_conf(settings, mock_openai: MockOpenAI) -> dict:
 
 def configure(settings, **overrides: object) -> ModelProvider:
     settings.OPENCLAW_MODEL = {**settings.OPENCLAW_MODEL, **overrides}
-    return get_provider()
+    return get_model_provider()
 
 
 # --- echo -----------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_echo_aborts_before_the_second_chunk():
 
 
 def test_it_streams_a_reply_with_usage(openai_conf, mock_openai):
-    deltas, finish = collect(get_provider(), user("Reply exactly: hello there world"))
+    deltas, finish = collect(get_model_provider(), user("Reply exactly: hello there world"))
 
     assert deltas == ["hello ", "there ", "world"]
     assert finish.stop_reason == "stop"
@@ -199,7 +199,7 @@ def test_it_streams_a_reply_with_usage(openai_conf, mock_openai):
 def test_it_reports_the_model_that_answered(openai_conf, mock_openai):
     mock_openai.script(reply("hi there", model="gpt-test-2025-01-01", chunk_words=2))
 
-    deltas, finish = collect(get_provider(), user("anything"))
+    deltas, finish = collect(get_model_provider(), user("anything"))
 
     assert deltas == ["hi there"]
     assert finish.model == "gpt-test-2025-01-01"
@@ -208,7 +208,7 @@ def test_it_reports_the_model_that_answered(openai_conf, mock_openai):
 def test_it_accepts_a_non_streamed_json_reply(openai_conf, mock_openai):
     mock_openai.script(echo(stream=False))
 
-    deltas, finish = collect(get_provider(), user("Reply exactly: all at once"))
+    deltas, finish = collect(get_model_provider(), user("Reply exactly: all at once"))
 
     assert deltas == ["all at once"]
     assert finish.stop_reason == "stop"
@@ -219,7 +219,7 @@ def test_it_accepts_a_non_streamed_json_reply(openai_conf, mock_openai):
 def test_it_posts_model_messages_and_stream(openai_conf, mock_openai):
     messages = [ChatMessage(role="system", content="sys"), ChatMessage(role="user", content="hi")]
 
-    collect(get_provider(), messages, model="gpt-other")
+    collect(get_model_provider(), messages, model="gpt-other")
 
     assert mock_openai.requests == [
         {
@@ -240,7 +240,7 @@ def test_it_sends_the_api_key_as_a_bearer_token(settings, openai_conf, mock_open
 
 
 def test_it_sends_no_authorization_header_without_an_api_key(openai_conf, mock_openai):
-    collect(get_provider(), user("hi"))
+    collect(get_model_provider(), user("hi"))
 
     assert "authorization" not in mock_openai.request_headers[0]
 
@@ -259,7 +259,7 @@ def test_it_skips_chunks_without_content(openai_conf, mock_openai):
     )
     mock_openai.script(raw(body, content_type="text/event-stream"))
 
-    deltas, finish = collect(get_provider(), user("hi"))
+    deltas, finish = collect(get_model_provider(), user("hi"))
 
     assert deltas == ["ok"]
     assert finish == Finish(
@@ -270,8 +270,8 @@ def test_it_skips_chunks_without_content(openai_conf, mock_openai):
 # --- OpenAI-compatible: failures ------------------------------------------------------------
 
 
-def expect_error(provider: ModelProvider, *, deltas: list[str] | None = None) -> ProviderError:
-    with pytest.raises(ProviderError) as info:
+def expect_error(provider: ModelProvider, *, deltas: list[str] | None = None) -> ModelProviderError:
+    with pytest.raises(ModelProviderError) as info:
         collect(provider, user("Reply exactly: hi"), deltas=deltas)
     return info.value
 
@@ -279,7 +279,7 @@ def expect_error(provider: ModelProvider, *, deltas: list[str] | None = None) ->
 def test_http_500_is_an_http_error_with_the_provider_message(openai_conf, mock_openai):
     mock_openai.script(error(500, "upstream exploded"))
 
-    exc = expect_error(get_provider())
+    exc = expect_error(get_model_provider())
 
     assert exc.summary == "model provider returned HTTP 500: upstream exploded"
     assert exc.kind == "http"
@@ -289,7 +289,7 @@ def test_http_500_is_an_http_error_with_the_provider_message(openai_conf, mock_o
 def test_http_429_is_a_rate_limit_error(openai_conf, mock_openai):
     mock_openai.script(error(429, "Rate limit reached for requests", code="rate_limit_exceeded"))
 
-    exc = expect_error(get_provider())
+    exc = expect_error(get_model_provider())
 
     assert exc.summary == "model provider returned HTTP 429: Rate limit reached for requests"
     assert exc.kind == "rate_limit"
@@ -299,7 +299,7 @@ def test_context_length_error_is_classified(openai_conf, mock_openai):
     message = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
     mock_openai.script(error(400, message, code="context_length_exceeded"))
 
-    exc = expect_error(get_provider())
+    exc = expect_error(get_model_provider())
 
     assert exc.summary == f"model provider returned HTTP 400: {message}"
     assert exc.kind == "context_length"
@@ -309,7 +309,7 @@ def test_http_error_without_json_quotes_the_start_of_the_body(openai_conf, mock_
     page = "<html>\n<body>Bad gateway " + "x" * 300 + "</body></html>"
     mock_openai.script(raw(page, status=502, content_type="text/html"))
 
-    exc = expect_error(get_provider())
+    exc = expect_error(get_model_provider())
 
     assert exc.summary == "model provider returned HTTP 502: " + " ".join(page[:200].split())
     assert exc.kind == "http"
@@ -362,7 +362,7 @@ def test_a_reply_slower_than_the_total_timeout_is_a_timeout(settings, openai_con
 def test_invalid_json_in_the_stream_is_malformed(openai_conf, mock_openai):
     mock_openai.script(malformed())
 
-    exc = expect_error(get_provider())
+    exc = expect_error(get_model_provider())
 
     assert exc.summary == (
         "model provider sent a malformed response: invalid JSON in stream event "
@@ -374,7 +374,7 @@ def test_invalid_json_in_the_stream_is_malformed(openai_conf, mock_openai):
 def test_a_body_that_is_not_an_event_stream_is_malformed(openai_conf, mock_openai):
     mock_openai.script(malformed("<html>oops</html>\n"))
 
-    exc = expect_error(get_provider())
+    exc = expect_error(get_model_provider())
 
     assert exc.summary == "model provider sent a malformed response: unexpected line in event stream: <html>oops</html>"
     assert exc.kind == "malformed"
@@ -383,7 +383,7 @@ def test_a_body_that_is_not_an_event_stream_is_malformed(openai_conf, mock_opena
 def test_a_json_reply_without_choices_is_malformed(openai_conf, mock_openai):
     mock_openai.script(raw(json.dumps({"id": "chatcmpl-1", "object": "chat.completion"})))
 
-    exc = expect_error(get_provider())
+    exc = expect_error(get_model_provider())
 
     assert exc.summary == "model provider sent a malformed response: JSON body has no choices"
     assert exc.kind == "malformed"
@@ -393,7 +393,7 @@ def test_an_error_event_inside_the_stream_fails_the_call(openai_conf, mock_opena
     body = 'data: {"error": {"message": "model overloaded", "type": "server_error"}}\n\n'
     mock_openai.script(raw(body, content_type="text/event-stream"))
 
-    exc = expect_error(get_provider())
+    exc = expect_error(get_model_provider())
 
     assert exc.summary == "model provider reported an error: model overloaded"
     assert exc.kind == "unknown"
@@ -406,7 +406,7 @@ def test_a_refusal_without_content_is_a_refusal(openai_conf, mock_openai):
     }
     mock_openai.script(raw(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n", content_type="text/event-stream"))
 
-    exc = expect_error(get_provider())
+    exc = expect_error(get_model_provider())
 
     assert exc.summary == "model refused: I can't help with that."
     assert exc.kind == "refusal"
@@ -416,14 +416,14 @@ def test_a_refusal_without_content_is_a_refusal(openai_conf, mock_openai):
 #  * body ended properly (chunked terminator / Content-Length reached) without finish_reason or [DONE], after some
 #    content -> the reply is complete: Finish(stop_reason="stop");
 #  * the same with no content at all -> malformed;
-#  * the connection dropped inside the body -> ProviderError(kind="connection", "... dropped mid-stream ..."), after
-#    the deltas already yielded (the caller may keep them as partial text), unless finish_reason had arrived.
+#  * the connection dropped inside the body -> ModelProviderError(kind="connection", "... dropped mid-stream ..."),
+#    after the deltas already yielded (the caller may keep them as partial text), unless finish_reason had arrived.
 
 
 def test_partial_stream_that_ends_cleanly_is_a_complete_reply(openai_conf, mock_openai):
     mock_openai.script(partial_then_drop("Hello ", clean=True))
 
-    deltas, finish = collect(get_provider(), user("hi"))
+    deltas, finish = collect(get_model_provider(), user("hi"))
 
     assert deltas == ["Hello "]
     assert finish.stop_reason == "stop"
@@ -434,7 +434,7 @@ def test_partial_stream_that_is_dropped_is_a_connection_error_after_the_content(
     mock_openai.script(partial_then_drop("Hello "))
 
     deltas: list[str] = []
-    exc = expect_error(get_provider(), deltas=deltas)
+    exc = expect_error(get_model_provider(), deltas=deltas)
 
     assert deltas == ["Hello "]
     assert exc.summary == (
@@ -447,7 +447,7 @@ def test_partial_stream_that_is_dropped_is_a_connection_error_after_the_content(
 def test_a_stream_that_ends_without_any_content_or_finish_is_malformed(openai_conf, mock_openai):
     mock_openai.script(partial_then_drop("", clean=True))
 
-    exc = expect_error(get_provider())
+    exc = expect_error(get_model_provider())
 
     assert exc.summary == "model provider sent a malformed response: stream ended without content or finish_reason"
     assert exc.kind == "malformed"
@@ -456,7 +456,7 @@ def test_a_stream_that_ends_without_any_content_or_finish_is_malformed(openai_co
 def test_a_drop_after_finish_reason_still_finishes(openai_conf, mock_openai):
     mock_openai.script(partial_then_drop("done", finish_reason="length"))
 
-    deltas, finish = collect(get_provider(), user("hi"))
+    deltas, finish = collect(get_model_provider(), user("hi"))
 
     assert deltas == ["done"]
     assert finish.stop_reason == "length"
@@ -475,7 +475,7 @@ def test_abort_during_a_hang_is_prompt_and_leaks_no_thread(openai_conf, mock_ope
 
     started = time.monotonic()
     with pytest.raises(Aborted):
-        collect(get_provider(), user("hi"), should_abort=flag.is_set)
+        collect(get_model_provider(), user("hi"), should_abort=flag.is_set)
     elapsed = time.monotonic() - started
     timer.join()
 
@@ -490,7 +490,7 @@ def test_abort_between_chunks_keeps_what_was_received(openai_conf, mock_openai):
 
     deltas: list[str] = []
     with pytest.raises(Aborted):
-        collect(get_provider(), user("hi"), should_abort=lambda: len(deltas) >= 2, deltas=deltas)
+        collect(get_model_provider(), user("hi"), should_abort=lambda: len(deltas) >= 2, deltas=deltas)
 
     assert deltas == ["one ", "two "]
     assert not worker_threads()
@@ -504,14 +504,14 @@ def test_should_abort_runs_on_the_consumer_thread(openai_conf, mock_openai):
         seen.add(threading.get_ident())
         return False
 
-    collect(get_provider(), user("hi"), should_abort=should_abort)
+    collect(get_model_provider(), user("hi"), should_abort=should_abort)
 
     assert seen == {threading.get_ident()}
 
 
 def test_closing_the_stream_early_stops_the_worker(openai_conf, mock_openai):
     mock_openai.script(slow("one two three four", 0.5))
-    stream = get_provider().stream(user("hi"), model="gpt-test", should_abort=never)
+    stream = get_model_provider().stream(user("hi"), model="gpt-test", should_abort=never)
 
     assert next(stream) == Delta(text="one ")
     started = time.monotonic()
@@ -526,8 +526,8 @@ def test_closing_the_stream_early_stops_the_worker(openai_conf, mock_openai):
 
 def test_get_provider_reads_settings_at_call_time(settings):
     settings.OPENCLAW_MODEL = {**settings.OPENCLAW_MODEL, "PROVIDER": "echo", "MODEL": "echo-1"}
-    assert isinstance(get_provider(), EchoProvider)
-    assert get_provider().name == "echo"
+    assert isinstance(get_model_provider(), EchoProvider)
+    assert get_model_provider().name == "echo"
     assert default_model() == "echo-1"
 
     settings.OPENCLAW_MODEL = {
@@ -538,7 +538,7 @@ def test_get_provider_reads_settings_at_call_time(settings):
         "MODEL": "gpt-x",
         "READ_TIMEOUT_S": 7,
     }
-    provider = get_provider()
+    provider = get_model_provider()
     assert isinstance(provider, OpenAICompatProvider)
     assert provider.name == "openai"
     assert provider.config.base_url == "http://127.0.0.1:9/v1"
@@ -548,7 +548,7 @@ def test_get_provider_reads_settings_at_call_time(settings):
 
 
 def test_provider_error_keeps_its_kind_when_pickled():
-    restored = pickle.loads(pickle.dumps(ProviderError("model provider timed out after 1 s", kind="timeout")))
+    restored = pickle.loads(pickle.dumps(ModelProviderError("model provider timed out after 1 s", kind="timeout")))
 
     assert (restored.summary, restored.kind, str(restored)) == (
         "model provider timed out after 1 s",
@@ -560,8 +560,8 @@ def test_provider_error_keeps_its_kind_when_pickled():
 def test_unknown_provider_is_an_error(settings):
     settings.OPENCLAW_MODEL = {**settings.OPENCLAW_MODEL, "PROVIDER": "anthropic"}
 
-    with pytest.raises(ProviderError) as info:
-        get_provider()
+    with pytest.raises(ModelProviderError) as info:
+        get_model_provider()
 
     assert info.value.summary == "unknown model provider: anthropic"
     assert info.value.kind == "unknown"
