@@ -1,5 +1,6 @@
-"""Shared pieces of the benchmarks in ``bench/``: the gateway (and Celery worker, mock model) processes,
-scratch services, ``/proc`` readings, statistics and table formatting.
+"""Shared pieces of the benchmarks in ``bench/``: the benchmark profile of a gateway, scratch services, ``/proc``
+readings, statistics and table formatting. The processes themselves (gateway, Celery worker, mock model) are
+started by ``tests/support/processes.py``, the launcher the end-to-end tests use.
 
 The benchmarks are run as scripts (``.venv/bin/python bench/<name>.py``); each puts the repository root on
 ``sys.path`` before importing this module as ``bench.common``.
@@ -9,17 +10,10 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import resource
 import secrets
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -31,12 +25,11 @@ if str(ROOT) not in sys.path:
 
 from openclaw_client.client import ClientOptions, GatewayClient  # noqa: E402  (the root must be importable first)
 from openclaw_client.identity import DeviceIdentity  # noqa: E402
+from tests.support.clients import ALL_SCOPES  # noqa: E402
+from tests.support.processes import GatewayLaunch  # noqa: E402
 
-SCOPES = ["operator.admin", "operator.read", "operator.write", "operator.approvals", "operator.pairing"]
+# A gateway on a slow machine (or PostgreSQL) may take longer than the tests allow.
 STARTUP_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 20.0
-# Inherited variables that would change the profile under test; the benchmark sets its own.
-STRIPPED_ENV_PREFIXES = ("OPENCLAW_", "DATABASE_URL", "REDIS_URL", "DJANGO_DEBUG")
 POSTGRES_SCHEMES = ("postgres", "postgresql", "pgsql")
 
 
@@ -215,34 +208,31 @@ class ScratchRedisPrefix:
             client.close()
 
 
-# --- processes --------------------------------------------------------------------------------
+# --- processes: tests/support/processes.py launches them; the benchmark's profile is a clean environment ------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop_process(process: subprocess.Popen[bytes] | None, timeout: float = STOP_TIMEOUT_S) -> float | None:
-    """SIGTERM, then SIGKILL after ``timeout``; the seconds it took, None when it had already exited."""
-    if process is None or process.poll() is not None:
-        return None
-    started = time.perf_counter()
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
-    return time.perf_counter() - started
-
-
-def read_log(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
+def bench_gateway(
+    *,
+    database_url: str | None,
+    redis_url: str | None,
+    redis_prefix: str | None,
+    extra_env: dict[str, str] | None = None,
+) -> GatewayLaunch:
+    """A gateway in a fresh state directory with a random token, on exactly the profile the command line asks for:
+    inherited ``OPENCLAW_*``, ``DATABASE_URL``, ``REDIS_URL`` and ``DJANGO_DEBUG`` are left out (so without URLs it
+    is the embedded profile of ``./dev run``). Not migrated or started yet."""
+    settings: dict[str, str] = {}
+    if database_url:
+        settings["DATABASE_URL"] = database_url
+    if redis_url:
+        settings["REDIS_URL"] = redis_url
+        settings["OPENCLAW_REDIS_PREFIX"] = redis_prefix or "openclaw_bench"
+    return GatewayLaunch.prepare(
+        settings={**settings, **(extra_env or {})},
+        token=secrets.token_urlsafe(32),
+        clean_env=True,
+        state_prefix="openclaw-bench-state-",
+    )
 
 
 def count_errors(text: str, marker: str = " ERROR ") -> dict[str, int]:
@@ -255,238 +245,13 @@ def count_errors(text: str, marker: str = " ERROR ") -> dict[str, int]:
     return counts
 
 
-class GatewayProcess:
-    """``manage.py migrate`` then ``manage.py serve`` in a fresh state directory."""
-
-    READY_PATTERN = re.compile(r"listening on (\S+) \(database: ([^,]+), channel layer: ([^)]+)\)")
-
-    def __init__(
-        self,
-        *,
-        database_url: str | None,
-        redis_url: str | None,
-        redis_prefix: str | None,
-        extra_env: dict[str, str] | None = None,
-    ):
-        self.state_dir = tempfile.mkdtemp(prefix="openclaw-bench-state-")
-        self.port = free_port()
-        self.token = secrets.token_urlsafe(32)
-        self.log_path = Path(self.state_dir) / "gateway.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED_ENV_PREFIXES)}
-        env.update(
-            OPENCLAW_STATE_DIR=self.state_dir,
-            OPENCLAW_GATEWAY_TOKEN=self.token,
-            PYTHONUNBUFFERED="1",
-        )
-        if database_url:
-            env["DATABASE_URL"] = database_url
-        if redis_url:
-            env["REDIS_URL"] = redis_url
-            env["OPENCLAW_REDIS_PREFIX"] = redis_prefix or "openclaw_bench"
-        env.update(extra_env or {})
-        self.env = env
-        self.process: subprocess.Popen[bytes] | None = None
-        self.stop_seconds: float | None = None
-        self.returncode: int | None = None
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def log(self) -> str:
-        return read_log(self.log_path)
-
-    def manage(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-        """``manage.py <args>`` with the gateway's environment; raises when it fails."""
-        result = subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"manage.py {args[0]} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
-        return result
-
-    def migrate(self) -> None:
-        self.manage("migrate", "--verbosity", "0", "--no-input")
-        self.manage("migrate", "--database", "harness", "--verbosity", "0", "--no-input")
-
-    def start(self) -> None:
-        with open(self.log_path, "w", encoding="utf-8") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "manage.py", "serve", "--port", str(self.port)],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(
-            f"gateway did not listen on port {self.port} within {STARTUP_TIMEOUT_S:.0f} s:\n{self.log()}"
-        )
-
-    def ready_line(self, timeout: float = 5.0) -> tuple[str, str] | None:
-        """(database, channel layer) as the gateway announced them when ready."""
-        deadline = time.monotonic() + timeout
-        while True:
-            match = self.READY_PATTERN.search(self.log())
-            if match or time.monotonic() >= deadline:
-                return (match.group(2), match.group(3)) if match else None
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        """SIGTERM (the gateway's graceful shutdown), then SIGKILL after STOP_TIMEOUT_S."""
-        seconds = stop_process(self.process)
-        if seconds is not None:
-            self.stop_seconds = seconds
-            assert self.process is not None
-            self.returncode = self.process.returncode
-
-    def error_counts(self) -> dict[str, int]:
-        """ERROR records of the gateway log, by message (timestamps stripped), in order of appearance."""
-        return count_errors(self.log())
-
-    def remove_state(self) -> None:
-        shutil.rmtree(self.state_dir, ignore_errors=True)
-
-
-class CeleryWorker:
-    """The Celery worker that runs a gateway's turns (task mode "celery"), with the gateway's environment.
-
-    Started like ``tests/support/processes.py`` starts it (thread pool, no heartbeat/gossip/mingle), logging to
-    ``celery.log`` in the gateway's state directory.
-    """
-
-    READY_TIMEOUT_S = 60.0
-
-    def __init__(self, env: dict[str, str], state_dir: str, *, concurrency: int = 8):
-        self.env = env
-        self.concurrency = concurrency
-        self.log_path = Path(state_dir) / "celery.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.stop_seconds: float | None = None
-        self.returncode: int | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def log(self) -> str:
-        return read_log(self.log_path)
-
-    def start(self) -> None:
-        with open(self.log_path, "w", encoding="utf-8") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "openclaw_site",
-                    "worker",
-                    "--loglevel",
-                    "INFO",
-                    "--pool",
-                    "threads",
-                    "--concurrency",
-                    str(self.concurrency),
-                    "--without-heartbeat",
-                    "--without-gossip",
-                    "--without-mingle",
-                ],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + self.READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"celery worker exited with {self.process.returncode}:\n{self.log()}")
-            if " ready." in self.log():
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"celery worker not ready within {self.READY_TIMEOUT_S:.0f} s:\n{self.log()}")
-
-    def stop(self) -> None:
-        seconds = stop_process(self.process)
-        if seconds is not None:
-            self.stop_seconds = seconds
-            assert self.process is not None
-            self.returncode = self.process.returncode
-
-    def error_counts(self) -> dict[str, int]:
-        """ERROR records of the worker log (``[time: ERROR/<process>] message``), by message."""
-        counts: dict[str, int] = {}
-        for message, count in count_errors(self.log(), ": ERROR/").items():
-            message = message.split("] ", 1)[-1]
-            counts[message] = counts.get(message, 0) + count
-        return counts
-
-
-class MockOpenAIProcess:
-    """``tests/support/mock_openai.py --port 0`` as a process of its own (echo replies, no delay)."""
-
-    URL_PREFIX = "MOCK_OPENAI_URL="
-
-    def __init__(self) -> None:
-        self.process: subprocess.Popen[bytes] | None = None
-        self.base_url = ""
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def start(self, timeout: float = 30.0) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "support" / "mock_openai.py"), "--port", "0"],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-        assert self.process.stdout is not None
-        deadline = time.monotonic() + timeout
-        # The URL is the first line; a mock that dies before printing it ends the read with EOF.
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline().decode("utf-8", "replace").strip()
-            if line.startswith(self.URL_PREFIX):
-                self.base_url = line[len(self.URL_PREFIX) :]
-                return
-            if not line and self.process.poll() is not None:
-                break
-        raise RuntimeError(f"mock OpenAI server did not announce its URL (exit code {self.process.poll()})")
-
-    def request_count(self) -> int:
-        """How many chat completions the mock answered (``GET /_mock/requests``)."""
-        import json
-        import urllib.request
-
-        root = self.base_url.removesuffix("/v1")
-        with urllib.request.urlopen(f"{root}/_mock/requests", timeout=30) as response:
-            return len(json.loads(response.read())["requests"])
-
-    def stop(self) -> None:
-        stop_process(self.process, timeout=10)
-        if self.process is not None and self.process.stdout is not None:
-            self.process.stdout.close()
+def worker_error_counts(text: str) -> dict[str, int]:
+    """ERROR records of a Celery worker log (``[time: ERROR/<process>] message``), by message."""
+    counts: dict[str, int] = {}
+    for message, count in count_errors(text, ": ERROR/").items():
+        message = message.split("] ", 1)[-1]
+        counts[message] = counts.get(message, 0) + count
+    return counts
 
 
 # --- client side ------------------------------------------------------------------------------
@@ -494,7 +259,7 @@ class MockOpenAIProcess:
 
 def client_for(url: str, token: str, identity: DeviceIdentity | None = None) -> GatewayClient:
     return GatewayClient(
-        ClientOptions(url=url, token=token, scopes=list(SCOPES), identity=identity or DeviceIdentity.generate())
+        ClientOptions(url=url, token=token, scopes=list(ALL_SCOPES), identity=identity or DeviceIdentity.generate())
     )
 
 
@@ -527,7 +292,7 @@ def base_environment(
 ) -> dict[str, Any]:
     """What was measured: database, channel layer, gateway version, interpreter, machine, packages.
 
-    ``announced`` is :meth:`GatewayProcess.ready_line`; ``facts`` holds ``gatewayVersion``, ``protocol`` and
+    ``announced`` is :meth:`GatewayServer.announced`; ``facts`` holds ``gatewayVersion``, ``protocol`` and
     ``databaseVendor`` as the gateway reported them (hello-ok, ``health``).
     """
     return {

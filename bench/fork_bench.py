@@ -22,8 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    GatewayProcess,
+    STARTUP_TIMEOUT_S,
     ScratchPostgres,
+    bench_gateway,
     connected_client,
     is_postgres_url,
     rss_mib,
@@ -34,9 +35,9 @@ SEED_SCRIPT = """
 import json
 from native_harness import services
 from native_harness.harness import CATALOG_ID, HOST_ID, UPSTREAM_KIND, harness
-from sessions_app import links, services as sessions
 from sessions_app.models import Session, TranscriptEvent
-from sessions_app.transcripts import append_many
+from sessions_app.services import links, sessions
+from sessions_app.services.transcripts import append_many
 
 out = {}
 for size in SIZES:
@@ -81,14 +82,14 @@ def run(args: argparse.Namespace, cleanups: contextlib.ExitStack) -> None:
         scratch.create()
         cleanups.callback(scratch.drop)
         database_url = scratch.url
-    gateway = GatewayProcess(database_url=database_url, redis_url=None, redis_prefix=None)
-    cleanups.callback(gateway.remove_state)
-    gateway.migrate()
+    launch = bench_gateway(database_url=database_url, redis_url=None, redis_prefix=None)
+    cleanups.callback(launch.remove_state)
+    launch.migrate()
     seeding = time.perf_counter()
-    seeded = gateway.manage("shell", "-c", SEED_SCRIPT.replace("SIZES", repr(sizes)), timeout=1800)
+    seeded = launch.manage("shell", "-c", SEED_SCRIPT.replace("SIZES", repr(sizes)), timeout=1800)
     seed_s = time.perf_counter() - seeding
     plan = json.loads(next(line for line in seeded.stdout.splitlines() if line.startswith("SEEDED="))[7:])
-    gateway.start()
+    gateway = launch.start(worker=False, timeout=STARTUP_TIMEOUT_S)
     cleanups.callback(gateway.stop)
     database = "postgresql" if is_postgres_url(args.database_url) else "sqlite3"
     print("OpenClaw fork benchmark")

@@ -27,12 +27,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402  (the repository root must be importable first)
-    GatewayProcess,
+    STARTUP_TIMEOUT_S,
     ScratchPostgres,
     ScratchRedisPrefix,
     base_environment,
+    bench_gateway,
     client_for,
     connected_client,
+    count_errors,
     environment_lines,
     fmt_ms,
     is_postgres_url,
@@ -48,6 +50,7 @@ from bench.common import (  # noqa: E402  (the repository root must be importabl
 )
 from openclaw_client.client import ConnectionClosed, GatewayClient, GatewayError  # noqa: E402
 from openclaw_client.identity import DeviceIdentity  # noqa: E402
+from tests.support.processes import GatewayLaunch, GatewayServer  # noqa: E402
 
 METHODS = ("health", "node.list")
 LOAD_WARMUP_CALLS = 20
@@ -244,7 +247,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         postgres = ScratchPostgres(database_url)
     if args.redis_url:
         redis_prefix = ScratchRedisPrefix(args.redis_url)
-    gateway: GatewayProcess | None = None
+    launch: GatewayLaunch | None = None
+    gateway: GatewayServer | None = None
     report: dict[str, Any] = {}
     try:
         if postgres is not None:
@@ -252,16 +256,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             database_url = postgres.url
         if redis_prefix is not None:
             redis_prefix.check()
-        gateway = GatewayProcess(
+        launch = bench_gateway(
             database_url=database_url,
             redis_url=args.redis_url,
             redis_prefix=redis_prefix.prefix if redis_prefix else None,
         )
         progress("migrating a fresh database")
-        gateway.migrate()
+        launch.migrate()
         progress("starting the gateway")
-        gateway.start()
-        announced = gateway.ready_line()
+        # No Celery worker, whatever the task mode: nothing here runs a turn.
+        gateway = launch.start(worker=False, timeout=STARTUP_TIMEOUT_S)
+        announced = gateway.announced()
         time.sleep(0.5)  # let the process settle before the idle reading
         idle_rss = rss_mib(gateway.pid)
 
@@ -324,21 +329,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if gateway is not None:
             progress("stopping the gateway")
             gateway.stop()
-            errors = gateway.error_counts()
+            errors = count_errors(gateway.log())
             if not report:  # the run failed: show what the gateway said
                 tail = gateway.log().splitlines()[-30:]
                 print("--- last lines of the gateway log ---", *tail, sep="\n", file=sys.stderr)
             else:
                 report["gatewayLog"] = {
                     "stopSeconds": gateway.stop_seconds,
-                    "exitCode": gateway.returncode,
+                    "exitCode": gateway.process.returncode,
                     "errorRecords": sum(errors.values()),
                     "errorsByMessage": errors,
                 }
+        if launch is not None:
             if args.keep_state:
-                progress(f"state and log kept in {gateway.state_dir}")
+                progress(f"state and log kept in {launch.state_dir}")
             else:
-                gateway.remove_state()
+                launch.remove_state()
         if postgres is not None:
             postgres.drop()
         if redis_prefix is not None:

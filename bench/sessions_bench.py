@@ -34,13 +34,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402  (the repository root must be importable first)
-    CeleryWorker,
-    GatewayProcess,
-    MockOpenAIProcess,
+    STARTUP_TIMEOUT_S,
     ScratchPostgres,
     ScratchRedisPrefix,
     base_environment,
+    bench_gateway,
     connected_client,
+    count_errors,
     environment_lines,
     fmt_ms,
     is_postgres_url,
@@ -53,8 +53,10 @@ from bench.common import (  # noqa: E402  (the repository root must be importabl
     rss_mib,
     summarize,
     thread_count,
+    worker_error_counts,
 )
 from openclaw_client.client import ConnectionClosed, GatewayClient, GatewayError  # noqa: E402
+from tests.support.processes import GatewayLaunch, GatewayServer, start_mock_openai  # noqa: E402
 
 WORKER_CONCURRENCY = 8
 # A short prompt; the echo provider and the mock both answer with the same text, streamed word by word.
@@ -121,8 +123,8 @@ class Deployment:
         self.redis_prefix = ScratchRedisPrefix(args.redis_url) if args.redis_url else None
         self.database_url: str | None = args.database_url
         self.extra_env = extra_env or {}
-        self.gateway: GatewayProcess | None = None
-        self.worker: CeleryWorker | None = None
+        self.launch: GatewayLaunch | None = None
+        self.gateway: GatewayServer | None = None
         self.announced: tuple[str, str] | None = None
         self.idle: dict[str, float | None] = {}
         self.logs: dict[str, Any] = {}
@@ -134,26 +136,23 @@ class Deployment:
             self.database_url = self.postgres.url
         if self.redis_prefix is not None:
             self.redis_prefix.check()
-        self.gateway = GatewayProcess(
+        self.launch = bench_gateway(
             database_url=self.database_url,
             redis_url=self.redis_url,
             redis_prefix=self.redis_prefix.prefix if self.redis_prefix else None,
             extra_env=self.extra_env,
         )
         progress(f"{self.name}: migrating a fresh database")
-        self.gateway.migrate()
-        progress(f"{self.name}: starting the gateway")
-        self.gateway.start()
-        self.announced = self.gateway.ready_line()
-        if self.redis_url:
-            # Task mode "celery" (REDIS_URL set, OPENCLAW_TASK_MODE not): turns run in this worker.
-            progress(f"{self.name}: starting the Celery worker")
-            self.worker = CeleryWorker(self.gateway.env, self.gateway.state_dir, concurrency=WORKER_CONCURRENCY)
-            self.worker.start()
+        self.launch.migrate()
+        # Task mode "celery" (REDIS_URL set, OPENCLAW_TASK_MODE not): turns run in a worker the launcher starts.
+        progress(f"{self.name}: starting the gateway" + (" and its Celery worker" if self.redis_url else ""))
+        self.gateway = self.launch.start(worker=True, worker_concurrency=WORKER_CONCURRENCY, timeout=STARTUP_TIMEOUT_S)
+        self.announced = self.gateway.announced()
         time.sleep(0.5)  # let the processes settle before the idle reading
+        worker_pid = self.worker_pid
         self.idle = {
             "gatewayRssMiB": rss_mib(self.gateway.pid),
-            "workerRssMiB": rss_mib(self.worker.pid) if self.worker else None,
+            "workerRssMiB": rss_mib(worker_pid) if worker_pid else None,
         }
 
     @property
@@ -173,7 +172,7 @@ class Deployment:
 
     @property
     def worker_pid(self) -> int | None:
-        return self.worker.pid if self.worker is not None else None
+        return self.gateway.worker_pid if self.gateway is not None else None
 
     def memory(self) -> dict[str, Any]:
         """RSS of the gateway (and worker) now, their peaks and thread counts."""
@@ -191,34 +190,39 @@ class Deployment:
 
     def stop(self) -> None:
         """Stop the worker, then the gateway; collect what their logs say."""
-        if self.worker is not None and not self.logs.get("workerStopped"):
+        gateway = self.gateway
+        if gateway is None:
+            return
+        if gateway.worker is not None and not self.logs.get("workerStopped"):
             progress(f"{self.name}: stopping the Celery worker")
-            self.worker.stop()
-            errors = self.worker.error_counts()
-            self.logs.update(
-                workerStopped=True,
-                workerStopSeconds=self.worker.stop_seconds,
-                workerExitCode=self.worker.returncode,
-                workerErrorRecords=sum(errors.values()),
-                workerErrorsByMessage=errors,
-            )
-        if self.gateway is not None and not self.logs.get("gatewayStopped"):
+            gateway.stop_worker()
+            errors = worker_error_counts(gateway.worker_log())
+            self._record_stop("worker", gateway.worker_stop_seconds, gateway.worker.returncode, errors)
+        if not self.logs.get("gatewayStopped"):
             progress(f"{self.name}: stopping the gateway")
-            self.gateway.stop()
-            errors = self.gateway.error_counts()
-            self.logs.update(
-                gatewayStopped=True,
-                gatewayStopSeconds=self.gateway.stop_seconds,
-                gatewayExitCode=self.gateway.returncode,
-                gatewayErrorRecords=sum(errors.values()),
-                gatewayErrorsByMessage=errors,
-            )
+            gateway.stop()
+            self._record_stop("gateway", gateway.stop_seconds, gateway.process.returncode, count_errors(gateway.log()))
+
+    def _record_stop(self, process: str, seconds: float | None, exit_code: int | None, errors: dict[str, int]) -> None:
+        self.logs.update(
+            {
+                f"{process}Stopped": True,
+                f"{process}StopSeconds": seconds,
+                f"{process}ExitCode": exit_code,
+                f"{process}ErrorRecords": sum(errors.values()),
+                f"{process}ErrorsByMessage": errors,
+            }
+        )
 
     def print_log_tails(self, lines: int = 30) -> None:
-        for label, process in (("gateway", self.gateway), ("celery worker", self.worker)):
-            if process is not None:
-                tail = process.log().splitlines()[-lines:]
-                print(f"--- last lines of the {self.name} {label} log ---", *tail, sep="\n", file=sys.stderr)
+        if self.gateway is None:
+            return
+        logs = [("gateway", self.gateway.log())]
+        if self.gateway.worker is not None:
+            logs.append(("celery worker", self.gateway.worker_log()))
+        for label, text in logs:
+            tail = text.splitlines()[-lines:]
+            print(f"--- last lines of the {self.name} {label} log ---", *tail, sep="\n", file=sys.stderr)
 
     def close(self, *, failed: bool) -> None:
         if self.closed:
@@ -227,11 +231,11 @@ class Deployment:
         _guarded(self.stop, f"{self.name}: stopping the processes")
         if failed:
             self.print_log_tails()
-        if self.gateway is not None:
+        if self.launch is not None:
             if self.keep_state:
-                progress(f"{self.name}: state and logs kept in {self.gateway.state_dir}")
+                progress(f"{self.name}: state and logs kept in {self.launch.state_dir}")
             else:
-                self.gateway.remove_state()
+                self.launch.remove_state()
         if self.postgres is not None:
             _guarded(self.postgres.drop, f"{self.name}: dropping {self.postgres.name}")
         if self.redis_prefix is not None:
@@ -381,14 +385,14 @@ async def seed_rpc(
 
 def seed_orm(deployment: Deployment, *, count: int, first: int) -> tuple[list[str], float]:
     """Bulk-insert ``count`` sessions through the ORM in a ``manage.py shell`` of the gateway's environment."""
-    assert deployment.gateway is not None
+    assert deployment.launch is not None
     rows = [
         {"key": f"agent:main:dashboard:{uuid.uuid4()}", "label": f"bench session {first + i + 1}"} for i in range(count)
     ]
-    path = Path(deployment.gateway.state_dir) / f"seed-{first}.json"
+    path = Path(deployment.launch.state_dir) / f"seed-{first}.json"
     path.write_text(json.dumps(rows), encoding="utf-8")
     started = time.perf_counter()
-    deployment.gateway.manage("shell", "-c", ORM_SEED_SCRIPT.format(path=str(path)), timeout=600)
+    deployment.launch.manage("shell", "-c", ORM_SEED_SCRIPT.format(path=str(path)), timeout=600)
     seconds = time.perf_counter() - started
     path.unlink(missing_ok=True)
     return [row["key"] for row in rows], seconds
@@ -753,10 +757,9 @@ def run(args: argparse.Namespace, cleanups: contextlib.ExitStack) -> dict[str, A
 
     # Gateway B: the OpenAI-compatible provider against tests/support/mock_openai.py (echo replies, no delay).
     if not args.skip_mock:
-        mock = MockOpenAIProcess()
-        cleanups.callback(lambda: _guarded(mock.stop, "stopping the mock OpenAI server"))
         progress("starting the mock OpenAI server")
-        mock.start()
+        mock = start_mock_openai()
+        cleanups.callback(lambda: _guarded(mock.stop, "stopping the mock OpenAI server"))
         mocked = Deployment(
             args, name="mock gateway", suffix="_mock", extra_env={"OPENCLAW_MODEL_BASE_URL": mock.base_url}
         )
@@ -772,7 +775,7 @@ def run(args: argparse.Namespace, cleanups: contextlib.ExitStack) -> dict[str, A
             "baseUrl": mock.base_url,
             "gatewayPid": mocked.gateway_pid,
             "workerPid": mocked.worker_pid,
-            "completionsServed": mock.request_count(),
+            "completionsServed": len(mock.requests()),
         }
         mock.stop()
     report["complete"] = True

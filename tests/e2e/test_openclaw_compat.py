@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_site.gateway import services
+from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.models import DevicePairingRequest, GatewayConnection
+from openclaw_site.gateway.services import pairing
 from tests.support.clients import operator
 from tests.support.processes import ROOT
 
@@ -88,7 +89,7 @@ def test_openclaw_node_host_pairs_connects_and_runs_a_command(gateway):
         first.wait(20)
     request = DevicePairingRequest.objects.get(role="node", status="pending")
     assert "system.which" in request.commands
-    services.pairing_request_approve(request_id=str(request.pk), actor=services.Actor.system("test"))
+    pairing.pairing_request_approve(request_id=str(request.pk), actor=Actor.system("test"))
 
     # OpenClaw's node host waits for an operator after PAIRING_REQUIRED; a restart picks up the approval.
     second = start_openclaw_node(gateway, home)

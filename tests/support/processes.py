@@ -1,19 +1,53 @@
-"""Start real gateway processes (``manage.py serve`` under Daphne) for end-to-end tests."""
+"""Start real processes of this project: gateways (``manage.py serve`` under Daphne), the Celery workers that run
+their turns, and the mock OpenAI-compatible server. One launcher for the end-to-end tests and for ``bench/``.
+
+Tests::
+
+    server = start_gateway(extra_env={...})    # the test databases, TEST_TOKEN, a Celery worker if task mode is celery
+    ... server.url, server.token ...
+    server.stop()
+
+Benchmarks (and anything that wants a clean profile, migrations or ``manage.py`` commands before serving)::
+
+    launch = GatewayLaunch.prepare(settings={"DATABASE_URL": ...}, token=..., clean_env=True)
+    launch.migrate()
+    launch.manage("shell", "-c", "...")        # with the gateway's environment, before or while it serves
+    server = launch.start(worker=False, timeout=60)
+    ... server.pid, server.announced() ...
+    server.stop()
+    launch.remove_state()
+
+The mock model as a process of its own: ``mock = start_mock_openai()``, ``mock.base_url``, ``mock.stop()``.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TEST_TOKEN = "test-gateway-token-0123456789"
+STOP_TIMEOUT_S = 20.0
+# Inherited variables that choose the profile under test (database, channel layer, task mode, model, ...);
+# ``clean_env`` leaves them out so that the profile is exactly the one the caller's settings describe.
+PROFILE_ENV_PREFIXES = ("OPENCLAW_", "DATABASE_URL", "REDIS_URL", "DJANGO_DEBUG")
+# What ``manage.py serve`` prints once Daphne listens (openclaw_site/gateway/management/commands/serve.py).
+ANNOUNCEMENT = re.compile(r"listening on (\S+) \(database: ([^,]+), channel layer: ([^)]+)\)")
+MOCK_URL_PREFIX = "MOCK_OPENAI_URL="
 
 
 def free_port() -> int:
@@ -36,6 +70,101 @@ def current_database_url(alias: str = "default") -> str:
     return f"postgres://{credentials}{host}:{port}/{settings['NAME']}"
 
 
+def task_mode(env: Mapping[str, str]) -> str:
+    return env.get("OPENCLAW_TASK_MODE") or ("celery" if env.get("REDIS_URL") else "inprocess")
+
+
+def read_log(path: str | Path | None) -> str:
+    if path is None:
+        return ""
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def stop_process(
+    process: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S
+) -> float | None:
+    """``sig``, then SIGKILL after ``timeout``; the seconds it took, None when the process had already exited."""
+    if process is None or process.poll() is not None:
+        return None
+    started = time.perf_counter()
+    process.send_signal(sig)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+    return time.perf_counter() - started
+
+
+def _spawn(argv: list[str], env: Mapping[str, str], log_path: str) -> subprocess.Popen:
+    with open(log_path, "w", encoding="utf-8") as log:
+        return subprocess.Popen(argv, cwd=ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_ready(
+    process: subprocess.Popen, ready: Callable[[], bool], *, what: str, timeout: float, log_path: str, poll: float
+) -> None:
+    """Until ``ready()``; a process that exits or is not ready within ``timeout`` is an error (and is killed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}:\n{read_log(log_path)}")
+        if ready():
+            return
+        time.sleep(poll)
+    stop_process(process, signal.SIGKILL, 5)
+    raise RuntimeError(f"{what} not ready within {timeout:.0f} s:\n{read_log(log_path)}")
+
+
+def _listens(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def start_celery_worker(
+    env: Mapping[str, str], state_dir: str, *, concurrency: int = 4, timeout: float = 60.0
+) -> tuple[subprocess.Popen, str]:
+    """A Celery worker with a gateway's environment (thread pool, no heartbeat/gossip/mingle), logging to
+    ``celery.log`` in ``state_dir``; returns once it logged `` ready.``."""
+    log_path = os.path.join(state_dir, "celery.log")
+    worker = _spawn(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "openclaw_site",
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(concurrency),
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        env,
+        log_path,
+    )
+    _wait_ready(
+        worker,
+        lambda: " ready." in read_log(log_path),
+        what="celery worker",
+        timeout=timeout,
+        log_path=log_path,
+        poll=0.1,
+    )
+    return worker, log_path
+
+
 @dataclass
 class GatewayServer:
     process: subprocess.Popen
@@ -47,6 +176,9 @@ class GatewayServer:
     # The Celery worker that runs this gateway's turns (task mode "celery"), started with the same env.
     worker: subprocess.Popen | None = None
     worker_log_path: str | None = None
+    # How long the last stop that found the process running took (benchmarks report it).
+    stop_seconds: float | None = None
+    worker_stop_seconds: float | None = None
 
     @property
     def url(self) -> str:
@@ -56,89 +188,143 @@ class GatewayServer:
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self.worker.pid if self.worker is not None else None
+
     def log(self) -> str:
-        return Path(self.log_path).read_text(encoding="utf-8", errors="replace")
+        return read_log(self.log_path)
 
     def worker_log(self) -> str:
-        return Path(self.worker_log_path).read_text(encoding="utf-8", errors="replace") if self.worker_log_path else ""
+        return read_log(self.worker_log_path)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
-        _terminate(self.process, sig, timeout)
-        if self.worker is not None:
-            _terminate(self.worker, signal.SIGTERM, timeout)
+    def announced(self, timeout: float = 5.0) -> tuple[str, str] | None:
+        """(database, channel layer) as the gateway announced them when it began listening."""
+        deadline = time.monotonic() + timeout
+        while True:
+            match = ANNOUNCEMENT.search(self.log())
+            if match or time.monotonic() >= deadline:
+                return (match.group(2), match.group(3)) if match else None
+            time.sleep(0.05)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int:
+        """The gateway (``sig``; SIGTERM is its graceful shutdown), then its worker (SIGTERM)."""
+        seconds = stop_process(self.process, sig, timeout)
+        if seconds is not None:
+            self.stop_seconds = seconds
+        self.stop_worker(signal.SIGTERM, timeout)
         return self.process.returncode
 
+    def stop_worker(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int | None:
+        if self.worker is None:
+            return None
+        seconds = stop_process(self.worker, sig, timeout)
+        if seconds is not None:
+            self.worker_stop_seconds = seconds
+        return self.worker.returncode
+
     def kill_worker(self) -> None:
-        if self.worker is not None:
-            _terminate(self.worker, signal.SIGKILL, 10)
+        self.stop_worker(signal.SIGKILL, 10)
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
 
 
-def _terminate(process: subprocess.Popen, sig: int, timeout: float) -> None:
-    if process.poll() is None:
-        process.send_signal(sig)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+@dataclass
+class GatewayLaunch:
+    """A gateway's environment, scratch state directory (its logs) and port, before ``manage.py serve``."""
 
+    env: dict[str, str]
+    state_dir: str
+    port: int
 
-def task_mode(env: dict[str, str]) -> str:
-    return env.get("OPENCLAW_TASK_MODE") or ("celery" if env.get("REDIS_URL") else "inprocess")
+    @classmethod
+    def prepare(
+        cls,
+        *,
+        settings: Mapping[str, str] | None = None,
+        port: int | None = None,
+        token: str = TEST_TOKEN,
+        clean_env: bool = False,
+        state_prefix: str = "gateway-state-",
+    ) -> GatewayLaunch:
+        """A fresh state directory and the environment: this process's (without ``PROFILE_ENV_PREFIXES`` when
+        ``clean_env``), the state dir, ``token``, then ``settings``, which win. Without a ``DATABASE_URL`` or
+        ``REDIS_URL`` among them, a clean environment is the embedded profile of ``./dev run``: SQLite in the
+        state dir, in-memory channel layer and cache, in-process turns."""
+        state_dir = tempfile.mkdtemp(prefix=state_prefix)
+        inherited = {k: v for k, v in os.environ.items() if not (clean_env and k.startswith(PROFILE_ENV_PREFIXES))}
+        env = {
+            **inherited,
+            "OPENCLAW_STATE_DIR": state_dir,
+            "OPENCLAW_GATEWAY_TOKEN": token,
+            "PYTHONUNBUFFERED": "1",
+            **(settings or {}),
+        }
+        return cls(env=env, state_dir=state_dir, port=port or free_port())
 
+    @property
+    def token(self) -> str:
+        return self.env["OPENCLAW_GATEWAY_TOKEN"]
 
-def start_celery_worker(env: dict[str, str], state_dir: str) -> tuple[subprocess.Popen, str]:
-    log_path = os.path.join(state_dir, "celery.log")
-    with open(log_path, "w", encoding="utf-8") as log:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "openclaw_site",
-                "worker",
-                "--loglevel",
-                "INFO",
-                "--pool",
-                "threads",
-                "--concurrency",
-                "4",
-                "--without-heartbeat",
-                "--without-gossip",
-                "--without-mingle",
-            ],
+    def manage(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+        """``manage.py <args>`` with the gateway's environment; raises when it fails."""
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), *args],
             cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if worker.poll() is not None:
-            raise RuntimeError(f"celery worker exited with {worker.returncode}:\n{Path(log_path).read_text()}")
-        if " ready." in Path(log_path).read_text(encoding="utf-8", errors="replace"):
-            return worker, log_path
-        time.sleep(0.1)
-    worker.kill()
-    raise RuntimeError(f"celery worker not ready within 60 s:\n{Path(log_path).read_text()}")
+        if result.returncode != 0:
+            raise RuntimeError(f"manage.py {args[0]} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
+        return result
+
+    def migrate(self) -> None:
+        """Both stores: the gateway database and the native harness store."""
+        self.manage("migrate", "--verbosity", "0", "--no-input")
+        self.manage("migrate", "--database", "harness", "--verbosity", "0", "--no-input")
+
+    def start(self, *, worker: bool = True, worker_concurrency: int = 4, timeout: float = 30.0) -> GatewayServer:
+        """``manage.py serve``, plus a Celery worker when ``worker`` and the task mode is celery; returns once the
+        port accepts connections. On failure nothing started is left running."""
+        log_path = os.path.join(self.state_dir, "gateway.log")
+        argv = [sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port)]
+        process = _spawn(argv, self.env, log_path)
+        server = GatewayServer(process, self.port, self.token, self.state_dir, log_path, self.env)
+        try:
+            if worker and task_mode(self.env) == "celery":
+                # Started while the gateway boots: both take seconds, and the gateway does not need it to listen.
+                server.worker, server.worker_log_path = start_celery_worker(
+                    self.env, self.state_dir, concurrency=worker_concurrency
+                )
+            _wait_ready(
+                process,
+                lambda: _listens(self.port),
+                what=f"gateway on port {self.port}",
+                timeout=timeout,
+                log_path=log_path,
+                poll=0.05,
+            )
+        except BaseException:
+            server.kill()
+            raise
+        return server
+
+    def remove_state(self) -> None:
+        shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
-def start_gateway(
-    *, extra_env: dict[str, str] | None = None, port: int | None = None, worker: bool = True
-) -> GatewayServer:
-    port = port or free_port()
-    state_dir = tempfile.mkdtemp(prefix="gateway-state-")
-    env = {
-        **os.environ,
+def gateway_settings_for_tests(port: int) -> dict[str, str]:
+    """What a test gateway needs on top of the test run's environment: the databases pytest-django created."""
+    return {
         "DATABASE_URL": current_database_url(),
         "HARNESS_DATABASE_URL": current_database_url("harness"),
-        "OPENCLAW_GATEWAY_TOKEN": TEST_TOKEN,
-        "OPENCLAW_STATE_DIR": state_dir,
-        "PYTHONUNBUFFERED": "1",
         "DB_CONN_MAX_AGE": "60",
         # Each test gateway has its own Celery worker and queue: a worker started with another
         # gateway's settings (say, another model provider) must not take this gateway's turns.
@@ -147,28 +333,56 @@ def start_gateway(
         # gateways of different xdist workers must not see each other's broadcasts.
         "OPENCLAW_REDIS_PREFIX": f"{os.environ.get('OPENCLAW_REDIS_PREFIX', 'openclaw')}-"
         f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}",
-        **(extra_env or {}),
     }
-    log_path = os.path.join(state_dir, "gateway.log")
-    with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    server = GatewayServer(process, port, env["OPENCLAW_GATEWAY_TOKEN"], state_dir, log_path, env)
-    if worker and task_mode(env) == "celery":
-        server.worker, server.worker_log_path = start_celery_worker(env, state_dir)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"gateway exited with {process.returncode}:\n{server.log()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return server
-        except OSError:
-            time.sleep(0.05)
-    server.kill()
-    raise RuntimeError(f"gateway did not listen on {port} within 30 s:\n{server.log()}")
+
+
+def start_gateway(
+    *, extra_env: dict[str, str] | None = None, port: int | None = None, worker: bool = True
+) -> GatewayServer:
+    """A gateway (and its worker) for a test, on the test databases, with ``extra_env`` over the defaults."""
+    port = port or free_port()
+    launch = GatewayLaunch.prepare(settings={**gateway_settings_for_tests(port), **(extra_env or {})}, port=port)
+    return launch.start(worker=worker)
+
+
+@dataclass
+class MockOpenAIProcess:
+    """``tests/support/mock_openai.py`` as a process of its own (echo replies unless scripted over HTTP)."""
+
+    process: subprocess.Popen
+    base_url: str
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The chat completion requests it received (``GET /_mock/requests``)."""
+        root = self.base_url.removesuffix("/v1")
+        with urllib.request.urlopen(f"{root}/_mock/requests", timeout=30) as response:
+            return json.loads(response.read())["requests"]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        stop_process(self.process, timeout=timeout)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def start_mock_openai(*, timeout: float = 30.0) -> MockOpenAIProcess:
+    """Start the mock and return once it printed its URL (its first line)."""
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "support" / "mock_openai.py"), "--port", "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert process.stdout is not None
+    line = ""
+    # select before readline: a mock that hangs before printing must not block past the timeout.
+    if select.select([process.stdout], [], [], timeout)[0]:
+        line = process.stdout.readline().decode("utf-8", "replace").strip()
+    if line.startswith(MOCK_URL_PREFIX):
+        return MockOpenAIProcess(process, line.removeprefix(MOCK_URL_PREFIX))
+    stop_process(process, signal.SIGKILL, 5)
+    process.stdout.close()
+    raise RuntimeError(f"mock OpenAI server did not announce its URL (exit code {process.poll()})")
