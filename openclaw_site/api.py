@@ -1,17 +1,34 @@
-"""The single NinjaAPI: one router per app, token auth, errors mapped from the shared hierarchy."""
+"""The single NinjaAPI: one router per app, token auth, and the one error shape.
+
+Every answer under ``/api/`` that is not a success is ``{"error": {code, message, details?,
+retryable?, retryAfterMs?}}`` — the RPC's error shape — with the HTTP status of the error class:
+bad input (400, naming only what the client sent), a missing or wrong token (401), unknown routes
+(404) and methods (405), and unexpected failures (500, a reference instead of the exception's text).
+"""
 
 from __future__ import annotations
 
-from django.http import HttpRequest
+import logging
+from collections.abc import Callable
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from ninja import NinjaAPI
-from ninja.errors import ValidationError
+from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import APIKeyHeader, HttpBearer
 
 from openclaw_site.gateway.api import router as gateway_router
 from openclaw_site.gateway.auth import secret_matches
 from openclaw_site.gateway.conf import shared_token
-from openclaw_site.gateway.exceptions import GatewayError
+from openclaw_site.gateway.exceptions import GatewayError, InvalidRequest, NotFound, Unauthorized, internal_error
 from sessions_app.api import router as sessions_router
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/api/"
+TOKEN_HEADER = "X-OpenClaw-Token"
+# ninja's validation locations, as a client names them.
+PARAMETER_SOURCES = {"body": "body", "query": "query", "path": "path", "header": "header", "cookie": "cookie"}
 
 
 def _token_ok(token: str | None) -> bool:
@@ -25,7 +42,7 @@ class GatewayBearer(HttpBearer):
 
 
 class GatewayTokenHeader(APIKeyHeader):
-    param_name = "X-OpenClaw-Token"
+    param_name = TOKEN_HEADER
 
     def authenticate(self, request: HttpRequest, key: str | None):
         return "token" if _token_ok(key) else None
@@ -41,17 +58,105 @@ api.add_router("/gateway", gateway_router)
 api.add_router("/sessions", sessions_router)
 
 
+def error_response(error: GatewayError) -> JsonResponse:
+    return JsonResponse({"error": error.to_shape()}, status=error.http_status)
+
+
 @api.exception_handler(GatewayError)
 def gateway_error(request: HttpRequest, exc: GatewayError):
-    return api.create_response(request, {"error": exc.to_shape()}, status=exc.http_status)
+    return error_response(exc)
 
 
 @api.exception_handler(ValidationError)
 def validation_error(request: HttpRequest, exc: ValidationError):
-    """Bad input has the same error shape as every other error (INVALID_REQUEST, 400)."""
-    problems = "; ".join(
-        f"at /{'/'.join(str(part) for part in item.get('loc', ())[1:])}: {item.get('msg', 'invalid')}"
-        for item in exc.errors
+    """``at /<field>`` paths relative to what the client sent (the body, the query string, the path)."""
+    problems = [_problem(item) for item in exc.errors]
+    message = "invalid request: " + "; ".join(f"at {p['path']} ({p['in']}): {p['message']}" for p in problems)
+    return error_response(InvalidRequest(message, details={"errors": problems}))
+
+
+def _problem(item: dict) -> dict:
+    location = tuple(str(part) for part in item.get("loc", ()))
+    source = PARAMETER_SOURCES.get(location[0], "body") if location else "body"
+    # A body schema is one view parameter whose name the client never sent: ("body", "payload", "message").
+    fields = location[2:] if source == "body" and len(location) > 1 else location[1:]
+    kind = item.get("type", "")
+    if kind == "missing":
+        message = "must have required property"
+    elif kind == "extra_forbidden":
+        message = "unexpected property"
+    else:
+        message = str(item.get("msg", "invalid")).removeprefix("Value error, ")
+    return {"in": source, "path": "/" + "/".join(fields), "message": message}
+
+
+@api.exception_handler(AuthenticationError)
+def authentication_error(request: HttpRequest, exc: AuthenticationError):
+    presented = "Authorization" in request.headers or TOKEN_HEADER in request.headers
+    return error_response(
+        Unauthorized(
+            "gateway token refused" if presented else "gateway token required",
+            details={
+                "code": "AUTH_TOKEN_MISMATCH" if presented else "AUTH_TOKEN_MISSING",
+                "hint": f"send 'Authorization: Bearer <gateway token>' or '{TOKEN_HEADER}: <gateway token>'",
+            },
+        )
     )
-    shape = {"code": "INVALID_REQUEST", "message": f"invalid request: {problems}", "details": {"errors": exc.errors}}
-    return api.create_response(request, {"error": shape}, status=400)
+
+
+@api.exception_handler(HttpError)
+def http_error(request: HttpRequest, exc: HttpError):
+    if exc.status_code == 400:
+        # ninja's only 400 of its own: a body that is not JSON.
+        return error_response(InvalidRequest("invalid request: the body is not valid JSON"))
+    error = GatewayError(str(exc), code="INVALID_REQUEST" if exc.status_code < 500 else "UNAVAILABLE")
+    error.http_status = exc.status_code
+    return error_response(error)
+
+
+@api.exception_handler(Http404)
+def not_found(request: HttpRequest, exc: Http404):
+    return error_response(NotFound(f"not found: {request.method} {request.path}"))
+
+
+@api.exception_handler(Exception)
+def unexpected_error(request: HttpRequest, exc: Exception):
+    error = internal_error(logger, f"{request.method} {request.path}")
+    error.http_status = 500
+    return error_response(error)
+
+
+class ApiErrorShapeMiddleware:
+    """Errors answered before a view runs — Django's 404 for an unknown route under ``/api/``, ninja's
+    bare 405 — get the one error shape too."""
+
+    def __init__(self, get_response: Callable):
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest):
+        if self.is_async:
+            return self._acall(request)
+        return _reshape(request, self.get_response(request))
+
+    async def _acall(self, request: HttpRequest):
+        return _reshape(request, await self.get_response(request))
+
+
+def _reshape(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    if not request.path.startswith(API_PREFIX) or response.get("Content-Type", "").startswith("application/json"):
+        return response
+    if response.status_code == 404:
+        return error_response(NotFound(f"no API route {request.method} {request.path}"))
+    if response.status_code == 405:
+        allowed = response.get("Allow", "")
+        error = InvalidRequest(
+            f"method {request.method} is not allowed on {request.path}", details={"allowed": allowed.split(", ")}
+        )
+        error.http_status = 405
+        reshaped = error_response(error)
+        reshaped["Allow"] = allowed
+        return reshaped
+    return response

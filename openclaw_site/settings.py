@@ -7,52 +7,62 @@ cache, tasks in the gateway process. Production: ``DATABASE_URL`` (PostgreSQL) a
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 
 import dj_database_url
 
+from openclaw_site.env import (
+    SettingsError,
+    env_absolute_paths,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_log_level,
+    env_str,
+    env_url,
+)
+from openclaw_site.gateway import secret_files
+
 BASE_DIR = Path(__file__).resolve().parent.parent
+DATABASE_SCHEMES = ("sqlite", "postgres", "postgresql", "pgsql")
+MODEL_PROVIDERS = ("echo", "openai")
 
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    return int(raw) if raw else default
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if not raw:
-        return default
-    return raw in {"1", "true", "yes", "on"}
-
-
-STATE_DIR = Path(os.environ.get("OPENCLAW_STATE_DIR", BASE_DIR / ".openclaw-state")).resolve()
-STATE_DIR.mkdir(parents=True, exist_ok=True)
+STATE_DIR = Path(env_str("OPENCLAW_STATE_DIR", str(BASE_DIR / ".openclaw-state"))).resolve()
+try:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+except OSError as error:
+    raise SettingsError(f"OPENCLAW_STATE_DIR {STATE_DIR} cannot be created: {error.strerror}") from None
 
 SECRET_KEY_FILE = STATE_DIR / "django-secret-key"
-if os.environ.get("DJANGO_SECRET_KEY"):
-    SECRET_KEY = os.environ["DJANGO_SECRET_KEY"]
-else:
-    if not SECRET_KEY_FILE.exists():
-        fd = os.open(SECRET_KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_urlsafe(50))
-    SECRET_KEY = SECRET_KEY_FILE.read_text().strip()
+SECRET_KEY = env_str("DJANGO_SECRET_KEY") or secret_files.read_or_create(
+    SECRET_KEY_FILE, lambda: secrets.token_urlsafe(50)
+)[0]
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "*").split(",") if h]
+# Production: the host names clients use (comma-separated); behind a TLS-terminating proxy also set
+# DJANGO_CSRF_TRUSTED_ORIGINS (https://host,...) and OPENCLAW_BEHIND_TLS_PROXY=1.
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS") or ["*"]
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
+if env_bool("OPENCLAW_BEHIND_TLS_PROXY", False):
+    # The proxy terminates TLS and says so in X-Forwarded-Proto (it must strip a client's own copy).
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    # The stock admin with rate-limited logins (openclaw_site/admin_site.py).
+    "openclaw_site.admin_site.GatewayAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    # Listed so its API docs use the bundled Swagger UI files instead of a CDN.
+    "ninja",
     "openclaw_site.gateway",
     "sessions_app",
     "native_harness",
@@ -61,12 +71,17 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's CSS/JS, the API docs) from the gateway itself; async, so requests
+    # under Daphne take no thread hop for it (WhiteNoise is sync-only).
+    "servestatic.middleware.ServeStaticMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Under /api/, errors that no view answered (unknown routes, methods) get the API's error shape.
+    "openclaw_site.api.ApiErrorShapeMiddleware",
 ]
 
 ROOT_URLCONF = "openclaw_site.urls"
@@ -88,8 +103,9 @@ TEMPLATES = [
 ]
 
 # --- Database -------------------------------------------------------------------------------
-DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{STATE_DIR / 'gateway.sqlite3'}"
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 300))}
+DATABASE_URL = env_url("DATABASE_URL", f"sqlite:///{STATE_DIR / 'gateway.sqlite3'}", schemes=DATABASE_SCHEMES)
+DB_CONN_MAX_AGE = env_int("DB_CONN_MAX_AGE", 300, minimum=0)
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=DB_CONN_MAX_AGE)}
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the gateway read while a task writes; IMMEDIATE makes a write transaction take
@@ -103,8 +119,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(STATE_DIR / "test-gateway.sqlite3")}
 # The bundled native harness (threads, bindings) lives in a store of its own: SQLite under the
 # state dir unless HARNESS_DATABASE_URL says otherwise.
-HARNESS_DATABASE_URL = os.environ.get("HARNESS_DATABASE_URL") or f"sqlite:///{STATE_DIR / 'harness.sqlite3'}"
-DATABASES["harness"] = dj_database_url.parse(HARNESS_DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 300))
+HARNESS_DATABASE_URL = env_url(
+    "HARNESS_DATABASE_URL", f"sqlite:///{STATE_DIR / 'harness.sqlite3'}", schemes=DATABASE_SCHEMES
+)
+DATABASES["harness"] = dj_database_url.parse(HARNESS_DATABASE_URL, conn_max_age=DB_CONN_MAX_AGE)
 if DATABASES["harness"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["harness"]["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
@@ -116,9 +134,9 @@ DATABASE_ROUTERS = ["openclaw_site.db_routers.HarnessRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: channel layer, cache, Celery broker ---------------------------------------------
-REDIS_URL = os.environ.get("REDIS_URL", "").strip()
+REDIS_URL = env_url("REDIS_URL", schemes=("redis", "rediss", "unix"))
 # Isolates concurrent test runs and deployments that share one Redis.
-REDIS_PREFIX = os.environ.get("OPENCLAW_REDIS_PREFIX", "openclaw")
+REDIS_PREFIX = env_str("OPENCLAW_REDIS_PREFIX", "openclaw")
 
 if REDIS_URL:
     CHANNEL_LAYERS = {
@@ -146,12 +164,14 @@ else:
 
 # Where long work (model turns, sweeps) runs: Celery workers when Redis is configured, else a thread
 # pool inside the gateway process. OPENCLAW_TASK_MODE overrides ("celery" | "inprocess").
-OPENCLAW_TASK_MODE = os.environ.get("OPENCLAW_TASK_MODE", "").strip() or ("celery" if REDIS_URL else "inprocess")
+OPENCLAW_TASK_MODE = env_choice("OPENCLAW_TASK_MODE", "celery" if REDIS_URL else "inprocess", ("celery", "inprocess"))
+if OPENCLAW_TASK_MODE == "celery" and not REDIS_URL:
+    raise SettingsError("OPENCLAW_TASK_MODE=celery needs REDIS_URL (the Celery broker)")
 
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 # Deployments (and concurrent test runs) sharing one Redis must not take each other's tasks.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{REDIS_PREFIX}:celery:"}
-CELERY_TASK_DEFAULT_QUEUE = os.environ.get("OPENCLAW_CELERY_QUEUE", "openclaw")
+CELERY_TASK_DEFAULT_QUEUE = env_str("OPENCLAW_CELERY_QUEUE", "openclaw")
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_SOFT_TIME_LIMIT = 300
@@ -166,49 +186,63 @@ CELERY_BEAT_SCHEDULE = {
 
 # --- Gateway --------------------------------------------------------------------------------
 OPENCLAW_GATEWAY = {
-    "BIND": os.environ.get("OPENCLAW_GATEWAY_BIND", "127.0.0.1"),
-    "PORT": env_int("OPENCLAW_GATEWAY_PORT", 18789),
+    "BIND": env_str("OPENCLAW_GATEWAY_BIND", "127.0.0.1"),
+    "PORT": env_int("OPENCLAW_GATEWAY_PORT", 18789, minimum=0, maximum=65535),
     # Unset: read from (or generated into) STATE_DIR/gateway-token by `manage.py bootstrap`/`serve`.
-    "TOKEN": os.environ.get("OPENCLAW_GATEWAY_TOKEN", "").strip(),
-    "PASSWORD": os.environ.get("OPENCLAW_GATEWAY_PASSWORD", "").strip(),
-    "HANDSHAKE_TIMEOUT_MS": env_int("OPENCLAW_HANDSHAKE_TIMEOUT_MS", 10_000),
-    "TICK_INTERVAL_MS": env_int("OPENCLAW_TICK_INTERVAL_MS", 30_000),
-    "MAX_PAYLOAD_BYTES": env_int("OPENCLAW_MAX_PAYLOAD_BYTES", 25 * 1024 * 1024),
-    "MAX_BUFFERED_BYTES": env_int("OPENCLAW_MAX_BUFFERED_BYTES", 50 * 1024 * 1024),
+    "TOKEN": env_str("OPENCLAW_GATEWAY_TOKEN"),
+    "PASSWORD": env_str("OPENCLAW_GATEWAY_PASSWORD"),
+    "HANDSHAKE_TIMEOUT_MS": env_int("OPENCLAW_HANDSHAKE_TIMEOUT_MS", 10_000, minimum=100),
+    "TICK_INTERVAL_MS": env_int("OPENCLAW_TICK_INTERVAL_MS", 30_000, minimum=100),
+    "MAX_PAYLOAD_BYTES": env_int("OPENCLAW_MAX_PAYLOAD_BYTES", 25 * 1024 * 1024, minimum=64 * 1024),
+    "MAX_BUFFERED_BYTES": env_int("OPENCLAW_MAX_BUFFERED_BYTES", 50 * 1024 * 1024, minimum=64 * 1024),
     "MAX_PREAUTH_PAYLOAD_BYTES": 64 * 1024,
-    "NODE_INVOKE_TIMEOUT_MS": env_int("OPENCLAW_NODE_INVOKE_TIMEOUT_MS", 30_000),
+    "NODE_INVOKE_TIMEOUT_MS": env_int("OPENCLAW_NODE_INVOKE_TIMEOUT_MS", 30_000, minimum=1),
+    # agent.wait sleeps on the run-finished notification and re-reads the run at least this often.
+    "AGENT_WAIT_RECHECK_MS": env_int("OPENCLAW_AGENT_WAIT_RECHECK_MS", 5_000, minimum=10),
     "DEVICE_SIGNATURE_SKEW_MS": 2 * 60 * 1000,
     "PAIRING_PENDING_TTL_MS": 5 * 60 * 1000,
     "AUTH_RATE_LIMIT": {
-        "MAX_FAILURES": env_int("OPENCLAW_AUTH_RATE_LIMIT_MAX_FAILURES", 10),
-        "WINDOW_MS": env_int("OPENCLAW_AUTH_RATE_LIMIT_WINDOW_MS", 60_000),
-        "LOCKOUT_MS": env_int("OPENCLAW_AUTH_RATE_LIMIT_LOCKOUT_MS", 300_000),
+        "MAX_FAILURES": env_int("OPENCLAW_AUTH_RATE_LIMIT_MAX_FAILURES", 10, minimum=1),
+        "WINDOW_MS": env_int("OPENCLAW_AUTH_RATE_LIMIT_WINDOW_MS", 60_000, minimum=1),
+        "LOCKOUT_MS": env_int("OPENCLAW_AUTH_RATE_LIMIT_LOCKOUT_MS", 300_000, minimum=0),
         # OpenClaw exempts loopback clients; tests switch the exemption off to exercise the limiter.
         "EXEMPT_LOOPBACK": env_bool("OPENCLAW_AUTH_RATE_LIMIT_EXEMPT_LOOPBACK", True),
     },
     # A gateway process that has not refreshed its heartbeat for this long is considered dead,
     # and the connections it registered are no longer routable.
-    "PROCESS_HEARTBEAT_INTERVAL_MS": env_int("OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS", 10_000),
-    "PROCESS_STALE_AFTER_MS": env_int("OPENCLAW_PROCESS_STALE_AFTER_MS", 35_000),
+    "PROCESS_HEARTBEAT_INTERVAL_MS": env_int("OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS", 10_000, minimum=100),
+    "PROCESS_STALE_AFTER_MS": env_int("OPENCLAW_PROCESS_STALE_AFTER_MS", 35_000, minimum=100),
 }
+if OPENCLAW_GATEWAY["PROCESS_STALE_AFTER_MS"] <= OPENCLAW_GATEWAY["PROCESS_HEARTBEAT_INTERVAL_MS"]:
+    raise SettingsError(
+        "OPENCLAW_PROCESS_STALE_AFTER_MS must be longer than OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS "
+        "(a live process would be declared dead between two heartbeats)"
+    )
+
+# --- Session workspaces -------------------------------------------------------------------------
+# Directories (besides <state dir>/workspace) whose git checkouts sessions.create may make worktrees
+# of (``cwd``); os.pathsep-separated absolute paths. Unset: only the agent workspace.
+OPENCLAW_WORKSPACE_ROOTS = env_absolute_paths("OPENCLAW_WORKSPACE_ROOTS")
 
 # --- Model provider ---------------------------------------------------------------------------
 # No base URL: the built-in deterministic "echo" provider. A base URL: an OpenAI-compatible
 # endpoint streamed with POST {BASE_URL}/chat/completions.
+_MODEL_BASE_URL = env_url("OPENCLAW_MODEL_BASE_URL", schemes=("http", "https")).rstrip("/")
 OPENCLAW_MODEL = {
-    "PROVIDER": os.environ.get("OPENCLAW_MODEL_PROVIDER", "").strip()
-    or ("openai" if os.environ.get("OPENCLAW_MODEL_BASE_URL", "").strip() else "echo"),
-    "BASE_URL": os.environ.get("OPENCLAW_MODEL_BASE_URL", "").strip().rstrip("/"),
-    "API_KEY": os.environ.get("OPENCLAW_MODEL_API_KEY", "").strip(),
-    "MODEL": os.environ.get("OPENCLAW_MODEL", "").strip() or "echo",
-    "CONNECT_TIMEOUT_S": float(os.environ.get("OPENCLAW_MODEL_CONNECT_TIMEOUT_S", "10")),
+    "PROVIDER": env_choice("OPENCLAW_MODEL_PROVIDER", "openai" if _MODEL_BASE_URL else "echo", MODEL_PROVIDERS),
+    "BASE_URL": _MODEL_BASE_URL,
+    "API_KEY": env_str("OPENCLAW_MODEL_API_KEY"),
+    "MODEL": env_str("OPENCLAW_MODEL", "echo"),
+    "CONNECT_TIMEOUT_S": env_float("OPENCLAW_MODEL_CONNECT_TIMEOUT_S", 10, minimum=0.1),
     # Longest silence allowed between two streamed chunks (or before a non-streamed reply).
-    "READ_TIMEOUT_S": float(os.environ.get("OPENCLAW_MODEL_READ_TIMEOUT_S", "60")),
+    "READ_TIMEOUT_S": env_float("OPENCLAW_MODEL_READ_TIMEOUT_S", 60, minimum=0.1),
     # Whole turn, start to last byte.
-    "TOTAL_TIMEOUT_S": float(os.environ.get("OPENCLAW_MODEL_TOTAL_TIMEOUT_S", "600")),
+    "TOTAL_TIMEOUT_S": env_float("OPENCLAW_MODEL_TOTAL_TIMEOUT_S", 600, minimum=0.1),
     # The model sees at most this many of the newest transcript messages.
-    "CONTEXT_MESSAGES": env_int("OPENCLAW_MODEL_CONTEXT_MESSAGES", 200),
+    "CONTEXT_MESSAGES": env_int("OPENCLAW_MODEL_CONTEXT_MESSAGES", 200, minimum=1),
 }
+if OPENCLAW_MODEL["PROVIDER"] == "openai" and not _MODEL_BASE_URL:
+    raise SettingsError("OPENCLAW_MODEL_PROVIDER=openai needs OPENCLAW_MODEL_BASE_URL")
 
 # --- Misc -----------------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
@@ -220,13 +254,16 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = STATE_DIR / "static"
+# Served from the apps' static folders (no collectstatic step): the admin's, ninja's and ours.
+SERVESTATIC_USE_FINDERS = True
+SERVESTATIC_AUTOREFRESH = DEBUG
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("OPENCLAW_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_log_level("OPENCLAW_LOG_LEVEL", "INFO")},
     "loggers": {
         "daphne": {"level": "WARNING"},
         "django.channels.server": {"level": "WARNING"},

@@ -57,11 +57,13 @@ def run_detail(request: HttpRequest, run_id: str):
 
 
 @router.get("/", response={200: dict, **ERRORS})
+@router.get("", response={200: dict, **ERRORS}, include_in_schema=False)  # /api/sessions, without the slash
 def session_list(request: HttpRequest, filters: Query[SessionsListParams]):
     return selectors.sessions_list_payload(filters)
 
 
 @router.post("/", response={201: dict, **ERRORS})
+@router.post("", response={201: dict, **ERRORS}, include_in_schema=False)  # /api/sessions, without the slash
 def session_create(request: HttpRequest, payload: SessionsCreateParams):
     """sessions.create: the body is its params."""
     created = creation.session_create_requested(request=payload)

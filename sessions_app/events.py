@@ -101,7 +101,7 @@ class TurnEmitter:
         self.agent_seq = 0
         self.pending = ""
         self.text = ""
-        self.emitted_at = 0.0
+        self.emitted_at: float | None = None  # None: nothing emitted yet (the first chunk goes at once)
         self.origin_channel = run.origin_channel
 
     def _publish(self, event: str, payload: dict[str, Any]) -> None:
@@ -146,7 +146,7 @@ class TurnEmitter:
     def delta(self, delta: str, text: str) -> None:
         self.pending += delta
         self.text = text
-        if time.monotonic() - self.emitted_at >= DELTA_INTERVAL_S:
+        if self.emitted_at is None or time.monotonic() - self.emitted_at >= DELTA_INTERVAL_S:
             self.flush()
 
     def flush(self) -> None:

@@ -35,7 +35,8 @@ class _TurnProbe:
     def __init__(self, run):
         self.run = run
         self.run_id = run.run_id
-        self.checked_at = 0.0
+        # None: never checked. Not 0.0, which time.monotonic() may not have passed on a just-booted host.
+        self.checked_at: float | None = None
         self.beat_at = time.monotonic()
         self.aborted = False
         # The run stopped being ours (swept as dead): stop, and record nothing.
@@ -46,7 +47,7 @@ class _TurnProbe:
         if now - self.beat_at >= HEARTBEAT_INTERVAL_S:
             self.beat_at = now
             self.lost = not runs.run_heartbeat(run_id=self.run_id)
-        if not self.aborted and now - self.checked_at >= ABORT_POLL_INTERVAL_S:
+        if not self.aborted and (self.checked_at is None or now - self.checked_at >= ABORT_POLL_INTERVAL_S):
             self.checked_at = now
             self.aborted = runs.abort_requested(self.run)
         return self.aborted or self.lost

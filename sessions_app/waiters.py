@@ -6,14 +6,17 @@ import asyncio
 from collections import defaultdict
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 
 from openclaw_site.gateway import state
 
 from . import selectors
 from .events import RUN_FINISHED
 
-# Re-read the run at least this often even without a wake-up (a lost notification only delays).
-WAIT_RECHECK_S = 5.0
+
+def _recheck_s() -> float:
+    """Re-read the run at least this often even without a wake-up (a lost notification only delays)."""
+    return settings.OPENCLAW_GATEWAY["AGENT_WAIT_RECHECK_MS"] / 1000
 
 
 class RunWaiters:
@@ -56,7 +59,7 @@ async def wait_for_run(run_id: str, timeout_ms: int) -> dict:
             if remaining <= 0:
                 return {"runId": run_id, "status": "timeout"}
             try:
-                await asyncio.wait_for(woken, min(remaining, WAIT_RECHECK_S))
+                await asyncio.wait_for(woken, min(remaining, _recheck_s()))
             except TimeoutError:
                 pass
         finally:

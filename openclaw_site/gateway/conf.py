@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+
+from . import secret_files
 
 
 def gateway_setting(name: str) -> Any:
@@ -24,16 +25,10 @@ def ensure_gateway_token() -> tuple[str, bool]:
     configured = gateway_setting("TOKEN")
     if configured:
         return configured, False
-    path = token_file()
-    if path.exists():
-        return path.read_text(encoding="utf-8").strip(), False
-    token = secrets.token_urlsafe(32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(token + "\n")
-    shared_token.cache_clear()
-    return token, True
+    token, created = secret_files.read_or_create(token_file(), lambda: secrets.token_urlsafe(32))
+    if created:
+        shared_token.cache_clear()
+    return token, created
 
 
 @lru_cache(maxsize=1)

@@ -8,6 +8,8 @@ offline node are ``UNAVAILABLE``; pairing is ``NOT_PAIRED``.
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
 
@@ -91,3 +93,29 @@ class HandshakeRejected(Exception):
         self.error = error
         self.close_code = close_code
         self.close_reason = close_reason if close_reason is not None else error.message
+
+
+def internal_error(logger: logging.Logger, context: str) -> Unavailable:
+    """What a client is told about an unexpected exception: a reference, never the exception's text.
+
+    Call from an ``except`` block: the traceback goes to ``logger`` under the same reference, so an
+    operator can find it from the client's report.
+    """
+    error_id = uuid.uuid4().hex[:16]
+    logger.exception("%s failed (errorId=%s)", context, error_id)
+    return Unavailable(f"internal error; reference {error_id}", details={"errorId": error_id}, retryable=True)
+
+
+class FrameRejected(InvalidRequest):
+    """A frame refused before validation: not JSON, or beyond what the protocol carries (depth, numbers, text).
+
+    Answered under the id ``"invalid"`` after the handshake; before it, the socket closes with 1008.
+    """
+
+    frame_id = "invalid"
+
+    def __init__(self, reason: str, *, malformed: bool = False):
+        super().__init__(f"invalid request frame: {reason}")
+        self.reason = reason
+        # Not JSON at all: OpenClaw closes a handshake on it with the bare reason "invalid request frame".
+        self.malformed = malformed

@@ -1,14 +1,15 @@
 """``sessions.create`` as a caller asks for it (RPC and JSON API): workspace, session, first turn.
 
 The one place that composes the workspace service (git worktrees, outside the database), the
-session insert and the first turn, so that those modules do not import each other.
+session insert and the first turn, so that those modules do not import each other. Everything is
+checked before the first write; the session and its first turn commit together or not at all.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from openclaw_site.gateway.exceptions import GatewayError
+from django.db import transaction
 
 from .. import keys
 from ..models import Run, Session
@@ -51,22 +52,22 @@ def session_create_requested(*, request: SessionsCreateParams) -> CreatedSession
         else keys.main_key(agent),
         cwd=plan.cwd,
     )
-    session, created_worktree = _create_with_workspace(spec=spec, plan=plan)
-    run = None
     if request.message is not None:
-        run_id = request.idempotencyKey or f"create-{session.session_id}"
-        run = runs.run_submit(session_key=session.key, message=request.message, idempotency_key=run_id).run
-    return CreatedSession(session=session, worktree=created_worktree, run=run)
-
-
-def _create_with_workspace(*, spec: SessionSpec, plan: workspace.WorkspacePlan) -> tuple[Session, dict | None]:
-    """The worktree lives outside the database: made first, removed again when the insert fails."""
-    if not plan.worktree:
-        return session_create(spec=spec), None
-    worktree = workspace.worktree_add(plan)
+        runs.clean_message(request.message)  # refused before anything is written
+    worktree = workspace.worktree_add(plan) if plan.worktree else None
     try:
-        session = session_create(spec=replace(spec, cwd=worktree["path"], worktree=worktree))
-    except GatewayError:
-        workspace.worktree_remove(worktree)
+        # One transaction: a session whose first turn is refused is not kept.
+        with transaction.atomic():
+            session = session_create(
+                spec=replace(spec, cwd=worktree["path"], worktree=worktree) if worktree is not None else spec
+            )
+            run = None
+            if request.message is not None:
+                run_id = request.idempotencyKey or f"create-{session.session_id}"
+                run = runs.run_submit(session_key=session.key, message=request.message, idempotency_key=run_id).run
+    except BaseException:
+        # The worktree lives outside the database: made first, removed again when the session is not created.
+        if worktree is not None:
+            workspace.worktree_remove(worktree)
         raise
-    return session, worktree
+    return CreatedSession(session=session, worktree=worktree, run=run)

@@ -125,13 +125,18 @@ def chat_send(
     expected_session_id: str | None = None,
     origin_channel: str = "",
 ) -> SubmitResult:
-    """chat.send: submit a turn to the session (see :func:`session_for_turn` and :func:`run_submit`)."""
-    session = session_for_turn(key=session_key)
-    if expected_session_id is not None and expected_session_id != session.session_id:
-        raise InvalidRequest(f"sessionId does not match the current session of {session.key}")
-    return run_submit(
-        session_key=session.key, message=message, idempotency_key=idempotency_key, origin_channel=origin_channel
-    )
+    """chat.send: submit a turn to the session (see :func:`session_for_turn` and :func:`run_submit`).
+
+    One transaction: a main session created for this turn is not kept when the turn is refused.
+    """
+    clean_message(message)  # refused before anything is written
+    with transaction.atomic():
+        session = session_for_turn(key=session_key)
+        if expected_session_id is not None and expected_session_id != session.session_id:
+            raise InvalidRequest(f"sessionId does not match the current session of {session.key}")
+        return run_submit(
+            session_key=session.key, message=message, idempotency_key=idempotency_key, origin_channel=origin_channel
+        )
 
 
 @dataclass(frozen=True)

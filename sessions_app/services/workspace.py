@@ -2,6 +2,12 @@
 
 Git only; ``creation.py`` composes it with the session insert (and undoes a worktree whose
 session could not be created).
+
+Which directories a caller may name: ``cwd`` must resolve (symlinks and ``..`` followed) inside the
+agent workspace (``<state dir>/workspace``) or one of ``OPENCLAW_WORKSPACE_ROOTS``; nothing else
+on the gateway host is reachable through ``sessions.create``. The base ref is resolved to a commit
+before anything is created, and every caller-supplied value reaches git after ``--end-of-options``,
+so none can be read as an option.
 """
 
 from __future__ import annotations
@@ -35,6 +41,16 @@ def agent_workspace_dir() -> Path:
     return Path(settings.STATE_DIR) / "workspace"
 
 
+def workspace_roots() -> list[Path]:
+    """Where a session's ``cwd`` may lie: the agent workspace and the configured roots, resolved."""
+    return [agent_workspace_dir().resolve(), *(Path(root).resolve() for root in settings.OPENCLAW_WORKSPACE_ROOTS)]
+
+
+def _inside_a_root(path: Path) -> bool:
+    resolved = path.resolve()
+    return any(resolved == root or resolved.is_relative_to(root) for root in workspace_roots())
+
+
 def _git(args: list[str], cwd: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False)
 
@@ -53,6 +69,11 @@ def plan_session_workspace(
         raise InvalidRequest("sessions.create cwd requires worktree=true or execNode")
     if cwd is not None and not os.path.isabs(cwd):
         raise InvalidRequest("sessions.create cwd must be absolute")
+    if cwd is not None and not _inside_a_root(Path(cwd)):
+        raise InvalidRequest(
+            "sessions.create cwd is outside the gateway's workspace roots",
+            details={"hint": "the agent workspace and OPENCLAW_WORKSPACE_ROOTS are allowed"},
+        )
     if not worktree:
         return WorkspacePlan(cwd="", worktree=False)
     base_dir = cwd or str(agent_workspace_dir())
@@ -61,11 +82,15 @@ def plan_session_workspace(
     top = _git(["rev-parse", "--show-toplevel"], base_dir)
     if top.returncode != 0:
         raise InvalidRequest("agent workspace is not a git checkout")
+    base_ref = worktree_base_ref or "HEAD"
+    resolved = _git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{base_ref}^{{commit}}"], base_dir)
+    if base_ref.startswith("-") or resolved.returncode != 0:
+        raise InvalidRequest(f"sessions.create worktreeBaseRef is not a commit: {base_ref}")
     return WorkspacePlan(
         cwd=base_dir,
         worktree=True,
         repo_root=top.stdout.strip(),
-        base_ref=worktree_base_ref or "HEAD",
+        base_ref=base_ref,
         name=worktree_name or f"session-{uuid.uuid4().hex[:8]}",
     )
 
@@ -75,7 +100,7 @@ def worktree_add(plan: WorkspacePlan) -> dict:
     path = Path(settings.STATE_DIR) / "worktrees" / f"{plan.name}-{worktree_id}"
     path.parent.mkdir(parents=True, exist_ok=True)
     branch = f"openclaw/{plan.name}"
-    added = _git(["worktree", "add", "-b", branch, str(path), plan.base_ref], plan.repo_root)
+    added = _git(["worktree", "add", "-b", branch, "--end-of-options", str(path), plan.base_ref], plan.repo_root)
     if added.returncode != 0:
         reason = (added.stderr or added.stdout).strip().splitlines()
         raise InvalidRequest(
@@ -93,9 +118,9 @@ def worktree_add(plan: WorkspacePlan) -> dict:
 
 def worktree_remove(worktree: dict) -> None:
     """Undo a managed worktree: the checkout and its branch. Failures are logged, not raised."""
-    removed = _git(["worktree", "remove", "--force", worktree["path"]], worktree["repoRoot"])
+    removed = _git(["worktree", "remove", "--force", "--end-of-options", worktree["path"]], worktree["repoRoot"])
     if removed.returncode != 0:
         logger.warning("could not remove worktree %s: %s", worktree["path"], removed.stderr.strip())
-    deleted = _git(["branch", "-D", worktree["branch"]], worktree["repoRoot"])
+    deleted = _git(["branch", "-D", "--end-of-options", worktree["branch"]], worktree["repoRoot"])
     if deleted.returncode != 0:
         logger.warning("could not delete branch %s: %s", worktree["branch"], deleted.stderr.strip())

@@ -161,21 +161,33 @@ def test_bad_input_changes_nothing(gateway):
     assert errors[3] == "sessions.create worktreeBaseRef/worktreeName require worktree=true"
     assert errors[4] == "sessions.create worktree cannot target execNode"
     assert errors[5].startswith("invalid sessions.create params: at /worktreeName:")
-    assert errors[6] == "agent workspace is not a git checkout"
+    assert errors[6] == "sessions.create cwd is outside the gateway's workspace roots"
     assert errors[7] == "invalid sessions.create params: at /unknown: unexpected property"
     assert patch_unknown.message == "session not found: agent:main:nope"
     assert not Session.objects.exists()
 
 
-def test_worktree_session_gets_a_managed_git_worktree(gateway, tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
+def _repository(path) -> None:
+    path.mkdir()
     git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
-    subprocess.run([*git, "init", "-q", "-b", "main", str(repo)], check=True)
-    (repo / "README.md").write_text("hello\n")
-    subprocess.run([*git, "-C", str(repo), "add", "."], check=True)
-    subprocess.run([*git, "-C", str(repo), "commit", "-q", "-m", "init"], check=True)
-    (repo / "sub").mkdir()
+    subprocess.run([*git, "init", "-q", "-b", "main", str(path)], check=True)
+    (path / "README.md").write_text("hello\n")
+    subprocess.run([*git, "-C", str(path), "add", "."], check=True)
+    subprocess.run([*git, "-C", str(path), "commit", "-q", "-m", "init"], check=True)
+    (path / "sub").mkdir()
+
+
+@pytest.fixture
+def workspace_gateway(gateway_factory, tmp_path):
+    """A gateway whose sessions may make worktrees of checkouts under ``tmp_path/allowed``."""
+    (tmp_path / "allowed").mkdir()
+    return gateway_factory(extra_env={"OPENCLAW_WORKSPACE_ROOTS": str(tmp_path / "allowed")})
+
+
+def test_worktree_session_gets_a_managed_git_worktree(workspace_gateway, tmp_path):
+    gateway = workspace_gateway
+    repo = tmp_path / "allowed" / "repo"
+    _repository(repo)
 
     async def scenario():
         client = operator(gateway)
@@ -209,3 +221,70 @@ def test_worktree_session_gets_a_managed_git_worktree(gateway, tmp_path):
     assert taken.message.startswith("sessions.create could not create the worktree:")
     assert not Session.objects.filter(key="agent:main:wt2").exists()
     assert Run.objects.count() == 0 and TranscriptEvent.objects.count() == 0
+
+
+def _branches(repo) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), "branch", "--list", "openclaw/*"], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_a_worktree_needs_an_allowed_directory_and_a_commit_and_nothing_is_made_otherwise(workspace_gateway, tmp_path):
+    repo, outside = tmp_path / "allowed" / "repo", tmp_path / "outside"
+    _repository(repo)
+    _repository(outside)
+    (tmp_path / "allowed" / "escape").symlink_to(outside)
+
+    async def scenario() -> list[str]:
+        client = operator(workspace_gateway)
+        await client.connect()
+        errors = []
+        for params in (
+            {"cwd": str(outside)},
+            {"cwd": str(tmp_path / "allowed" / "escape")},  # a symlink out of the root
+            {"cwd": str(repo / ".." / ".." / "outside")},
+            {"cwd": str(repo), "worktreeBaseRef": "--no-checkout"},  # not an option for git
+            {"cwd": str(repo), "worktreeBaseRef": "-q"},
+            {"cwd": str(repo), "worktreeBaseRef": "no-such-branch"},
+        ):
+            with pytest.raises(GatewayError) as refused:
+                await client.request("sessions.create", {"key": "wt", "worktree": True, **params})
+            errors.append(refused.value.message)
+        await client.close()
+        return errors
+
+    errors = asyncio.run(scenario())
+    outside_message = "sessions.create cwd is outside the gateway's workspace roots"
+    assert errors[:3] == [outside_message] * 3
+    assert errors[3:] == [
+        "sessions.create worktreeBaseRef is not a commit: --no-checkout",
+        "sessions.create worktreeBaseRef is not a commit: -q",
+        "sessions.create worktreeBaseRef is not a commit: no-such-branch",
+    ]
+    assert _branches(repo) == "" and _branches(outside) == ""
+    assert not Session.objects.exists()
+
+
+def test_a_refused_first_turn_leaves_no_session_behind(gateway):
+    async def scenario() -> list[str]:
+        client = operator(gateway)
+        await client.connect()
+        errors = []
+        for method, params in (
+            ("sessions.create", {"key": "with-empty-turn", "message": "   "}),
+            ("sessions.create", {"key": "with-nul-turn", "message": "a\u0000b"}),
+            ("chat.send", {"sessionKey": "main", "message": "", "idempotencyKey": "empty-first-turn"}),
+        ):
+            with pytest.raises(GatewayError) as refused:
+                await client.request(method, params)
+            errors.append(refused.value.message)
+        await client.close()
+        return errors
+
+    errors = asyncio.run(scenario())
+    assert errors[0] == "message or attachment required"
+    assert "null" in errors[1] or "NUL" in errors[1] or "\\u0000" in errors[1]
+    assert errors[2] == "message or attachment required"
+    # Neither the sessions of the refused creates nor the main session a refused chat.send would have made.
+    assert not Session.objects.exists()
+    assert not Run.objects.exists()

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from sessions_app import rpc, schemas, waiters
+from sessions_app import rpc, schemas
 from sessions_app.models import Run, RunStatus, Session
 from sessions_app.services import runs, sessions
 from tests.support.api import API_TOKEN
@@ -36,7 +36,7 @@ def turns_in_process(settings, monkeypatch):
     would outlive the thread and keep the test database from being dropped.
     """
     settings.OPENCLAW_TASK_MODE = "inprocess"
-    monkeypatch.setattr(waiters, "WAIT_RECHECK_S", 0.1)
+    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "AGENT_WAIT_RECHECK_MS": 100}
     monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)
 
 
@@ -152,7 +152,7 @@ def test_list_errors(client):
     # Schema validation errors have the same shape as every other error.
     assert bad_limit.status_code == 400
     assert bad_limit.json()["error"]["code"] == "INVALID_REQUEST"
-    assert bad_limit.json()["error"]["message"].startswith("invalid request: at /limit:")
+    assert bad_limit.json()["error"]["message"].startswith("invalid request: at /limit (query):")
 
 
 @pytest.mark.django_db

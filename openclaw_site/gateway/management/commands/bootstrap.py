@@ -9,7 +9,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from django.db import IntegrityError, transaction
 
+from openclaw_site.gateway import secret_files
 from openclaw_site.gateway.conf import ensure_gateway_token
 
 
@@ -36,12 +38,22 @@ class Command(BaseCommand):
         User = get_user_model()
         username = options["admin_username"]
         credentials_file = state_dir / "admin-credentials"
-        if not User.objects.filter(username=username).exists():
-            password = os.environ.get("OPENCLAW_ADMIN_PASSWORD") or secrets.token_urlsafe(18)
-            User.objects.create_superuser(username=username, email="", password=password)
-            fd = os.open(credentials_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(f"username={username}\npassword={password}\n")
+        if self._create_admin(User, username, credentials_file):
             self.stdout.write(f"Admin login created: {username} (password in {credentials_file})")
         else:
             self.stdout.write(f"Admin login: {username} (password in {credentials_file} if generated here)")
+
+    @staticmethod
+    def _create_admin(User, username: str, credentials_file) -> bool:
+        """Create the first admin unless it exists; a concurrent first start may win the insert."""
+        if User.objects.filter(username=username).exists():
+            return False
+        password = os.environ.get("OPENCLAW_ADMIN_PASSWORD") or secrets.token_urlsafe(18)
+        try:
+            with transaction.atomic():
+                User.objects.create_superuser(username=username, email="", password=password)
+                # Written inside the transaction: the file exists once the login does.
+                secret_files.write_private(credentials_file, f"username={username}\npassword={password}")
+        except IntegrityError:
+            return False
+        return True

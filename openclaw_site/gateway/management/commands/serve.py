@@ -29,11 +29,18 @@ class Command(BaseCommand):
             self.stdout.write(f"Gateway token (generated): {token}\n  kept in {settings.STATE_DIR / 'gateway-token'}")
         layer = "Redis" if settings.REDIS_URL else "in-memory"
         database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+        model = settings.OPENCLAW_MODEL
+        provider = (
+            f"{model['PROVIDER']} {model['MODEL']} at {model['BASE_URL']}"
+            if model["PROVIDER"] == "openai"
+            else "built-in echo (set OPENCLAW_MODEL_BASE_URL for a real model)"
+        )
 
         def ready():
             self.stdout.write(
                 f"OpenClaw gateway listening on ws://{host}:{port} (database: {database}, channel layer: {layer})"
             )
+            self.stdout.write(f"  model provider: {provider}; turns run {_task_place()}")
             sys.stdout.flush()
 
         run_gateway_server(
@@ -44,3 +51,7 @@ class Command(BaseCommand):
             ready_callable=ready,
             verbosity=int(options.get("verbosity", 1)),
         )
+
+
+def _task_place() -> str:
+    return "in Celery workers" if settings.OPENCLAW_TASK_MODE == "celery" else "in this process"

@@ -1,0 +1,115 @@
+"""Reading configuration from the environment, validated where it is read.
+
+A value that cannot be used stops the start with one line naming the variable (``manage.py``
+prints it without a traceback), instead of a ``ValueError`` from deep inside Django. Every
+variable read through here is recorded in :data:`READ`, so a test can check the README documents
+each one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+LOG_LEVELS = frozenset(logging.getLevelNamesMapping())
+
+READ: set[str] = set()
+
+
+class SettingsError(ImproperlyConfigured):
+    """A configuration value that cannot be used; the message names the variable and what it needs."""
+
+
+def _raw(name: str) -> str:
+    READ.add(name)
+    return os.environ.get(name, "").strip()
+
+
+def env_str(name: str, default: str = "") -> str:
+    return _raw(name) or default
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    raw = _raw(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number, not {raw!r}") from None
+    _check_range(name, value, minimum, maximum)
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    raw = _raw(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, not {raw!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SettingsError(f"{name} must be a finite number, not {raw!r}")
+    _check_range(name, value, minimum, maximum)
+    return value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = _raw(name).lower()
+    if not raw:
+        return default
+    if raw in TRUE_WORDS:
+        return True
+    if raw in FALSE_WORDS:
+        return False
+    raise SettingsError(f"{name} must be one of 1/0, true/false, yes/no, on/off, not {raw!r}")
+
+
+def env_choice(name: str, default: str, choices: Iterable[str]) -> str:
+    allowed = tuple(choices)
+    value = _raw(name) or default
+    if value not in allowed:
+        raise SettingsError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+    return value
+
+
+def env_log_level(name: str, default: str) -> str:
+    value = (_raw(name) or default).upper()
+    if value not in LOG_LEVELS:
+        raise SettingsError(f"{name} must be a log level ({', '.join(sorted(LOG_LEVELS))}), not {value!r}")
+    return value
+
+
+def env_list(name: str, *, separator: str = ",") -> list[str]:
+    return [item.strip() for item in _raw(name).split(separator) if item.strip()]
+
+
+def env_absolute_paths(name: str) -> list[Path]:
+    """``os.pathsep``-separated absolute directories."""
+    paths = [Path(item) for item in env_list(name, separator=os.pathsep)]
+    for path in paths:
+        if not path.is_absolute():
+            raise SettingsError(f"{name} must list absolute directories, not {str(path)!r}")
+    return paths
+
+
+def env_url(name: str, default: str = "", *, schemes: Iterable[str]) -> str:
+    value = _raw(name) or default
+    allowed = tuple(schemes)
+    if value and value.split("://", 1)[0] not in allowed:
+        raise SettingsError(f"{name} must be a URL starting with {' or '.join(s + '://' for s in allowed)}")
+    return value
+
+
+def _check_range(name: str, value: float, minimum: float | None, maximum: float | None) -> None:
+    if minimum is not None and value < minimum:
+        raise SettingsError(f"{name} must be at least {minimum}, not {value}")
+    if maximum is not None and value > maximum:
+        raise SettingsError(f"{name} must be at most {maximum}, not {value}")
