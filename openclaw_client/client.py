@@ -54,6 +54,10 @@ class ConnectError(GatewayError):
         self.close_reason = close_reason
 
 
+class HandshakeClosed(ConnectError):
+    """The connection closed during the handshake, before the gateway answered ``connect``."""
+
+
 class ConnectionClosed(Exception):
     def __init__(self, code: int | None, reason: str | None):
         super().__init__(f"connection closed ({code}): {reason or ''}")
@@ -230,7 +234,7 @@ class GatewayClient:
                     break
         except websockets.ConnectionClosed as closed:
             code, reason = _close_info(closed)
-            raise ConnectError(
+            raise HandshakeClosed(
                 {"code": "UNAVAILABLE", "message": f"connection closed during handshake ({code}): {reason}"},
                 close_code=code,
                 close_reason=reason,

@@ -7,6 +7,7 @@ cache, tasks in the gateway process. Production: ``DATABASE_URL`` (PostgreSQL) a
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -104,32 +105,49 @@ TEMPLATES = [
 
 # --- Database -------------------------------------------------------------------------------
 DATABASE_URL = env_url("DATABASE_URL", f"sqlite:///{STATE_DIR / 'gateway.sqlite3'}", schemes=DATABASE_SCHEMES)
-DB_CONN_MAX_AGE = env_int("DB_CONN_MAX_AGE", 300, minimum=0)
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=DB_CONN_MAX_AGE)}
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # WAL lets the gateway read while a task writes; IMMEDIATE makes a write transaction take
-    # the lock at BEGIN, so two writers queue instead of failing with "database is locked".
-    DATABASES["default"]["OPTIONS"] = {
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 30,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-    }
-    # End-to-end tests start gateway processes that must open the test database too.
-    DATABASES["default"]["TEST"] = {"NAME": str(STATE_DIR / "test-gateway.sqlite3")}
 # The bundled native harness (threads, bindings) lives in a store of its own: SQLite under the
 # state dir unless HARNESS_DATABASE_URL says otherwise.
 HARNESS_DATABASE_URL = env_url(
     "HARNESS_DATABASE_URL", f"sqlite:///{STATE_DIR / 'harness.sqlite3'}", schemes=DATABASE_SCHEMES
 )
-DATABASES["harness"] = dj_database_url.parse(HARNESS_DATABASE_URL, conn_max_age=DB_CONN_MAX_AGE)
-if DATABASES["harness"]["ENGINE"] == "django.db.backends.sqlite3":
-    DATABASES["harness"]["OPTIONS"] = {
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 30,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-    }
-    DATABASES["harness"]["TEST"] = {"NAME": str(STATE_DIR / "test-harness.sqlite3")}
+# SQLite: seconds a connection is reused. PostgreSQL uses a pool instead (Django refuses both).
+DB_CONN_MAX_AGE = env_int("DB_CONN_MAX_AGE", 300, minimum=0)
+# PostgreSQL connections one process holds at most (each gateway process, each Celery worker): the
+# ceiling that lets several processes share one server's max_connections.
+DB_POOL_MAX_SIZE = env_int("OPENCLAW_DB_POOL_MAX_SIZE", 8, minimum=1, maximum=1000)
+
+
+def _database(url: str, sqlite_test_name: str) -> dict:
+    database = dj_database_url.parse(url)
+    database["CONN_HEALTH_CHECKS"] = True
+    if database["ENGINE"] == "django.db.backends.sqlite3":
+        database["CONN_MAX_AGE"] = DB_CONN_MAX_AGE
+        # WAL lets the gateway read while a task writes; IMMEDIATE makes a write transaction take
+        # the lock at BEGIN, so two writers queue instead of failing with "database is locked".
+        database["OPTIONS"] = {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+        # End-to-end tests start gateway processes that must open the test database too.
+        database["TEST"] = {"NAME": str(STATE_DIR / sqlite_test_name)}
+    else:
+        # Connections go back to the pool at the end of each request and database hop, whichever
+        # thread made it (Django runs each HTTP request's sync code in a thread of its own), so
+        # load cannot leave a connection behind per thread.
+        database["CONN_MAX_AGE"] = 0
+        database["OPTIONS"] = {
+            "pool": {"min_size": 1, "max_size": DB_POOL_MAX_SIZE, "timeout": 10},
+            # Which process holds a connection, in pg_stat_activity.
+            "application_name": f"openclaw-{os.getpid()}",
+        }
+    return database
+
+
+DATABASES = {
+    "default": _database(DATABASE_URL, "test-gateway.sqlite3"),
+    "harness": _database(HARNESS_DATABASE_URL, "test-harness.sqlite3"),
+}
 DATABASE_ROUTERS = ["openclaw_site.db_routers.HarnessRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Q, QuerySet
@@ -74,9 +75,26 @@ def _own_row(session: Session) -> dict:
         if session.fork_source_session_key
         else None
     )
-    row["spawnedCwd"] = session.cwd or None
-    row["worktree"] = session.worktree or None
+    row["spawnedCwd"] = shown_path(session.cwd) if session.cwd else None
+    row["worktree"] = _shown_worktree(session.worktree) if session.worktree else None
     return row
+
+
+def shown_path(path: str) -> str:
+    """A host path as clients see it: relative to the state directory, never the host's absolute path.
+
+    Every ``operator.read`` client receives session rows; where the gateway keeps its state (or an
+    operator's checkout) is not theirs to know.
+    """
+    candidate = Path(path)
+    try:
+        return candidate.resolve().relative_to(Path(settings.STATE_DIR).resolve()).as_posix()
+    except ValueError:
+        return candidate.name
+
+
+def _shown_worktree(worktree: dict) -> dict:
+    return {"id": worktree["id"], "branch": worktree["branch"], "path": shown_path(worktree["path"])}
 
 
 def session_get(key: str) -> Session | None:
@@ -144,7 +162,7 @@ def session_created_payload(session: Session, *, worktree: dict | None = None, r
         "resolved": resolved_model(session),
     }
     if worktree is not None:
-        result["worktree"] = {"id": worktree["id"], "path": worktree["path"], "branch": worktree["branch"]}
+        result["worktree"] = {"id": worktree["id"], "path": shown_path(worktree["path"]), "branch": worktree["branch"]}
     if run is not None:
         result.update(runStarted=True, runId=run.run_id)
     return result

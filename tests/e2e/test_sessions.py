@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -212,7 +214,11 @@ def test_worktree_session_gets_a_managed_git_worktree(workspace_gateway, tmp_pat
     created, taken = asyncio.run(scenario())
     worktree = created["worktree"]
     assert worktree["branch"] == "openclaw/feature-1"
-    assert (tmp_path / worktree["path"] / "README.md").read_text() == "hello\n"
+    # Paths are shown relative to the gateway's state directory, never as the host's absolute paths.
+    assert worktree["path"].startswith("worktrees/feature-1-")
+    assert (Path(gateway.state_dir) / worktree["path"] / "README.md").read_text() == "hello\n"
+    assert created["entry"]["spawnedCwd"] == worktree["path"]
+    assert str(tmp_path) not in json.dumps(created)
     branches = subprocess.run(
         ["git", "-C", str(repo), "branch", "--list", "openclaw/*"], capture_output=True, text=True, check=True
     ).stdout

@@ -1,4 +1,9 @@
-"""``manage.py gateway call <method> --params '<json>'``: the protocol client as a CLI."""
+"""``manage.py gateway call <method> --params '<json>'``: the protocol client as a CLI.
+
+Defaults come from this project's settings: the gateway's own address, its shared token
+(``OPENCLAW_GATEWAY_TOKEN`` or ``<state dir>/gateway-token``) or password, and ``<state dir>/cli`` as the
+CLI's device identity. Output, failures and exit codes are those of ``openclaw_client.cli``.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,23 @@ import argparse
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from openclaw_client.cli import add_call_arguments, run_call
-from openclaw_site.gateway.conf import gateway_setting, shared_token
+from openclaw_client.cli import Secret, add_call_arguments, call_parser_kwargs, run_call
+from openclaw_site.gateway.conf import gateway_setting, shared_password, shared_token, token_file
+
+CONFIGURED = "OPENCLAW_GATEWAY_TOKEN, OPENCLAW_GATEWAY_PASSWORD, <state dir>/gateway-token"
+
+
+def configured_secrets() -> tuple[list[Secret], list[str]]:
+    """The shared secrets this project is configured with, labelled by where they come from; and where it looked."""
+    secrets: list[Secret] = []
+    token = shared_token()
+    if token:
+        source = "from OPENCLAW_GATEWAY_TOKEN" if gateway_setting("TOKEN") else f"in {token_file()}"
+        secrets.append(Secret("token", token, source))
+    password = shared_password()
+    if password:
+        secrets.append(Secret("password", password, "from OPENCLAW_GATEWAY_PASSWORD"))
+    return secrets, ["OPENCLAW_GATEWAY_TOKEN", "OPENCLAW_GATEWAY_PASSWORD", str(token_file())]
 
 
 class Command(BaseCommand):
@@ -16,18 +36,28 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
-        add_call_arguments(sub.add_parser("call", help="Call one gateway method and print its JSON result"))
+        add_call_arguments(sub.add_parser("call", **call_parser_kwargs(CONFIGURED)))
 
     def handle(self, *args, **options):
         namespace = argparse.Namespace(**options)
         if not namespace.url:
             host = gateway_setting("BIND")
             host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+            host = f"[{host}]" if ":" in host else host
             namespace.url = f"ws://{host}:{gateway_setting('PORT')}"
-        if not namespace.token and not namespace.password:
-            namespace.token = shared_token()
         if not namespace.state_dir:
             namespace.state_dir = str(settings.STATE_DIR / "cli")
-        code = run_call(namespace, stdout=self.stdout)
+        configured, searched = configured_secrets()
+        code = run_call(
+            namespace,
+            configured=configured,
+            searched=searched,
+            stdout=self.stdout,
+            stderr=self.stderr,
+            traceback=bool(options.get("traceback")),
+        )
         if code:
-            raise CommandError("gateway call failed", returncode=code)
+            if getattr(self, "_called_from_command_line", False):
+                # The one ``error: …`` line is printed; Django would add a "CommandError: …" line of its own.
+                raise SystemExit(code)
+            raise CommandError(f"gateway call failed (exit code {code})", returncode=code)

@@ -1,0 +1,82 @@
+"""A gateway process holds a bounded number of PostgreSQL connections, whatever the load.
+
+Django runs each HTTP request's sync code in a thread of its own; with persistent connections
+every such thread left one behind, and ~8,000 API requests exhausted the server's
+``max_connections``. The pool (``OPENCLAW_DB_POOL_MAX_SIZE``) is the ceiling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import psycopg
+import pytest
+from django.db import connection
+
+from tests.support.clients import operator
+from tests.support.processes import current_database_url
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+POOL_SIZE = 3
+
+
+def _connections_of(pid: int) -> int:
+    with psycopg.connect(current_database_url(), autocommit=True) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (f"openclaw-{pid}",)
+        ).fetchone()[0]
+
+
+def test_sustained_api_and_websocket_load_stays_within_the_pool(gateway_factory):
+    if connection.vendor != "postgresql":
+        pytest.skip("connection pooling is PostgreSQL's (SQLite has no server connections)")
+    gateway = gateway_factory(extra_env={"OPENCLAW_DB_POOL_MAX_SIZE": str(POOL_SIZE)})
+    headers = {"Authorization": f"Bearer {gateway.token}"}
+    statuses: list[int] = []
+    peak = 0
+    done = threading.Event()
+
+    def api_calls(n: int) -> None:
+        with httpx.Client(base_url=gateway.http_url, headers=headers, timeout=30) as client:
+            for i in range(40):
+                created = client.post("/api/sessions/", json={"key": f"load-{n}-{i}"})
+                listed = client.get("/api/sessions/", params={"limit": 5})
+                described = client.get(f"/api/sessions/load-{n}-{i}")
+                statuses.extend([created.status_code, listed.status_code, described.status_code])
+
+    async def websocket_calls() -> None:
+        client = operator(gateway)
+        await client.connect()
+        try:
+            for _ in range(100):
+                await client.request("sessions.list", {"limit": 5})
+                await client.request("status")
+        finally:
+            await client.close()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _connections_of(gateway.pid))
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(api_calls, n) for n in range(8)]
+            asyncio.run(websocket_calls())
+            for future in futures:
+                future.result()
+    finally:
+        done.set()
+        sampler.join()
+
+    assert statuses and set(statuses) <= {200, 201}, sorted(set(statuses))
+    assert len(statuses) == 8 * 40 * 3
+    assert 1 <= peak <= POOL_SIZE
+    assert _connections_of(gateway.pid) <= POOL_SIZE
