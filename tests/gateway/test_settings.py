@@ -38,7 +38,10 @@ def manage_check(tmp_path, **env: str) -> subprocess.CompletedProcess[str]:
         ({"OPENCLAW_TASK_MODE": "celery"}, "OPENCLAW_TASK_MODE=celery needs REDIS_URL (the Celery broker)"),
         ({"OPENCLAW_TASK_MODE": "threads"}, "OPENCLAW_TASK_MODE must be one of celery, inprocess, not 'threads'"),
         ({"OPENCLAW_MODEL_READ_TIMEOUT_S": "soon"}, "OPENCLAW_MODEL_READ_TIMEOUT_S must be a number, not 'soon'"),
-        ({"OPENCLAW_MODEL_TOTAL_TIMEOUT_S": "nan"}, "OPENCLAW_MODEL_TOTAL_TIMEOUT_S must be a finite number, not 'nan'"),
+        (
+            {"OPENCLAW_MODEL_TOTAL_TIMEOUT_S": "nan"},
+            "OPENCLAW_MODEL_TOTAL_TIMEOUT_S must be a finite number, not 'nan'",
+        ),
         ({"OPENCLAW_MODEL_PROVIDER": "openai"}, "OPENCLAW_MODEL_PROVIDER=openai needs OPENCLAW_MODEL_BASE_URL"),
         ({"OPENCLAW_MODEL_BASE_URL": "ftp://model"}, "OPENCLAW_MODEL_BASE_URL must be a URL starting with http://"),
         ({"DATABASE_URL": "mysql://db/x"}, "DATABASE_URL must be a URL starting with sqlite://"),
