@@ -38,9 +38,9 @@ except OSError as error:
     raise SettingsError(f"OPENCLAW_STATE_DIR {STATE_DIR} cannot be created: {error.strerror}") from None
 
 SECRET_KEY_FILE = STATE_DIR / "django-secret-key"
-SECRET_KEY = env_str("DJANGO_SECRET_KEY") or secret_files.read_or_create(
-    SECRET_KEY_FILE, lambda: secrets.token_urlsafe(50)
-)[0]
+SECRET_KEY = (
+    env_str("DJANGO_SECRET_KEY") or secret_files.read_or_create(SECRET_KEY_FILE, lambda: secrets.token_urlsafe(50))[0]
+)
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 # Production: the host names clients use (comma-separated); behind a TLS-terminating proxy also set
