@@ -6,12 +6,18 @@ validate with these models before any service runs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from ninja import Schema
 from pydantic import Field
 
 from .protocol import ClosedModel
+
+# Ids and names callers send; the columns that keep them (device ids are 64 hex characters,
+# request ids UUIDs, roles and scopes short words) are far below these bounds.
+Identifier = Annotated[str, Field(min_length=1, max_length=200)]
+ScopeName = Annotated[str, Field(min_length=1, max_length=64)]
+MAX_SCOPES = 32
 
 # --- errors (the one error shape of both interfaces) -------------------------------------------
 
@@ -32,30 +38,30 @@ class ErrorOut(Schema):
 
 
 class RequestIdParams(ClosedModel):
-    requestId: str = Field(min_length=1)
+    requestId: Identifier
 
 
 class DeviceIdParams(ClosedModel):
-    deviceId: str = Field(min_length=1)
+    deviceId: Identifier
 
 
 class NodeIdParams(ClosedModel):
-    nodeId: str = Field(min_length=1)
+    nodeId: Identifier
 
 
 class TokenRotateParams(ClosedModel):
-    deviceId: str = Field(min_length=1)
-    role: str = Field(min_length=1)
-    scopes: list[str] | None = None
+    deviceId: Identifier
+    role: ScopeName
+    scopes: list[ScopeName] | None = Field(default=None, max_length=MAX_SCOPES)
 
 
 class TokenRevokeParams(ClosedModel):
-    deviceId: str = Field(min_length=1)
-    role: str = Field(min_length=1)
+    deviceId: Identifier
+    role: ScopeName
 
 
 class NodeRenameParams(ClosedModel):
-    nodeId: str = Field(min_length=1)
+    nodeId: Identifier
     displayName: str = Field(min_length=1, max_length=200)
 
 
@@ -63,12 +69,12 @@ class NodeRenameParams(ClosedModel):
 
 
 class NodeInvokeParams(ClosedModel):
-    nodeId: str
-    command: str
+    nodeId: str = Field(max_length=200)
+    command: str = Field(max_length=200)
     params: Any = None
-    timeoutMs: int | None = Field(default=None, ge=0)
-    idempotencyKey: str = Field(min_length=1)
-    sessionKey: str | None = None
+    timeoutMs: int | None = Field(default=None, ge=0, le=24 * 3600 * 1000)
+    idempotencyKey: str = Field(min_length=1, max_length=200)
+    sessionKey: str | None = Field(default=None, max_length=300)
     turnSourceChannel: str | None = None
     turnSourceTo: str | None = None
     turnSourceAccountId: str | None = None
@@ -81,8 +87,8 @@ class NodeInvokeError(ClosedModel):
 
 
 class NodeInvokeResultParams(ClosedModel):
-    id: str = Field(min_length=1)
-    nodeId: str = Field(min_length=1)
+    id: Identifier
+    nodeId: Identifier
     ok: bool
     payload: Any = None
     payloadJSON: Any = None
@@ -90,6 +96,6 @@ class NodeInvokeResultParams(ClosedModel):
 
 
 class NodeEventParams(ClosedModel):
-    event: str = Field(min_length=1)
+    event: str = Field(min_length=1, max_length=200)
     payload: Any = None
     payloadJSON: str | None = None
