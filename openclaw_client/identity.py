@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import os
@@ -19,6 +20,93 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 RAW_PUBLIC_KEY_BYTES = 32
+SIGNATURE_BYTES = 64
+
+# --- Ed25519 encodings that verify but prove nothing ----------------------------------------------
+# A verifier that takes any 32 bytes as a key accepts "devices" nobody holds a private key for: with
+# a small-order public key (the all-zero key, the identity, …) the signature R = identity, S = 0
+# verifies for every message. Keys and signatures are therefore checked here, with plain integer
+# arithmetic on the curve (RFC 8032 §5.1), before `cryptography` verifies the signature itself.
+
+_P = 2**255 - 19  # the field prime
+_L = 2**252 + 27742317777372353535851937790883648493  # the order of the base point's group
+_D = -121665 * pow(121666, _P - 2, _P) % _P
+_SQRT_M1 = pow(2, (_P - 1) // 4, _P)
+_IDENTITY = (0, 1, 1, 0)  # extended coordinates (X, Y, Z, T)
+
+
+def _decode_point(encoded: bytes) -> tuple[int, int, int, int] | None:
+    """A canonical encoding's point in extended coordinates, or None (not canonical, not on the curve)."""
+    if len(encoded) != 32:
+        return None
+    value = int.from_bytes(encoded, "little")
+    sign, y = value >> 255, value & ((1 << 255) - 1)
+    if y >= _P:
+        return None  # y not reduced: a second encoding of a small y (e.g. of the identity)
+    u, v = (y * y - 1) % _P, (_D * y * y + 1) % _P
+    x2 = u * pow(v, _P - 2, _P) % _P
+    x = pow(x2, (_P + 3) // 8, _P)
+    if (x * x - x2) % _P:
+        x = x * _SQRT_M1 % _P
+    if (x * x - x2) % _P:
+        return None  # no x for this y
+    if x == 0 and sign:
+        return None  # "-0": a second encoding of the points with x = 0
+    if x & 1 != sign:
+        x = _P - x
+    return (x, y, 1, x * y % _P)
+
+
+def _add(p: tuple[int, int, int, int], q: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    # Unified addition on the twisted Edwards curve -x² + y² = 1 + d·x²·y² (RFC 8032 §5.1.4).
+    x1, y1, z1, t1 = p
+    x2, y2, z2, t2 = q
+    a = (y1 - x1) * (y2 - x2) % _P
+    b = (y1 + x1) * (y2 + x2) % _P
+    c = 2 * _D * t1 * t2 % _P
+    d = 2 * z1 * z2 % _P
+    e, f, g, h = b - a, d - c, d + c, b + a
+    return (e * f % _P, g * h % _P, f * g % _P, e * h % _P)
+
+
+def _multiply(point: tuple[int, int, int, int], scalar: int) -> tuple[int, int, int, int]:
+    result = _IDENTITY
+    while scalar:
+        if scalar & 1:
+            result = _add(result, point)
+        point = _add(point, point)
+        scalar >>= 1
+    return result
+
+
+def _is_identity(point: tuple[int, int, int, int]) -> bool:
+    x, y, z, _t = point
+    return x % _P == 0 and (y - z) % _P == 0
+
+
+def _has_small_order(point: tuple[int, int, int, int]) -> bool:
+    """One of the 8 points of order 1, 2, 4 or 8: [8]P is the identity."""
+    return _is_identity(_multiply(point, 8))
+
+
+@functools.lru_cache(maxsize=4096)  # a device presents the same key on every connect; a check costs ~1.5 ms
+def is_strong_public_key(raw: bytes) -> bool:
+    """A canonical encoding of a point of the prime-order subgroup other than the identity.
+
+    Refused: non-canonical encodings (y ≥ p, or x = 0 with the sign bit set), points not on the
+    curve, the 8 small-order points, and points with a small-order component (no key made from a
+    private key has one; they let one private key sign for several device ids).
+    """
+    point = _decode_point(raw)
+    return point is not None and not _has_small_order(point) and _is_identity(_multiply(point, _L))
+
+
+def is_canonical_signature(raw: bytes) -> bool:
+    """R a canonical encoding of a point that is not of small order, and S reduced (S < L)."""
+    if len(raw) != SIGNATURE_BYTES or int.from_bytes(raw[32:], "little") >= _L:
+        return False
+    r_point = _decode_point(raw[:32])
+    return r_point is not None and not _has_small_order(r_point)
 
 
 def b64url_encode(data: bytes) -> str:
@@ -65,8 +153,9 @@ def derive_device_id(public_key: str) -> str | None:
 
 
 def load_public_key(public_key: str) -> Ed25519PublicKey | None:
+    """The device's Ed25519 key, or None when it is not one a private key stands behind."""
     raw = raw_public_key_from_text(public_key)
-    if raw is None or len(raw) != RAW_PUBLIC_KEY_BYTES:
+    if raw is None or len(raw) != RAW_PUBLIC_KEY_BYTES or not is_strong_public_key(raw):
         return None
     try:
         return Ed25519PublicKey.from_public_bytes(raw)
@@ -120,7 +209,7 @@ def build_device_auth_payload(
 
 def verify_signature(public_key: Ed25519PublicKey, payload: str, signature: str) -> bool:
     raw_signature = b64_decode_any(signature)
-    if raw_signature is None:
+    if raw_signature is None or not is_canonical_signature(raw_signature):
         return False
     try:
         public_key.verify(raw_signature, payload.encode("utf-8"))

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from ninja import Schema
 from pydantic import Field
 
-from openclaw_site.gateway.protocol import ClosedModel
+from openclaw_site.gateway.protocol import ClosedModel, NulCheckedByService
 
 WORKTREE_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
 MAX_WAIT_MS = 24 * 3600 * 1000
@@ -25,6 +25,9 @@ ModelName = Annotated[str | None, Field(max_length=200)]
 ListLimit = Annotated[int, Field(ge=1, le=1000)]
 HistoryLimit = Annotated[int, Field(ge=1, le=1000)]
 WaitTimeoutMs = Annotated[int, Field(ge=0, le=MAX_WAIT_MS)]
+# A turn's text: the run service refuses NUL with the reference's own message
+# ("message must not contain null bytes") before any write; lone surrogates stop here.
+MessageText = Annotated[str, NulCheckedByService()]
 
 
 class SessionRef(ClosedModel):
@@ -53,7 +56,7 @@ class SessionsCreateParams(ClosedModel):
     category: Category = None
     model: ModelName = None
     parentSessionKey: str | None = None
-    message: str | None = None
+    message: MessageText | None = None
     worktree: bool | None = None
     worktreeBaseRef: str | None = Field(default=None, max_length=200)
     worktreeName: str | None = Field(default=None, pattern=WORKTREE_NAME_PATTERN)
@@ -121,7 +124,7 @@ class SessionsAdoptParams(ClosedModel):
 
 class ChatSendParams(ClosedModel):
     sessionKey: str = Field(min_length=1)
-    message: str
+    message: MessageText
     idempotencyKey: IdempotencyKey
     agentId: str | None = None
     sessionId: str | None = None
@@ -159,7 +162,7 @@ class AgentWaitParams(ClosedModel):
 class MessageIn(ClosedModel):
     """The JSON API's ``chat.send`` (and, with ``wait``, ``agent.wait``) in one call."""
 
-    message: str
+    message: MessageText
     idempotencyKey: IdempotencyKey | None = None
     wait: bool = True
     timeoutMs: WaitTimeoutMs = 30_000

@@ -8,7 +8,7 @@ database work happens there, in one ``database_sync_to_async`` hop per request.
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import time
 import uuid
@@ -22,9 +22,17 @@ from .conf import gateway_setting
 from .context import RpcContext
 from .dispatch import error_response, parse_frame, run_request
 from .events import BROADCAST_GROUP, subscription_group
-from .exceptions import GatewayError, HandshakeRejected, InvalidRequest, Unavailable
+from .exceptions import (
+    FrameRejected,
+    GatewayError,
+    HandshakeRejected,
+    InvalidRequest,
+    Unavailable,
+    internal_error,
+)
 from .handshake import ConnectContext, FirstFrameInvalid, parse_connect
 from .hello import accept_connect, presence_changed
+from .protocol import decode_frame, encode_frame
 from .registry import registry
 from .services import connections
 from .visibility import event_visible
@@ -32,10 +40,8 @@ from .visibility import event_visible
 logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT_REQUESTS = 64
-
-
-def _dumps(frame: dict[str, Any]) -> str:
-    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+# A server fault ends a connection with 1011 and a reason naming the log entry, never silently.
+INTERNAL_ERROR_CLOSE = 1011
 
 
 def _utf8_len_exceeds(text: str, limit: int) -> bool:
@@ -80,15 +86,41 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self.close_task = asyncio.ensure_future(self.close(code=1000, reason="handshake timeout"))
 
     async def _send_frame(self, frame: dict[str, Any]) -> None:
+        """Send one frame. A frame that cannot be sent never leaves the connection silent.
+
+        A response that cannot be encoded is replaced by a generic internal error for the same id
+        (the request is answered, the connection stays usable); an event that cannot be encoded, or
+        a transport that refuses a frame, closes the connection with 1011 and a reason.
+        """
         if self.phase == "closed" and frame.get("type") == "event":
             return
         try:
-            await self.send(text_data=_dumps(frame))
+            text = encode_frame(frame)
+        except (TypeError, ValueError):
+            error = internal_error(logger, f"encoding a {frame.get('type')} frame")
+            if frame.get("type") != "res":
+                await self._close_for_internal_error(error)
+                return
+            try:
+                # Request ids are screened when the request is decoded, so this one encodes.
+                text = encode_frame(error_response(frame.get("id") or "invalid", error))
+            except (TypeError, ValueError):
+                await self._close_for_internal_error(error)
+                return
+        try:
+            await self.send(text_data=text)
         except Exception:
-            # The peer went away between our check and the send (Daphne raises "Attempt to send on
-            # a closed protocol"); the disconnect that follows does the bookkeeping.
-            logger.debug("send on a closed socket dropped (%s)", frame.get("type"))
-            self.phase = "closed"
+            # Daphne drops frames for sockets that already went away, so this is a transport that
+            # refused the frame: close with a reason rather than keep a socket that stopped answering.
+            await self._close_for_internal_error(internal_error(logger, f"sending a {frame.get('type')} frame"))
+
+    async def _close_for_internal_error(self, error: GatewayError) -> None:
+        was_handshake = self.phase == "handshake"
+        self.phase = "closed"
+        if was_handshake:
+            self.handshake_timer.cancel()
+        with contextlib.suppress(Exception):  # the transport may be gone already
+            await self.close(code=INTERNAL_ERROR_CLOSE, reason=error.message)
 
     async def send_event(self, event: str, payload: Any, *, state_version: dict | None = None) -> None:
         """A broadcast event: stamped with this connection's next ``seq``."""
@@ -103,10 +135,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     # --- inbound frames -------------------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if self.phase == "handshake":
-            await self._receive_handshake(text_data, bytes_data)
-        elif self.phase == "open":
-            await self._receive_open(text_data, bytes_data)
+        try:
+            if self.phase == "handshake":
+                await self._receive_handshake(text_data, bytes_data)
+            elif self.phase == "open":
+                await self._receive_open(text_data, bytes_data)
+        except Exception:
+            # Uncaught, Daphne would close with a bare 1011: say which log entry explains it.
+            await self._close_for_internal_error(internal_error(logger, "handling a frame"))
 
     async def _receive_handshake(self, text_data: str | None, bytes_data: bytes | None) -> None:
         if bytes_data is not None or text_data is None:
@@ -116,12 +152,17 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self._close_handshake(1009, "preauth payload too large")
             return
         try:
-            request_id, params, protocol = parse_connect(json.loads(text_data))
-        except (json.JSONDecodeError, FirstFrameInvalid):
+            raw = decode_frame(text_data)
+        except FrameRejected as rejected:
+            await self._close_handshake(1008, "invalid request frame" if rejected.malformed else rejected.message)
+            return
+        try:
+            request_id, params, protocol = parse_connect(raw)
+        except FirstFrameInvalid:
             await self._close_handshake(1008, "invalid request frame")
             return
         except HandshakeRejected as rejected:
-            await self._reject_handshake(_frame_id(text_data), rejected)
+            await self._reject_handshake(_frame_id(raw), rejected)
             return
         self.handshake_timer.cancel()
         self.phase = "authenticating"
@@ -135,6 +176,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                     channel_name=self.channel_name,
                     nonce=self.nonce,
                     remote_ip=self.remote_ip,
+                    forwarded=_has_forwarded_headers(self.scope),
+                    browser_origin=_has_origin_header(self.scope),
                 ),
                 protocol,
             )
@@ -142,11 +185,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self._reject_handshake(request_id, rejected)
             return
         except Exception:
-            logger.exception("connect failed")
-            await self._reject_handshake(
-                request_id,
-                HandshakeRejected(Unavailable("gateway unavailable; retry", retryable=True), close_code=1011),
-            )
+            error = internal_error(logger, "connect")
+            await self._reject_handshake(request_id, HandshakeRejected(error, close_code=INTERNAL_ERROR_CLOSE))
             return
         await self.channel_layer.group_add(BROADCAST_GROUP, self.channel_name)
         self.phase = "open"
@@ -174,11 +214,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self._send_frame(error_response("invalid", error))
             return
         try:
-            raw = json.loads(text_data)
-        except json.JSONDecodeError as exc:
-            await self._send_frame(
-                error_response("invalid", InvalidRequest(f"invalid request frame: malformed JSON ({exc.msg})"))
-            )
+            raw = decode_frame(text_data)
+        except FrameRejected as rejected:
+            await self._send_frame(error_response("invalid", rejected))
             return
         try:
             frame = parse_frame(raw)
@@ -270,13 +308,25 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             logger.exception("failed to clean up connection %s", self.conn_id)
 
 
-def _frame_id(text: str) -> str:
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError:
-        return "invalid"
+def _frame_id(raw: Any) -> str:
     frame_id = raw.get("id") if isinstance(raw, dict) else None
     return frame_id if isinstance(frame_id, str) and frame_id else "invalid"
+
+
+def _header_names(scope: dict[str, Any]) -> set[bytes]:
+    return {name.lower() for name, _value in scope.get("headers") or ()}
+
+
+def _has_forwarded_headers(scope: dict[str, Any]) -> bool:
+    """A proxy in front (``Forwarded``, ``X-Real-IP``, ``X-Forwarded-*``): the peer is not the client."""
+    return any(
+        name in (b"forwarded", b"x-real-ip") or name.startswith(b"x-forwarded-") for name in _header_names(scope)
+    )
+
+
+def _has_origin_header(scope: dict[str, Any]) -> bool:
+    """Browsers send ``Origin`` with every WebSocket upgrade; native clients do not."""
+    return any(name == b"origin" and value.strip() for name, value in scope.get("headers") or ())
 
 
 __all__ = ["GatewayConsumer", "GatewayError"]

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from . import scopes as sc
 from .context import RpcContext
-from .exceptions import GatewayError, InvalidRequest, PermissionDenied
+from .exceptions import GatewayError, InvalidRequest, PermissionDenied, internal_error
 from .protocol import CancelFrame, RequestFrame, format_validation_error
 from .registry import MethodSpec, registry
 
@@ -74,6 +74,6 @@ async def run_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any]:
         return ok_response(frame.id, payload)
     except GatewayError as error:
         return error_response(frame.id, error)
-    except Exception as exc:
-        logger.exception("gateway method %s failed", frame.method)
-        return error_response(frame.id, GatewayError(f"{frame.method} failed: {type(exc).__name__}: {exc}"))
+    except Exception:
+        # The exception's text may carry SQL, paths or data of other callers: only the log has it.
+        return error_response(frame.id, internal_error(logger, f"gateway method {frame.method}"))

@@ -7,7 +7,7 @@ which carries the error ``res`` and the close code.
 
 from __future__ import annotations
 
-import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,8 @@ from .exceptions import GatewayError, HandshakeRejected, InvalidRequest, NotPair
 from .models import PairedDevice
 from .protocol import PROTOCOL_VERSION, ConnectParams, RequestFrame, format_validation_error, negotiate_protocol
 from .services import connections, pairing, tokens
+
+logger = logging.getLogger(__name__)
 
 PAIRING_REQUIREMENTS = {
     "not-paired": "device is not approved yet",
@@ -61,8 +63,7 @@ def parse_connect(raw: Any) -> tuple[str, ConnectParams, int]:
             ),
             close_code=1002,
         )
-    role = params.role or sc.ROLE_OPERATOR
-    if role not in sc.ROLES:
+    if params.role is not None and params.role not in sc.ROLES:
         raise HandshakeRejected(InvalidRequest("invalid role"))
     return frame.id, params, protocol
 
@@ -74,6 +75,35 @@ class ConnectContext:
     channel_name: str
     nonce: str
     remote_ip: str | None
+    # The upgrade request carried proxy headers (Forwarded, X-Real-IP, X-Forwarded-*) / an Origin.
+    forwarded: bool = False
+    browser_origin: bool = False
+
+    @property
+    def direct_local(self) -> bool:
+        """A client on this machine talking to us directly: loopback peer, no proxy, no browser."""
+        return is_loopback(self.remote_ip) and not self.forwarded and not self.browser_origin
+
+
+# (client.id, client.mode) of OpenClaw's local first-party clients that keep their requested scopes
+# without a device identity when they prove the shared secret over a direct loopback connection:
+# the gateway's own backend self-connections, and the CLI (OpenClaw 2026.9.6 preserves its scopes
+# too; its `gateway call` connects without a device).
+LOCAL_SHARED_SECRET_CLIENTS = frozenset({("gateway-client", "backend"), ("cli", "cli")})
+
+
+def keeps_unbound_scopes(params: ConnectParams, ctx: ConnectContext, auth_method: str) -> bool:
+    """Whether a device-less operator keeps the scopes it asked for (else they are cleared to []).
+
+    Scopes a client declares without a device identity are bound to nothing; OpenClaw clears
+    them except in explicit bypass modes (reference protocol.md §2.3). This gateway has no Control
+    UI or trusted-proxy mode, so the bypasses left are the loopback ones above.
+    """
+    return (
+        (params.client.id, params.client.mode) in LOCAL_SHARED_SECRET_CLIENTS
+        and auth_method in ("token", "password")
+        and ctx.direct_local
+    )
 
 
 @dataclass(frozen=True)
@@ -238,10 +268,16 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
     if params.device is None:
         if role == sc.ROLE_NODE:
             raise _reject(NotPaired("device identity required", details={"code": "DEVICE_IDENTITY_REQUIRED"}))
-        connections.connection_register(
-            record=_record(params, ctx, role, requested_scopes, auth_method, None, None, [])
-        )
-        return ConnectOutcome(role, requested_scopes, auth_method, None, None, [], None, None)
+        scopes = requested_scopes if keeps_unbound_scopes(params, ctx, auth_method) else []
+        if scopes != requested_scopes:
+            logger.info(
+                "device-less %s/%s operator from %s: requested scopes cleared",
+                params.client.id,
+                params.client.mode,
+                ctx.remote_ip,
+            )
+        connections.connection_register(record=_record(params, ctx, role, scopes, auth_method, None, None, []))
+        return ConnectOutcome(role, scopes, auth_method, None, None, [], None, None)
 
     public_key, _version = verify_device_proof(params, role=role, scopes=list(params.scopes or []), nonce=ctx.nonce)
     device_id = params.device.id
@@ -325,7 +361,3 @@ def _record(
         permissions=dict(params.permissions or {}) if is_node else {},
         path_env=(params.pathEnv or "") if is_node else "",
     )
-
-
-def decode_frame(text: str) -> Any:
-    return json.loads(text)

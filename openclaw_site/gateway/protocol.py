@@ -1,28 +1,60 @@
-"""Wire shapes of the gateway protocol: frames, connect params, constants.
+"""Wire shapes of the gateway protocol: frames, connect params, constants, and the limits of a frame.
 
 All objects are closed (``extra="forbid"``), as in OpenClaw's TypeBox schemas, so a misspelt field
-is an error rather than silently ignored.
+is an error rather than silently ignored. Two layers keep input that JSON interop, PostgreSQL or
+the transport cannot carry out of every handler:
+
+* :func:`decode_frame` refuses a frame before any validation when it nests deeper than
+  :data:`MAX_JSON_DEPTH`, carries an integer outside ±(2^53-1), a non-finite number, or a string
+  with a lone surrogate (not valid UTF-8 text).
+* :class:`ClosedModel` refuses NUL characters and lone surrogates in every string field (nested
+  models, lists and dict keys included) and bounds every ``int`` field to ±(2^53-1) unless the
+  field declares its own bounds. The JSON API validates with the same classes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+import math
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic_core import PydanticCustomError, core_schema
 
 from openclaw_client import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
+
+from .exceptions import FrameRejected
 
 SERVER_VERSION = "2026.9.6-django"
 
 __all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_SAFE_INTEGER",
     "MIN_PROTOCOL_VERSION",
     "PROTOCOL_VERSION",
     "SERVER_VERSION",
     "ClosedModel",
     "ConnectParams",
+    "NulCheckedByService",
     "RequestFrame",
+    "decode_frame",
+    "encode_frame",
     "format_validation_error",
 ]
+
+# Deeper than any frame OpenClaw's clients send; far below the recursion limits of the JSON
+# decoder and pydantic, so a deep frame is refused cleanly instead of crashing the connection.
+MAX_JSON_DEPTH = 64
+# Number.MAX_SAFE_INTEGER: every integer a JavaScript client (OpenClaw's) reads exactly.
+MAX_SAFE_INTEGER = 2**53 - 1
+_MAX_SAFE_DIGITS = len(str(MAX_SAFE_INTEGER))
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# A JSON escape of a UTF-16 surrogate (\ud800-\udfff); paired ones decode to one code point.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+# Integer literals that may exceed MAX_SAFE_INTEGER (16 digits) or int()'s 4,300-digit limit.
+_LONG_DIGITS = re.compile(r"\d{16}")
 
 CLIENT_IDS = (
     "webchat-ui",
@@ -46,8 +78,213 @@ CLIENT_IDS = (
 CLIENT_MODES = ("webchat", "cli", "ui", "backend", "node", "worker", "probe", "test")
 
 
+# --- decoding and encoding frames --------------------------------------------------------------
+
+
+class _NumberRefused(ValueError):
+    def __init__(self, reason: str, *, malformed: bool = False):
+        super().__init__(reason)
+        self.malformed = malformed
+
+
+def _parse_int(literal: str) -> int:
+    # Checked on the literal first: int() itself refuses more than 4,300 digits with a ValueError.
+    if len(literal.lstrip("-")) > _MAX_SAFE_DIGITS or abs(value := int(literal)) > MAX_SAFE_INTEGER:
+        raise _NumberRefused(f"integer out of range (must be within ±{MAX_SAFE_INTEGER})")
+    return value
+
+
+def _parse_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _NumberRefused("number out of range (must be finite)")
+    return value
+
+
+def _parse_constant(name: str) -> Any:
+    # Python's decoder accepts NaN and ±Infinity; JSON has no such values.
+    raise _NumberRefused(f"malformed JSON ({name} is not a JSON value)", malformed=True)
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    return _SURROGATE.search(text) is not None
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether containers nest deeper than ``limit`` (breadth first, one list per level)."""
+    level, depth = [value], 1
+    while level:
+        if depth > limit:
+            return True
+        nested: list[Any] = []
+        for item in level:
+            children = item.values() if item.__class__ is dict else item
+            nested += [child for child in children if child.__class__ is dict or child.__class__ is list]
+        level, depth = nested, depth + 1
+    return False
+
+
+def _contains_lone_surrogate(value: Any) -> bool:
+    """Whether any string (dict keys included) in the decoded value holds a lone surrogate."""
+    level = [value]
+    while level:
+        nested: list[Any] = []
+        for item in level:
+            if item.__class__ is dict:
+                if any(_has_lone_surrogate(key) for key in item):
+                    return True
+                children = item.values()
+            else:
+                children = item
+            for child in children:
+                kind = child.__class__
+                if kind is str:
+                    if _has_lone_surrogate(child):
+                        return True
+                elif kind is dict or kind is list:
+                    nested.append(child)
+        level = nested
+    return False
+
+
+def _lone_surrogate() -> FrameRejected:
+    return FrameRejected("lone surrogate in a string (not valid UTF-8 text)")
+
+
+def decode_frame(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse one JSON text with the protocol's limits, or raise :class:`FrameRejected`.
+
+    Refused: malformed JSON (NaN and Infinity included), nesting deeper than ``max_depth``,
+    integers outside ±(2^53-1), numbers that overflow to infinity, and lone surrogates (``\\ud800``
+    is valid JSON syntax but not Unicode text: it cannot be stored, encoded or sent back).
+    """
+    # The integer hook costs a Python call per integer: only texts with a 16-digit run need it.
+    parse_int = _parse_int if _LONG_DIGITS.search(text) else None
+    decoder = json.JSONDecoder(parse_int=parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+    try:
+        value = decoder.decode(text)
+    except _NumberRefused as refused:
+        raise FrameRejected(str(refused), malformed=refused.malformed) from None
+    except json.JSONDecodeError as exc:
+        raise FrameRejected(f"malformed JSON ({exc.msg})", malformed=True) from None
+    except RecursionError:
+        raise FrameRejected(f"nested deeper than {max_depth} levels") from None
+    if isinstance(value, str) and _has_lone_surrogate(value):
+        raise _lone_surrogate()
+    if not isinstance(value, dict | list):
+        return value
+    # Both checks walk the value, so they run only when the text could fail them: counting the
+    # brackets (strings included, so it over-counts) and looking for a surrogate escape are C-speed.
+    if text.count("[") + text.count("{") > max_depth and _deeper_than(value, max_depth):
+        raise FrameRejected(f"nested deeper than {max_depth} levels")
+    if (_SURROGATE_ESCAPE.search(text) or _has_lone_surrogate(text)) and _contains_lone_surrogate(value):
+        raise _lone_surrogate()
+    return value
+
+
+def encode_frame(frame: Any) -> str:
+    """The frame as JSON text, or ValueError when it cannot go out as valid UTF-8 JSON.
+
+    ``json.dumps`` alone would write NaN (not JSON) and leave a lone surrogate that only fails
+    inside the transport, after the frame was counted as sent.
+    """
+    text = json.dumps(frame, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if not text.isascii() and _has_lone_surrogate(text):
+        raise ValueError("frame contains a lone surrogate")
+    return text
+
+
+# --- the base of every params model --------------------------------------------------------------
+
+
+def _guard_text(value: Any, handler: core_schema.ValidatorFunctionWrapHandler) -> Any:
+    # Checked before the inner schema too: its own constraints (patterns, lengths) would otherwise
+    # report a lone surrogate as an unreadable string instead of naming the problem.
+    if isinstance(value, str):
+        _check_text(value)
+    result = handler(value)
+    if result is not value and isinstance(result, str):
+        _check_text(result)
+    return result
+
+
+def _check_text(value: str) -> None:
+    if "\x00" in value:
+        raise PydanticCustomError("text_nul", "must not contain NUL characters")
+    _check_unicode(value)
+
+
+def _check_unicode(value: str) -> None:
+    if _has_lone_surrogate(value):
+        raise PydanticCustomError("text_surrogate", "must not contain lone surrogates (not valid UTF-8 text)")
+
+
+def _guard_unicode(value: Any, handler: core_schema.ValidatorFunctionWrapHandler) -> Any:
+    if isinstance(value, str):
+        _check_unicode(value)
+    return handler(value)
+
+
+class NulCheckedByService:
+    """``Annotated[str, NulCheckedByService()]``: a field whose NUL check belongs to its service.
+
+    For the fields where OpenClaw answers NUL with a message of its own (``chat.send``'s
+    ``message must not contain null bytes``): lone surrogates are still refused here, and the
+    service must refuse NUL before any write.
+    """
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        return core_schema.no_info_wrap_validator_function(_guard_unicode, handler(source))
+
+
+def _harden(schema: Any, seen: set[int]) -> None:
+    """Guard every ``str`` and bound every ``int`` of a pydantic core schema, in place.
+
+    Idempotent: a nested model's schema (already hardened by its own class) is recognised by the
+    guard wrapped around its strings and left alone.
+    """
+    if isinstance(schema, list):
+        for item in schema:
+            _harden(item, seen)
+        return
+    if not isinstance(schema, dict) or id(schema) in seen:
+        return
+    seen.add(id(schema))
+    kind = schema.get("type")
+    if kind == "function-wrap" and schema.get("function", {}).get("function") in (_guard_text, _guard_unicode):
+        return
+    if kind == "str":
+        inner = dict(schema)
+        seen.add(id(inner))
+        schema.clear()
+        schema.update(core_schema.no_info_wrap_validator_function(_guard_text, inner))
+        return
+    if kind == "int":
+        # A field that declares a bound keeps it; the other side gets the default.
+        if "le" not in schema and "lt" not in schema:
+            schema["le"] = MAX_SAFE_INTEGER
+        if "ge" not in schema and "gt" not in schema:
+            schema["ge"] = -MAX_SAFE_INTEGER
+    for key, value in schema.items():
+        if key not in ("metadata", "serialization", "ref") and isinstance(value, dict | list):
+            _harden(value, seen)
+
+
 class ClosedModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+    """Closed object; text without NUL or lone surrogates; integers within ±(2^53-1) by default.
+
+    PostgreSQL refuses NUL in text and no UTF-8 encoder takes a lone surrogate, so both are refused
+    here, for every vendor alike, before any service runs. ``Any`` fields are opaque JSON: the
+    frame decoder has already screened them for surrogates, depth and number size.
+    """
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False, allow_inf_nan=False)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> core_schema.CoreSchema:
+        schema = handler(source)
+        _harden(schema, set())
+        return schema
 
 
 NonEmptyStr = Field(min_length=1)
@@ -65,17 +302,26 @@ class CancelFrame(ClosedModel):
     id: str = Field(min_length=1)
 
 
-class ClientInfo(ClosedModel):
+# --- connect (strict: no string-to-number or number-to-bool coercion, as OpenClaw's Ajv) ---------
+
+
+class StrictClosedModel(ClosedModel):
+    model_config = ConfigDict(strict=True)
+
+
+class ClientInfo(StrictClosedModel):
+    # Lengths: the columns that keep them (PairedDevice, GatewayConnection); buildId and timeZone
+    # as OpenClaw bounds them.
     id: str
-    displayName: str | None = None
-    version: str = Field(min_length=1)
-    platform: str = Field(min_length=1)
-    deviceFamily: str | None = None
-    modelIdentifier: str | None = None
+    displayName: str | None = Field(default=None, min_length=1, max_length=200)
+    version: str = Field(min_length=1, max_length=100)
+    platform: str = Field(min_length=1, max_length=100)
+    deviceFamily: str | None = Field(default=None, min_length=1, max_length=100)
+    modelIdentifier: str | None = Field(default=None, min_length=1, max_length=100)
     mode: str
-    instanceId: str | None = None
-    buildId: str | None = None
-    timeZone: str | None = None
+    instanceId: str | None = Field(default=None, min_length=1, max_length=200)
+    buildId: str | None = Field(default=None, min_length=1, max_length=96)
+    timeZone: str | None = Field(default=None, min_length=1, max_length=64)
 
     @field_validator("id")
     @classmethod
@@ -94,15 +340,16 @@ class ClientInfo(ClosedModel):
         return lowered
 
 
-class DeviceProof(ClosedModel):
-    id: str = Field(min_length=1)
-    publicKey: str = Field(min_length=1)
-    signature: str = Field(min_length=1)
-    signedAt: int = Field(ge=0)
-    nonce: str | None = None
+class DeviceProof(StrictClosedModel):
+    id: str = Field(min_length=1, max_length=256)
+    publicKey: str = Field(min_length=1, max_length=1024)
+    signature: str = Field(min_length=1, max_length=256)
+    signedAt: StrictInt = Field(ge=0)
+    # Optional here so that a missing nonce gets OpenClaw's "device nonce required".
+    nonce: str | None = Field(default=None, max_length=256)
 
 
-class ConnectAuth(ClosedModel):
+class ConnectAuth(StrictClosedModel):
     token: str | None = Field(default=None, max_length=4096)
     bootstrapToken: str | None = Field(default=None, max_length=256)
     deviceToken: str | None = Field(default=None, max_length=256)
@@ -111,24 +358,43 @@ class ConnectAuth(ClosedModel):
     agentRuntimeIdentityToken: str | None = Field(default=None, max_length=2048)
 
 
-class ConnectParams(ClosedModel):
-    minProtocol: int = Field(ge=1)
-    maxProtocol: int = Field(ge=1)
+NonEmptyText = Annotated[str, Field(min_length=1)]
+
+
+class ConnectParams(StrictClosedModel):
+    minProtocol: StrictInt = Field(ge=1)
+    maxProtocol: StrictInt = Field(ge=1)
     client: ClientInfo
-    caps: list[str] = Field(default_factory=list)
-    commands: list[str] | None = None
-    permissions: dict[str, bool] | None = None
+    caps: list[NonEmptyText] = Field(default_factory=list)
+    commands: list[NonEmptyText] | None = None
+    permissions: dict[NonEmptyText, bool] | None = None
     pathEnv: str | None = None
-    role: str | None = None
-    scopes: list[str] | None = None
+    # Any non-empty string here; a role outside the closed set gets OpenClaw's "invalid role".
+    role: str | None = Field(default=None, min_length=1)
+    scopes: list[NonEmptyText] | None = None
     device: DeviceProof | None = None
     auth: ConnectAuth | None = None
     locale: str | None = None
     userAgent: str | None = None
 
 
+# --- errors ------------------------------------------------------------------------------------------
+
+_MAX_PATH_PART = 64
+
+
+def _path_part(part: Any) -> str:
+    # A refused key is echoed in the message: keep it short, printable and encodable.
+    text = str(part)
+    if len(text) > _MAX_PATH_PART:
+        text = text[:_MAX_PATH_PART] + "…"
+    return "".join(
+        f"\\u{ord(ch):04x}" if (ch.isascii() and not ch.isprintable()) or _SURROGATE.match(ch) else ch for ch in text
+    )
+
+
 def _error_path(loc: tuple[Any, ...]) -> str:
-    return "/" + "/".join(str(part) for part in loc) if loc else "/"
+    return "/" + "/".join(_path_part(part) for part in loc) if loc else "/"
 
 
 def format_validation_error(error: ValidationError) -> str:

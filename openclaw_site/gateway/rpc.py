@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 
 from . import health, invoke, selectors, state
 from . import scopes as sc
 from .context import RpcContext
-from .exceptions import InvalidRequest, NotFound, Unavailable
-from .protocol import SERVER_VERSION
+from .exceptions import FrameRejected, InvalidRequest, NotFound, internal_error
+from .protocol import SERVER_VERSION, decode_frame
 from .registry import registry
 from .schemas import (
     DeviceIdParams,
     NodeEventParams,
     NodeIdParams,
+    NodeInvokeError,
     NodeInvokeParams,
     NodeInvokeResultParams,
     NodeRenameParams,
@@ -23,6 +24,8 @@ from .schemas import (
     TokenRotateParams,
 )
 from .services import connections, pairing, tokens
+
+logger = logging.getLogger(__name__)
 
 method = registry.method
 
@@ -34,8 +37,9 @@ method = registry.method
 async def health_rpc(ctx: RpcContext, params) -> dict:
     try:
         probe = await health.health_snapshot()
-    except Exception as exc:
-        raise Unavailable(f"health probe failed: {type(exc).__name__}: {exc}", retryable=True) from exc
+    except Exception:
+        # The database error's text names hosts and SQL: the log keeps it under the reference.
+        raise internal_error(logger, "health probe") from None
     return {**probe, "ts": selectors.now_ms(), "version": SERVER_VERSION, "uptimeMs": state.uptime_ms()}
 
 
@@ -191,6 +195,29 @@ async def node_invoke_rpc(ctx: RpcContext, params: NodeInvokeParams) -> dict:
 
 @method("node.invoke.result", params=NodeInvokeResultParams, role="node")
 async def node_invoke_result_rpc(ctx: RpcContext, params: NodeInvokeResultParams) -> dict:
+    if isinstance(params.payloadJSON, str):
+        # The caller's process decodes payloadJSON into its response: it must hold to the frame
+        # limits (depth, numbers, valid UTF-8 text) or that response could not be built or sent.
+        # Text that is not JSON at all is passed on as before (the caller answers it as a string).
+        try:
+            decode_frame(params.payloadJSON)
+        except FrameRejected as rejected:
+            if rejected.malformed:
+                return await invoke.node_invoke_result(ctx, params)
+            reason = rejected.reason
+            # The caller is told at once instead of waiting for its timeout.
+            await invoke.node_invoke_result(
+                ctx,
+                params.model_copy(
+                    update={
+                        "ok": False,
+                        "payload": None,
+                        "payloadJSON": None,
+                        "error": NodeInvokeError(code="INVALID_REQUEST", message=f"invalid payloadJSON: {reason}"),
+                    }
+                ),
+            )
+            raise InvalidRequest(f"invalid node.invoke.result params: payloadJSON: {reason}") from None
     return await invoke.node_invoke_result(ctx, params)
 
 
@@ -210,7 +237,7 @@ def node_event_rpc(ctx: RpcContext, params: NodeEventParams) -> dict:
     payload = params.payload
     if payload is None and params.payloadJSON:
         try:
-            payload = json.loads(params.payloadJSON)
-        except json.JSONDecodeError:
-            raise InvalidRequest("invalid node.event params: payloadJSON is not valid JSON") from None
+            payload = decode_frame(params.payloadJSON)
+        except FrameRejected as rejected:
+            raise InvalidRequest(f"invalid node.event params: payloadJSON: {rejected.reason}") from None
     return {"ok": True, "event": params.event, **handler(ctx, payload)}

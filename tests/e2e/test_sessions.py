@@ -289,7 +289,7 @@ def test_a_refused_first_turn_leaves_no_session_behind(gateway):
 
     errors = asyncio.run(scenario())
     assert errors[0] == "message or attachment required"
-    assert "null" in errors[1] or "NUL" in errors[1] or "\\u0000" in errors[1]
+    assert errors[1] == "message must not contain null bytes"
     assert errors[2] == "message or attachment required"
     # Neither the sessions of the refused creates nor the main session a refused chat.send would have made.
     assert not Session.objects.exists()
