@@ -5,8 +5,9 @@
   takes ownership of F, imports F's history, links child → F, binds child → F (supervision).
   Until the initializer has taken ownership, the fork cleans F up itself; afterwards only the
   host's guarded rollback may archive it.
-* Adoption: a new locked session bound to an existing thread (no fresh thread, no link); never
-  archives anything.
+* Adoption: a new locked session bound to an existing thread (no fresh thread, no link), with a
+  pending supervision branch from it; the thread may already be bound to another session (the
+  reference adopts a source's own thread). Adoption never archives anything.
 * Deletion participant (§3.3, §3.4): removes the binding after the host's delete committed and,
   inside the owning initialization's rollback, undoes exactly what that initialization wrote.
 """
@@ -194,7 +195,7 @@ class NativeThreadsHarness:
         try:
             fresh = services.thread_fork(source_thread_id, request.source["nativeTurnId"], guard=request.assert_current)
         except GatewayError as error:
-            return ForkResult(status="failed", code="upstream-unavailable", message=error.message)
+            return ForkResult(status="failed", code="upstream-unavailable", message=error.message, cause=error)
         owned: dict[str, bool] = {"taken": False}
 
         def initializer(ctx: InitializerContext) -> dict[str, Any]:
@@ -239,7 +240,7 @@ class NativeThreadsHarness:
                 except Exception:
                     logger.exception("could not archive the unused fork thread %s", fresh.thread_id)
             message = error.message if isinstance(error, GatewayError) else str(error)
-            return ForkResult(status="failed", code="upstream-unavailable", message=message)
+            return ForkResult(status="failed", code="upstream-unavailable", message=message, cause=error)
         return ForkResult(status="created", key=created.key)
 
     # --- adoption ---------------------------------------------------------------------------
@@ -249,8 +250,6 @@ class NativeThreadsHarness:
         history = services.thread_history(thread_id)
         if not services.thread_is_open(thread_id):
             raise InvalidRequest(f"native thread not found: {thread_id}")
-        if services.thread_is_bound(thread_id):
-            raise InvalidRequest(f"native thread {thread_id} is already bound to a session")
 
         def initializer(ctx: InitializerContext) -> dict[str, Any]:
             services.ownership_prepare(ctx.initialization.target)

@@ -195,7 +195,3 @@ def ownership_release(target) -> None:
 
 def thread_is_open(thread_id: str) -> bool:
     return NativeThread.objects.filter(thread_id=thread_id, archived_at__isnull=True).exists()
-
-
-def thread_is_bound(thread_id: str) -> bool:
-    return NativeBinding.objects.filter(state=BindingState.ACTIVE, binding__threadId=thread_id).exists()

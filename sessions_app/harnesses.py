@@ -61,6 +61,9 @@ class ForkResult:
     editor_text: str | None = None
     code: str | None = None
     message: str | None = None
+    # The exception behind a failed fork (e.g. the incomplete guarded rollback), kept as the cause of
+    # the error the gateway method raises.
+    cause: BaseException | None = None
 
 
 @dataclass

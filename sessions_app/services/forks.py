@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
+from openclaw_site.gateway.exceptions import Conflict, GatewayError, InvalidRequest, NotFound, Unavailable
 
 from .. import events, keys
 from ..extensions import SessionAction, action_guards
@@ -148,7 +148,7 @@ def _upstream_fork(seen: Session, link: dict[str, Any], entry_id: str) -> dict[s
         result = harness.fork_session(request)
     if result.status != "created":
         error_class = Unavailable if result.code == "upstream-unavailable" else InvalidRequest
-        raise error_class(result.message or "fork failed", details={"reason": result.code})
+        raise error_class(result.message or "fork failed", details={"reason": result.code}) from result.cause
     child = Session.objects.filter(key=result.key).first()
     if child is not None:
         events.publish_session_changed_on_commit(child, reason="fork")
@@ -171,5 +171,12 @@ def session_adopt(*, thread_id: str, harness_id: str, agent_id: str, key: str | 
     harness = registry.get(harness_id)
     if harness is None or not hasattr(harness, "adopt_thread"):
         raise InvalidRequest(f"unknown agent harness: {harness_id}")
-    created = harness.adopt_thread(thread_id=thread_id, agent_id=agent_id, key=key, label=label)
+    try:
+        created = harness.adopt_thread(thread_id=thread_id, agent_id=agent_id, key=key, label=label)
+    except GatewayError:
+        raise
+    except Exception as error:
+        # Like a failed upstream fork: the caller learns why the initialization failed (the
+        # guarded rollback already ran); the exception stays the cause.
+        raise Unavailable(str(error), details={"reason": "initialization-failed"}) from error
     return created.session

@@ -32,8 +32,19 @@ def test_adoption_makes_a_locked_session_bound_to_the_existing_thread(seeded):
     assert binding["threadId"] == seeded.source_thread_id
     assert binding["connectionScope"] == "supervision"
     assert binding["pendingSupervisionBranch"]["sourceThreadId"] == seeded.source_thread_id
-    with pytest.raises(InvalidRequest, match="already bound to a session"):
-        forks.session_adopt(thread_id=seeded.source_thread_id, harness_id="native", agent_id="main", key=None)
+    # A thread another session is bound to may be adopted again (the reference adopts a source's own
+    # thread): a second locked session with its own pending supervision branch; nothing native is created.
+    threads_before = NativeThread.objects.count()
+    again = forks.session_adopt(thread_id=seeded.source_thread_id, harness_id="native", agent_id="main", key=None)
+    assert again.key != SOURCE_KEY and again.model_selection_locked and not again.initialization_pending
+    second = services.binding_read("main", again.session_id)
+    assert second["threadId"] == seeded.source_thread_id
+    assert second["pendingSupervisionBranch"]["sourceThreadId"] == seeded.source_thread_id
+    assert services.binding_read("main", source.session_id) == binding
+    assert links.link_read(again.key, "main") is None
+    assert NativeThread.objects.count() == threads_before
+    with pytest.raises(InvalidRequest, match="native thread not found: thread-nope"):
+        forks.session_adopt(thread_id="thread-nope", harness_id="native", agent_id="main", key=None)
 
 
 def test_upstream_fork_creates_a_ready_child_on_a_fresh_thread(seeded):

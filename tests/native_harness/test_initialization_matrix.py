@@ -1,10 +1,15 @@
 """Port of seed 000 (OpenClaw's runtime-agent initialization integration test).
 
 For every stage of the failure matrix in reference/sessions.md §3.6 a fault is injected at the real
-boundary (a database trigger, a failing store write, a successor's write from another transaction)
-and the exact end state is asserted: result and message, child row, binding, child link,
-transcript, native archives (count and guard), deletion-participant calls, closed handles — and
-that nothing of the source changed.
+boundary (a database trigger, a failing store write, a successor's write from another transaction,
+the gateway's event publication) and the flow runs through the gateway methods ``sessions.fork`` /
+``sessions.adopt`` (request frame in, response frame out, as the seed's ``callGatewayHandler``). The
+exact end state is asserted: result and message, the cause of an incomplete rollback, child row,
+binding, child link, transcript, native archives (count and guard), deletion-participant calls,
+closed handles — and that nothing of the source changed. Adoption adopts the source's own thread,
+already bound to the source session, as the seed does: it must never be archived.
+
+``tests/e2e/test_fork.py`` runs the rows whose faults are database triggers against a real gateway.
 """
 
 from __future__ import annotations
@@ -13,21 +18,25 @@ import contextlib
 import threading
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection, connections
 
 from native_harness import services
 from native_harness.harness import harness
 from native_harness.models import NativeThread
+from openclaw_site.gateway import events as gateway_events
 from openclaw_site.gateway.exceptions import GatewayError
 from sessions_app import stages
 from sessions_app.harnesses import registry
 from sessions_app.models import Session, TranscriptEvent
-from sessions_app.services import forks, initialization, links
+from sessions_app.services import initialization, links
+from sessions_app.services.initialization import InitializationError, RollbackIncomplete
 
-from .conftest import SOURCE_KEY
+from . import rpc
 from .faults import trigger
+from .seed import SOURCE_KEY
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "harness"])
 
@@ -61,6 +70,29 @@ POST_WRITE_FAILURES = {
     "registry rotation",
 }
 INCOMPLETE = "guarded rollback did not complete"
+INCOMPLETE_FOR = "Session initialization failed and guarded rollback did not complete for {key}."
+# What the caller is told when the guarded rollback completed: the failure that started it.
+FAILED_WITH = {
+    "callback": "injected callback failure",
+    "import": "injected import failure",
+    "before binding": "injected binding write failure",
+    "after binding": "injected post-write failure",
+    "final readiness": "injected readiness failure",
+    "lost response": "injected response loss after readiness",
+    "successor link": "injected post-write failure",
+    "existing link": "Native initialization link could not be persisted",
+    "source successor": f"Session {SOURCE_KEY} changed during fork initialization",
+    "source successor during link write": f"Session {SOURCE_KEY} changed during fork initialization",
+    "source successor during link cleanup": "injected post-write failure",
+    "source link successor": "Session upstream source changed during initialization",
+}
+# Rows whose rollback cannot complete: the rollback error behind the incomplete rollback.
+ROLLBACK_FAILED_WITH = {
+    "successor binding": (InitializationError, "Native initialization binding owner changed before rollback"),
+    "rollback commit": (DatabaseError, "injected rollback failure"),
+    "native cleanup": (InitializationError, "Native fork cleanup could not be verified"),
+    "registry rotation": (InitializationError, "Session initialization registry owner changed"),
+}
 
 
 class Injected(Exception):
@@ -76,6 +108,7 @@ class Observed:
     successor_binding: dict | None = None
     successor_link: dict | None = None
     ready_at_publication: dict | None = None
+    published_at_refusal: dict | None = None
     successor_started: bool = False
 
 
@@ -96,7 +129,7 @@ def replace_source_from_another_connection(stack: contextlib.ExitStack) -> None:
         try:
             replace_source()
         finally:
-            connection.close()
+            connections.close_all()
 
     worker = threading.Thread(target=write)
     worker.start()
@@ -148,12 +181,26 @@ def inject(flow: str, failure: str, seen: Observed, stack: contextlib.ExitStack)
     elif failure == "final readiness":
         stack.enter_context(trigger("reject_readiness"))
     elif failure == "readiness publication":
+        # The gateway's real publication of a committed change (what publish_on_commit runs after
+        # COMMIT) throws once, for the child's first change seen ready — as the seed's throwing
+        # session-change observer.
+        publish = gateway_events.publish_rollback_unsafe
 
-        def refuse_publication(key, session, **_):
-            seen.ready_at_publication = initialization.row_snapshot(key)
-            raise Injected("injected readiness publication failure")
+        def refuse_publication(event, payload, **kwargs):
+            target = seen.handle.target if seen.handle is not None else None
+            if seen.ready_at_publication is None and target is not None and event == "sessions.changed":
+                ready = initialization.row_snapshot(target.session_key)
+                if (
+                    payload.get("sessionKey") == target.session_key
+                    and ready is not None
+                    and ready["session_id"] == target.session_id
+                    and not ready["initialization_pending"]
+                ):
+                    seen.ready_at_publication, seen.published_at_refusal = ready, payload
+                    raise Injected("injected readiness publication failure")
+            return publish(event, payload, **kwargs)
 
-        listen("initialization.readiness.published", refuse_publication)
+        stack.enter_context(mock.patch.object(gateway_events, "publish_rollback_unsafe", refuse_publication))
     elif failure == "lost response":
         listen("fork.created", lambda **_: (_ for _ in ()).throw(Injected("injected response loss after readiness")))
     elif failure == "existing link":
@@ -224,16 +271,22 @@ def inject(flow: str, failure: str, seen: Observed, stack: contextlib.ExitStack)
 
 
 def run_flow(flow: str, seeded) -> dict[str, Any]:
-    try:
-        if flow == "fork":
-            result = forks.session_fork(session_key=SOURCE_KEY, entry_id=seeded.entry_id)
-            return {"status": "created", "key": result["sessionKey"]}
-        session = forks.session_adopt(thread_id=seeded.adopt_thread_id, harness_id="native", agent_id="main", key=None)
-        return {"status": "created", "key": session.key}
-    except GatewayError as error:
-        return {"status": "failed", "message": error.message}
-    except Exception as error:
-        return {"status": "failed", "message": str(error)}
+    """``sessions.fork`` of the source at its second user message, or ``sessions.adopt`` of the source's thread."""
+    if flow == "fork":
+        response = rpc.call("sessions.fork", {"sessionKey": SOURCE_KEY, "entryId": seeded.entry_id})
+    else:
+        response = rpc.call("sessions.adopt", {"threadId": seeded.source_thread_id})
+    if response["ok"]:
+        return {"status": "created", "payload": response["payload"]}
+    return {"status": "failed", "message": response["error"]["message"], "error": response["error"]}
+
+
+def incomplete_rollback(flow: str, raised: list[BaseException]) -> RollbackIncomplete:
+    """The incomplete rollback behind the method's error, kept as its cause (fork) or raised as is (adoption)."""
+    assert len(raised) == 1, raised
+    error = raised[0] if flow == "adoption" else raised[0].__cause__
+    assert isinstance(error, RollbackIncomplete), repr(raised[0])
+    return error
 
 
 def source_state(seeded) -> dict[str, Any]:
@@ -248,13 +301,13 @@ def source_state(seeded) -> dict[str, Any]:
     [("fork", f) for f in FORK_FAILURES] + [("adoption", f) for f in ADOPTION_FAILURES],
 )
 def test_preserves_exactly_the_committed_owner(seeded, observed, flow, failure):
-    if flow == "adoption":
-        seeded.adopt_thread_id = services.thread_create([("user", "adopt me"), ("assistant", "adopted")]).thread_id
     source_before = source_state(seeded)
     source_entry_before = initialization.row_snapshot(SOURCE_KEY)
     source_link_before = links.link_read(SOURCE_KEY, "main")
+    assert source_before["binding"]["threadId"] == seeded.source_thread_id  # adoption adopts a bound thread
     with contextlib.ExitStack() as stack:
         inject(flow, failure, observed, stack)
+        raised = stack.enter_context(rpc.raised_by("sessions.fork", "sessions.adopt"))
         result = run_flow(flow, seeded)
 
     handle = observed.handle
@@ -267,21 +320,46 @@ def test_preserves_exactly_the_committed_owner(seeded, observed, flow, failure):
     fresh_thread = fresh[0] if fresh else None
     archives_of_fresh = [guard for thread_id, guard in observed.archives if thread_id == fresh_thread]
     rollback_guard = handle.assert_rollback_current
-    expected_thread = fresh_thread if flow == "fork" else seeded.adopt_thread_id
+    expected_thread = fresh_thread if flow == "fork" else seeded.source_thread_id
+    # Only the fork's fresh thread may ever be archived: never the adopted one, nor any other.
+    assert [thread_id for thread_id, _ in observed.archives if thread_id != fresh_thread] == []
+    if flow == "adoption":
+        assert fresh_thread is None and observed.archives == []
+        assert NativeThread.objects.get(thread_id=expected_thread).archived_at is None
 
     # --- result -------------------------------------------------------------------------
     assert result["status"] == ("created" if failure == "readiness publication" else "failed"), result
-    if failure == "import":
-        assert "injected import failure" in result["message"]
-    if failure == "final readiness":
-        assert "injected readiness failure" in result["message"]
-    if failure == "before binding":
-        assert "injected binding write failure" in result["message"]
+    if result["status"] == "failed":
+        error = result["error"]
+        if flow == "fork":  # every upstream-fork failure (reference §3.5)
+            assert (error["code"], error["details"]) == ("UNAVAILABLE", {"reason": "upstream-unavailable"}), error
+        elif failure in ROLLBACK_FAILED_WITH:
+            assert error["code"] == "INVALID_REQUEST", error
+        else:
+            assert (error["code"], error["details"]) == ("UNAVAILABLE", {"reason": "initialization-failed"}), error
+    if failure in FAILED_WITH:
+        assert FAILED_WITH[failure] in result["message"], result
     if failure == "source link successor":
         assert result["message"] == "Session upstream source changed during initialization"
+    if failure in ROLLBACK_FAILED_WITH:
+        # The injected fault (and no other failure) is what left the rollback incomplete.
+        assert result["message"] == INCOMPLETE_FOR.format(key=child_key)
+        incomplete = incomplete_rollback(flow, raised)
+        rollback_error_class, rollback_message = ROLLBACK_FAILED_WITH[failure]
+        assert isinstance(incomplete.original, Injected), repr(incomplete.original)
+        assert str(incomplete.original) == "injected post-write failure"
+        assert isinstance(incomplete.rollback_error, rollback_error_class), repr(incomplete.rollback_error)
+        assert rollback_message in str(incomplete.rollback_error)
+        if failure == "native cleanup":
+            assert isinstance(incomplete.rollback_error.__cause__, DatabaseError)
+            assert "injected archive failure" in str(incomplete.rollback_error.__cause__)
     if failure == "readiness publication":
+        # The publication ran after readiness committed, threw, and the child stayed created.
+        assert observed.ready_at_publication is not None, "the readiness publication was never attempted"
         assert observed.ready_at_publication["session_id"] == child_session_id
         assert observed.ready_at_publication["initialization_pending"] is False
+        assert observed.published_at_refusal["initializationPending"] is False
+        assert result["payload"]["sessionKey"] == child_key
 
     # --- end state of the child -----------------------------------------------------------
     if failure in ("readiness publication", "lost response"):

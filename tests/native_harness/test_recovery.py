@@ -10,7 +10,7 @@ import tempfile
 import threading
 
 import pytest
-from django.db import connection
+from django.db import connections
 
 from native_harness import services
 from native_harness.models import NativeThread
@@ -116,7 +116,7 @@ def test_concurrent_forks_of_one_source_never_leave_a_half_state(seeded, linked)
         except Exception as error:
             outcomes.append(getattr(error, "message", str(error)))
         finally:
-            connection.close()
+            connections.close_all()  # both stores: an open session would keep the test databases from being dropped
 
     workers = [threading.Thread(target=fork) for _ in range(3)]
     for worker in workers:

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ TEST_TOKEN = "test-gateway-token-0123456789"
 STOP_TIMEOUT_S = 20.0
 # Inherited variables that choose the profile under test (database, channel layer, task mode, model, ...);
 # ``clean_env`` leaves them out so that the profile is exactly the one the caller's settings describe.
-PROFILE_ENV_PREFIXES = ("OPENCLAW_", "DATABASE_URL", "REDIS_URL", "DJANGO_DEBUG")
+PROFILE_ENV_PREFIXES = ("OPENCLAW_", "DATABASE_URL", "HARNESS_DATABASE_URL", "REDIS_URL", "DJANGO_DEBUG")
 # What ``manage.py serve`` prints once Daphne listens (openclaw_site/gateway/management/commands/serve.py).
 ANNOUNCEMENT = re.compile(r"listening on (\S+) \(database: ([^,]+), channel layer: ([^)]+)\)")
 MOCK_URL_PREFIX = "MOCK_OPENAI_URL="
@@ -343,6 +344,62 @@ def start_gateway(
     port = port or free_port()
     launch = GatewayLaunch.prepare(settings={**gateway_settings_for_tests(port), **(extra_env or {})}, port=port)
     return launch.start(worker=worker)
+
+
+def delete_redis_keys(redis_url: str, prefix: str) -> int:
+    """Delete every key of a test run's Redis prefix: ``<prefix>:…`` (the test processes) and ``<prefix>-…`` (the
+    gateways and workers they started, one prefix per pytest worker). SCAN + DEL, never KEYS or FLUSHDB: other runs
+    and deployments may share the server. Returns how many keys were deleted."""
+    import redis
+
+    if not prefix.startswith("openclaw-test-"):
+        raise ValueError(f"not a test run's Redis prefix: {prefix!r}")
+    client = redis.Redis.from_url(redis_url)
+    deleted = 0
+    try:
+        for pattern in (f"{prefix}:*", f"{prefix}-*"):
+            batch: list[bytes] = []
+            for key in client.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) >= 1000:
+                    deleted += client.delete(*batch)
+                    batch.clear()
+            if batch:
+                deleted += client.delete(*batch)
+    finally:
+        client.close()
+    return deleted
+
+
+def drop_test_databases(database_url: str, names: list[str]) -> list[str]:
+    """Drop the PostgreSQL test databases pytest-django made from these database names (``test_<name>`` and the
+    ``test_<name>_gw<n>`` of each xdist worker) that a killed run left behind; pytest-django drops them itself when
+    the run ends normally. Returns the names dropped."""
+    import psycopg
+    from psycopg import sql
+
+    server = urllib.parse.urlsplit(database_url)._replace(path="/postgres", query="", fragment="")
+    dropped = []
+    with psycopg.connect(urllib.parse.urlunsplit(server), autocommit=True) as conn:
+        existing = [row[0] for row in conn.execute("SELECT datname FROM pg_database")]
+        for name in existing:
+            if any(re.fullmatch(rf"test_{re.escape(base)}(_gw\d+)?", name) for base in names):
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+                dropped.append(name)
+    return dropped
+
+
+def cleanup_test_run() -> None:
+    """What ``./dev test`` runs when the run ends, whatever its outcome (its EXIT trap): the run's Redis keys and the
+    test databases of the PostgreSQL databases it named (``OPENCLAW_TEST_RUN_DATABASES``, space separated)."""
+    redis_url, prefix = os.environ.get("REDIS_URL", ""), os.environ.get("OPENCLAW_REDIS_PREFIX", "")
+    if redis_url and prefix:
+        print(f"test run cleanup: {delete_redis_keys(redis_url, prefix)} Redis keys of {prefix}", file=sys.stderr)
+    names = os.environ.get("OPENCLAW_TEST_RUN_DATABASES", "").split()
+    if names and os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
+        dropped = drop_test_databases(os.environ["DATABASE_URL"], names)
+        if dropped:
+            print(f"test run cleanup: dropped left-over test databases {', '.join(dropped)}", file=sys.stderr)
 
 
 @dataclass
