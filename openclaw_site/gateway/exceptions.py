@@ -95,15 +95,24 @@ class HandshakeRejected(Exception):
         self.close_reason = close_reason if close_reason is not None else error.message
 
 
-def internal_error(logger: logging.Logger, context: str) -> Unavailable:
+def internal_error(
+    logger: logging.Logger,
+    context: str,
+    *,
+    summary: str = "internal error",
+    exc: BaseException | None = None,
+    details: dict[str, Any] | None = None,
+) -> Unavailable:
     """What a client is told about an unexpected exception: a reference, never the exception's text.
 
-    Call from an ``except`` block: the traceback goes to ``logger`` under the same reference, so an
-    operator can find it from the client's report.
+    The traceback of ``exc`` (default: the exception being handled) goes to ``logger`` under the
+    same reference, so an operator can find it from the client's report.
     """
     error_id = uuid.uuid4().hex[:16]
-    logger.exception("%s failed (errorId=%s)", context, error_id)
-    return Unavailable(f"internal error; reference {error_id}", details={"errorId": error_id}, retryable=True)
+    logger.error("%s failed (errorId=%s)", context, error_id, exc_info=exc if exc is not None else True)
+    return Unavailable(
+        f"{summary}; reference {error_id}", details={**(details or {}), "errorId": error_id}, retryable=True
+    )
 
 
 class FrameRejected(InvalidRequest):

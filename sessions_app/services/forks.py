@@ -7,12 +7,20 @@ be current and no turn may be running; then the entry must be a user message on 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
 
-from openclaw_site.gateway.exceptions import Conflict, GatewayError, InvalidRequest, NotFound, Unavailable
+from openclaw_site.gateway.exceptions import (
+    Conflict,
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    Unavailable,
+    internal_error,
+)
 
 from .. import events, keys
 from ..extensions import SessionAction, action_guards
@@ -22,6 +30,8 @@ from ..schemas import SessionsAdoptParams
 from . import links
 from .initialization import InitializationError, initialization_source
 from .transcripts import append_many
+
+logger = logging.getLogger(__name__)
 
 EXTERNAL_HARNESS_MESSAGE = (
     "Session history changes are unavailable because this session is owned by an external agent harness."
@@ -147,6 +157,15 @@ def _upstream_fork(seen: Session, link: dict[str, Any], entry_id: str) -> dict[s
     with initialization_source(source_unchanged):
         result = harness.fork_session(request)
     if result.status != "created":
+        if result.cause is not None and not isinstance(result.cause, GatewayError):
+            # An unexpected failure (a database error, a bug): the caller gets a reference, the log the cause.
+            raise internal_error(
+                logger,
+                f"sessions.fork of {seen.key}",
+                summary="fork failed",
+                exc=result.cause,
+                details={"reason": result.code},
+            ) from result.cause
         error_class = Unavailable if result.code == "upstream-unavailable" else InvalidRequest
         raise error_class(result.message or "fork failed", details={"reason": result.code}) from result.cause
     child = Session.objects.filter(key=result.key).first()
@@ -176,7 +195,12 @@ def session_adopt(*, thread_id: str, harness_id: str, agent_id: str, key: str | 
     except GatewayError:
         raise
     except Exception as error:
-        # Like a failed upstream fork: the caller learns why the initialization failed (the
-        # guarded rollback already ran); the exception stays the cause.
-        raise Unavailable(str(error), details={"reason": "initialization-failed"}) from error
+        # The guarded rollback already ran. An unexpected failure (a database error, a bug): the
+        # caller gets a reference, the log the cause.
+        raise internal_error(
+            logger,
+            f"sessions.adopt of {thread_id}",
+            summary="session initialization failed",
+            details={"reason": "initialization-failed"},
+        ) from error
     return created.session

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,14 +47,23 @@ class InitializationError(InvalidRequest):
 
 
 class RollbackIncomplete(InvalidRequest):
+    """The row stays ``initializationPending`` for an operator (admin "clear stuck initialization").
+
+    Both failures go to the log under ``details.errorId``; the client gets the reference, not their text.
+    """
+
     def __init__(self, key: str, original: BaseException, rollback_error: BaseException):
+        error_id = uuid.uuid4().hex[:16]
+        logger.error(
+            "initialization of %s failed (%r) and its guarded rollback did not complete (errorId=%s)",
+            key,
+            original,
+            error_id,
+            exc_info=rollback_error,
+        )
         super().__init__(
             f"Session initialization failed and guarded rollback did not complete for {key}.",
-            details={
-                "code": "INITIALIZATION_ROLLBACK_INCOMPLETE",
-                "error": str(original),
-                "rollbackError": str(rollback_error),
-            },
+            details={"code": "INITIALIZATION_ROLLBACK_INCOMPLETE", "errorId": error_id},
         )
         self.original = original
         self.rollback_error = rollback_error

@@ -152,7 +152,12 @@ def test_a_failed_initialization_through_the_gateway_keeps_exactly_the_committed
             assert fresh_thread.archived_at is None  # the archive was refused ...
             assert NativeConnection.objects.filter(retired_at__isnull=False).count() == 1  # ... so it was retired
         else:
-            assert INJECTED[faults[0]] in error.message, error.shape
+            # A database error is not the client's to read: a reference, and the log has the cause.
+            error_id = error.details["errorId"]
+            assert error.message.endswith(f"; reference {error_id}"), error.shape
+            assert INJECTED[faults[0]] not in error.message
+            log = gateway.log()
+            assert error_id in log and INJECTED[faults[0]] in log[log.index(error_id) :], error.shape
             if fresh_thread is not None:
                 fresh_thread.refresh_from_db()
                 assert fresh_thread.archived_at is not None
