@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 
 import pytest
@@ -17,8 +18,9 @@ def test_ten_failures_lock_the_address_out_even_for_the_right_token(gateway_fact
     server = gateway_factory(
         extra_env={
             "OPENCLAW_AUTH_RATE_LIMIT_EXEMPT_LOOPBACK": "0",
-            # Its own limiter keys: other tests on this Redis never see them.
-            "OPENCLAW_REDIS_PREFIX": f"ratelimit-{uuid.uuid4().hex}",
+            # Its own limiter keys (other tests on this Redis never see them), under the run's prefix
+            # so that the run's cleanup removes them too.
+            "OPENCLAW_REDIS_PREFIX": f"{os.environ.get('OPENCLAW_REDIS_PREFIX', 'openclaw')}-rl-{uuid.uuid4().hex}",
         }
     )
 
