@@ -122,7 +122,9 @@ def replace_source_from_another_connection(stack: contextlib.ExitStack) -> None:
     """A successor's write in its own transaction while the link write is still open.
 
     PostgreSQL commits it at once, before the link write's commit-stage check. SQLite has a single
-    writer: the successor commits right after the link write, and the next guard check sees it.
+    writer: the successor commits right after the link write, and the next guard check (before the
+    binding write) sees it — the initialization waits there for the successor, or the readiness
+    commit could take the write lock first and the successor would arrive too late.
     """
 
     def write() -> None:
@@ -135,6 +137,8 @@ def replace_source_from_another_connection(stack: contextlib.ExitStack) -> None:
     worker.start()
     if connection.vendor == "postgresql":
         worker.join(10)
+    else:
+        stack.enter_context(stages.listening("initialization.binding.before_write", lambda **_: worker.join(30)))
     stack.callback(worker.join, 30)
 
 
