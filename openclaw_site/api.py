@@ -21,6 +21,7 @@ from openclaw_site.gateway.api import router as gateway_router
 from openclaw_site.gateway.auth import secret_matches
 from openclaw_site.gateway.conf import shared_token
 from openclaw_site.gateway.exceptions import GatewayError, InvalidRequest, NotFound, Unauthorized, internal_error
+from openclaw_site.gateway.protocol import error_path, validation_message
 from sessions_app.api import router as sessions_router
 
 logger = logging.getLogger(__name__)
@@ -76,18 +77,11 @@ def validation_error(request: HttpRequest, exc: ValidationError):
 
 
 def _problem(item: dict) -> dict:
-    location = tuple(str(part) for part in item.get("loc", ()))
-    source = PARAMETER_SOURCES.get(location[0], "body") if location else "body"
+    location = tuple(item.get("loc", ()))
+    source = PARAMETER_SOURCES.get(str(location[0]), "body") if location else "body"
     # A body schema is one view parameter whose name the client never sent: ("body", "payload", "message").
     fields = location[2:] if source == "body" and len(location) > 1 else location[1:]
-    kind = item.get("type", "")
-    if kind == "missing":
-        message = "must have required property"
-    elif kind == "extra_forbidden":
-        message = "unexpected property"
-    else:
-        message = str(item.get("msg", "invalid")).removeprefix("Value error, ")
-    return {"in": source, "path": "/" + "/".join(fields), "message": message}
+    return {"in": source, "path": error_path(fields), "message": validation_message(item)}
 
 
 @api.exception_handler(AuthenticationError)

@@ -393,22 +393,27 @@ def _path_part(part: Any) -> str:
     )
 
 
-def _error_path(loc: tuple[Any, ...]) -> str:
+def error_path(loc: tuple[Any, ...]) -> str:
+    """``/client/id``: where in what the client sent, each part escaped so the message can always be sent."""
     return "/" + "/".join(_path_part(part) for part in loc) if loc else "/"
+
+
+def validation_message(item: dict[str, Any]) -> str:
+    """One validation problem in OpenClaw's words (``must have required property``, ``unexpected property``)."""
+    kind = item.get("type", "")
+    if kind == "missing":
+        return "must have required property"
+    if kind == "extra_forbidden":
+        return "unexpected property"
+    return str(item.get("msg", "invalid")).removeprefix("Value error, ")
 
 
 def format_validation_error(error: ValidationError) -> str:
     """Readable one-line summary: ``at /client/id: must be one of …; at /minProtocol: required``."""
-    parts = []
-    for item in error.errors(include_url=False):
-        kind = item.get("type", "")
-        if kind == "missing":
-            message = "must have required property"
-        elif kind == "extra_forbidden":
-            message = "unexpected property"
-        else:
-            message = item.get("msg", "invalid").removeprefix("Value error, ")
-        parts.append(f"at {_error_path(tuple(item.get('loc', ())))}: {message}")
+    parts = [
+        f"at {error_path(tuple(item.get('loc', ())))}: {validation_message(item)}"
+        for item in error.errors(include_url=False)
+    ]
     return "; ".join(parts) or "invalid"
 
 
