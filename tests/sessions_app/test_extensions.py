@@ -91,25 +91,26 @@ def test_contributed_fields_appear_in_describe_list_and_the_api(api_token, djang
         make(f"agent:main:s{n}")
     calls: list[list[str]] = []
 
-    def placement(batch: Sequence[Session]) -> dict[str, dict]:
+    def residence(batch: Sequence[Session]) -> dict[str, dict]:
         calls.append([s.key for s in batch])
-        return {s.key: {"placement": {"state": "local", "generation": 0}} for s in batch if s.key != "agent:main:s1"}
+        return {s.key: {"residence": {"host": "gateway", "slot": 0}} for s in batch if s.key != "agent:main:s1"}
 
-    with session_projections.contributing("placement", placement):
+    with session_projections.contributing("residence", residence):
         described = rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))
-        with django_assert_num_queries(1):  # the page; the contributor here reads nothing
+        # The page, and workers_app's placements of the page; the contributor here reads nothing.
+        with django_assert_num_queries(2):
             listed = rpc.sessions_list_rpc(_ctx(), schemas.SessionsListParams())
         api = Client(headers={"Authorization": f"Bearer {API_TOKEN}"}).get("/api/sessions/agent:main:s2")
 
-    assert described["session"]["placement"] == {"state": "local", "generation": 0}
+    assert described["session"]["residence"] == {"host": "gateway", "slot": 0}
     rows = {row["key"]: row for row in listed["sessions"]}
-    assert "placement" not in rows["agent:main:s1"]
-    assert rows["agent:main:s0"]["placement"]["state"] == "local"
-    assert api.json()["session"]["placement"] == {"state": "local", "generation": 0}
+    assert "residence" not in rows["agent:main:s1"]
+    assert rows["agent:main:s0"]["residence"]["host"] == "gateway"
+    assert api.json()["session"]["residence"] == {"host": "gateway", "slot": 0}
     # One call per page, not one per row.
     assert sorted(calls[1]) == ["agent:main:s0", "agent:main:s1", "agent:main:s2"]
     # Gone with the contributor.
-    assert "placement" not in rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))["session"]
+    assert "residence" not in rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))["session"]
 
 
 def test_a_projection_may_not_override_session_fields():
@@ -122,17 +123,17 @@ def test_a_projection_may_not_override_session_fields():
 def test_two_contributors_may_not_claim_the_same_field():
     make("agent:main:s0")
     with (
-        session_projections.contributing("a", lambda batch: {s.key: {"placement": 1} for s in batch}),
-        session_projections.contributing("b", lambda batch: {s.key: {"placement": 2} for s in batch}),
-        pytest.raises(RuntimeError, match=r"session projection b repeats fields \['placement'\]"),
+        session_projections.contributing("a", lambda batch: {s.key: {"residence": 1} for s in batch}),
+        session_projections.contributing("b", lambda batch: {s.key: {"residence": 2} for s in batch}),
+        pytest.raises(RuntimeError, match=r"session projection b repeats fields \['residence'\]"),
     ):
         rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))
 
 
 def test_a_projection_name_is_registered_once():
-    with session_projections.contributing("placement", lambda batch: {}):
-        with pytest.raises(RuntimeError, match="registered twice: placement"):
-            session_projections.register("placement", lambda batch: {})
+    with session_projections.contributing("residence", lambda batch: {}):
+        with pytest.raises(RuntimeError, match="registered twice: residence"):
+            session_projections.register("residence", lambda batch: {})
 
 
 # --- action guards ---------------------------------------------------------------------------------

@@ -1,0 +1,89 @@
+"""Reads of workers_app: the public placement projection (workers.md §4.4) and environment summaries."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sessions_app.models import Session
+
+from .models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementState, WorkerEnvironment
+
+S = PlacementState
+PRE_OWNER_STATES = (S.PROVISIONING, S.SYNCING, S.STARTING)
+OWNER_STATES = (S.ACTIVE, S.DRAINING, S.RECONCILING)
+
+
+def placement_projection(placement: Placement, environment: WorkerEnvironment | None) -> dict[str, Any]:
+    """What clients see of a placement: never turn claims, agent or session ids (workers.md §4.4)."""
+    projection: dict[str, Any] = {
+        "state": placement.state,
+        "generation": placement.generation,
+        "createdAtMs": placement.created_at_ms,
+        "updatedAtMs": placement.updated_at_ms,
+        "stateChangedAtMs": placement.state_changed_at_ms,
+    }
+    fields = {
+        "environmentId": placement.environment_id,
+        "activeOwnerEpoch": placement.active_owner_epoch,
+        "workerBundleHash": placement.worker_bundle_hash,
+        "workspaceBaseManifestRef": placement.workspace_base_manifest_ref,
+        "remoteWorkspaceDir": placement.remote_workspace_dir,
+        "lastTranscriptAckCursor": placement.last_transcript_ack_cursor,
+        "lastLiveEventAckCursor": placement.last_live_event_ack_cursor,
+    }
+    if placement.state in (S.LOCAL, S.REQUESTED):
+        shown: tuple[str, ...] = ()
+    elif placement.state == S.PROVISIONING:
+        shown = ("environmentId",)
+    elif placement.state == S.SYNCING:
+        shown = ("environmentId", "workerBundleHash")
+    elif placement.state == S.STARTING:
+        shown = ("environmentId", "workerBundleHash", "workspaceBaseManifestRef", "remoteWorkspaceDir")
+    else:  # owner and terminal states keep every fact they still hold
+        shown = tuple(fields)
+    projection.update({name: fields[name] for name in shown if fields[name] is not None})
+    if placement.state in (S.RECLAIMED, S.FAILED):
+        if placement.terminal_reason is not None:
+            projection["terminalReason"] = placement.terminal_reason
+        if placement.terminal_at_ms is not None:
+            projection["terminalAtMs"] = placement.terminal_at_ms
+    if placement.state == S.FAILED:
+        projection["recoveryError"] = placement.recovery_error
+        projection["recoveryAction"] = recovery_action(placement, environment)
+    if _shows_provenance(placement, environment):
+        projection["providerId"] = environment.provider_id
+        projection["profileId"] = environment.profile_id
+    return projection
+
+
+def recovery_action(placement: Placement, environment: WorkerEnvironment | None) -> str:
+    """``restart`` once the environment is gone; ``stop-first`` while it still holds a live lease."""
+    if environment is None or environment.state in TERMINAL_ENVIRONMENT_STATES or environment.lease_id is None:
+        return "restart"
+    return "stop-first"
+
+
+def _shows_provenance(placement: Placement, environment: WorkerEnvironment | None) -> bool:
+    """Provider and profile only for the environment this placement still owns (a reused environment,
+    or a lost epoch, shows no identity)."""
+    if environment is None:
+        return False
+    if placement.active_owner_epoch is None:
+        return placement.state in PRE_OWNER_STATES
+    return environment.owner_epoch == placement.active_owner_epoch
+
+
+def placement_fields(sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
+    """The ``placement`` field of each session row that has a placement: two queries per page."""
+    keys = {session.pk: session.key for session in sessions}
+    placements = list(Placement.objects.filter(session__in=keys))
+    if not placements:
+        return {}
+    environment_ids = {p.environment_id for p in placements if p.environment_id}
+    environments = WorkerEnvironment.objects.in_bulk(environment_ids) if environment_ids else {}
+    return {keys[p.pk]: {"placement": placement_projection(p, environments.get(p.environment_id))} for p in placements}
+
+
+def placement_for(session: Session) -> Placement | None:
+    return Placement.objects.filter(pk=session.pk).first()
