@@ -385,6 +385,7 @@ def test_environments_hold_a_lease_exactly_in_the_leased_states():
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # a writer that died fails it
 def test_sixteen_concurrent_writers_lose_no_update():
     if connection.vendor != "postgresql":
         pytest.skip("the contended compare-and-set is measured on PostgreSQL (SQLite serializes writers)")
@@ -418,6 +419,10 @@ def test_sixteen_concurrent_writers_lose_no_update():
                     with lock:
                         stale.append(error.message)
                     continue
+                finally:
+                    # Back to the pool after every attempt, as a request would: the 16 writers share
+                    # the process's pooled connections (OPENCLAW_DB_POOL_MAX_SIZE) instead of queueing.
+                    connections.close_all()
                 with lock:
                     successes.append(moved.generation)
         finally:
