@@ -27,13 +27,15 @@ def make_session(key: str = "agent:main:placed") -> Session:
     return session_create(spec=SessionSpec(key=key, agent_id="main"))
 
 
-def attached_environment(session: Session, *, epoch: int = 1, environment_id: str = ENV) -> WorkerEnvironment:
+def attached_environment(
+    session: Session, *, epoch: int = 1, environment_id: str = ENV, lease_id: str | None = None
+) -> WorkerEnvironment:
     return WorkerEnvironment.objects.create(
         environment_id=environment_id,
         provider_id="static-ssh",
         profile_id="test",
         state="attached",
-        lease_id=f"static-ssh:{environment_id}",
+        lease_id=lease_id or f"static-ssh:{environment_id}",
         owner_epoch=epoch,
         attached_session_ids=[session.session_id],
         created_at_ms=1,
@@ -42,15 +44,22 @@ def attached_environment(session: Session, *, epoch: int = 1, environment_id: st
     )
 
 
+DISPATCH_STEPS = [
+    (S.REQUESTED, S.PROVISIONING, {"environment_id": ENV}),
+    (S.PROVISIONING, S.SYNCING, {"worker_bundle_hash": BUNDLE}),
+    (S.SYNCING, S.STARTING, {"workspace_base_manifest_ref": MANIFEST, "remote_workspace_dir": "/work/s"}),
+    (S.STARTING, S.ACTIVE, {"active_owner_epoch": 1}),
+]
+
+
 def dispatch_to_active(session: Session) -> Placement:
     attached_environment(session)
+    return walk(session, DISPATCH_STEPS)
+
+
+def walk(session: Session, steps) -> Placement:
+    """Start a dispatch and take these steps, each at the placement's current generation."""
     placement = store.placement_start_dispatch(session=session)
-    steps = [
-        (S.REQUESTED, S.PROVISIONING, {"environment_id": ENV}),
-        (S.PROVISIONING, S.SYNCING, {"worker_bundle_hash": BUNDLE}),
-        (S.SYNCING, S.STARTING, {"workspace_base_manifest_ref": MANIFEST, "remote_workspace_dir": "/work/s"}),
-        (S.STARTING, S.ACTIVE, {"active_owner_epoch": 1}),
-    ]
     for from_state, to_state, patch in steps:
         placement = store.placement_transition(
             session=session,
@@ -155,31 +164,8 @@ def test_a_state_without_its_worker_facts_is_refused():
 def test_activation_needs_the_environment_attached_to_this_session_with_the_same_epoch():
     session = make_session()
     other = make_session("agent:main:other")
-    WorkerEnvironment.objects.create(
-        environment_id=ENV,
-        provider_id="static-ssh",
-        profile_id="test",
-        state="attached",
-        lease_id="static-ssh:x",
-        owner_epoch=1,
-        attached_session_ids=[other.session_id],
-        created_at_ms=1,
-        updated_at_ms=1,
-        state_changed_at_ms=1,
-    )
-    placement = store.placement_start_dispatch(session=session)
-    for from_state, to_state, patch in [
-        (S.REQUESTED, S.PROVISIONING, {"environment_id": ENV}),
-        (S.PROVISIONING, S.SYNCING, {"worker_bundle_hash": BUNDLE}),
-        (S.SYNCING, S.STARTING, {"workspace_base_manifest_ref": MANIFEST, "remote_workspace_dir": "/w"}),
-    ]:
-        placement = store.placement_transition(
-            session=session,
-            from_state=from_state,
-            to_state=to_state,
-            expected_generation=placement.generation,
-            patch=patch,
-        )
+    attached_environment(other, lease_id="static-ssh:x")  # attached, but to another session
+    walk(session, DISPATCH_STEPS[:3])
     before = snapshot(session)
     with pytest.raises(
         Conflict, match=rf"^Worker session placement {session.session_id} lost its attached environment$"

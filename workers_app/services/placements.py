@@ -126,6 +126,36 @@ def _apply(placement: Placement, changes: dict[str, Any]) -> Placement:
     return placement
 
 
+def _moved(placement: Placement, to_state: str, at: int, **fields: Any) -> dict[str, Any]:
+    """The changes of a state change: the next generation and both timestamps, plus ``fields``."""
+    return {
+        **fields,
+        "state": to_state,
+        "generation": _next_generation(placement),
+        "updated_at_ms": at,
+        "state_changed_at_ms": at,
+    }
+
+
+def _commit(
+    placement: Placement,
+    *,
+    expected_state: str,
+    expected_generation: int,
+    changes: dict[str, Any],
+    conflict: str,
+    actor: Actor,
+    reason: str,
+    at: int,
+) -> Placement:
+    """Compare-and-set, then the history row; ``conflict`` when another writer moved the row first."""
+    if not _write(placement, expected_state=expected_state, expected_generation=expected_generation, changes=changes):
+        raise Conflict(conflict)
+    _apply(placement, changes)
+    _history(placement, from_state=expected_state, actor=actor, reason=reason, at_ms=at)
+    return placement
+
+
 def placement_ensure_local(*, session: Session, actor: Actor = SYSTEM) -> Placement:
     """The session's placement, created ``local`` at generation 0 when it has none."""
     existing = _read(session)
@@ -161,24 +191,28 @@ def placement_start_dispatch(
         if placement.state not in (S.LOCAL, S.RECLAIMED, S.FAILED):
             raise InvalidRequest(f"Cannot dispatch session {_label(session)} from placement {placement.state}")
         at = now_ms()
-        changes: dict[str, Any] = {
+        changes = _moved(
+            placement,
+            S.REQUESTED,
+            at,
             **dict.fromkeys(WORKER_FIELDS),
-            "recovery_error": None,
-            "terminal_reason": None,
-            "terminal_at_ms": None,
-            "state": S.REQUESTED,
-            "generation": _next_generation(placement),
-            "execution_mode": execution_mode,
-            "updated_at_ms": at,
-            "state_changed_at_ms": at,
-        }
+            recovery_error=None,
+            terminal_reason=None,
+            terminal_at_ms=None,
+            execution_mode=execution_mode,
+        )
         if placement.turn_claim_owner == TurnClaimOwner.WORKER:
             changes.update(dict.fromkeys(CLAIM_FIELDS))
-        from_state = placement.state
-        if not _write(placement, expected_state=from_state, expected_generation=placement.generation, changes=changes):
-            raise Conflict(f"Session {_label(session)} placement changed during dispatch barrier")
-        _apply(placement, changes)
-        _history(placement, from_state=from_state, actor=actor, reason=reason or "dispatch requested", at_ms=at)
+        _commit(
+            placement,
+            expected_state=placement.state,
+            expected_generation=placement.generation,
+            changes=changes,
+            conflict=f"Session {_label(session)} placement changed during dispatch barrier",
+            actor=actor,
+            reason=reason or "dispatch requested",
+            at=at,
+        )
     return placement
 
 
@@ -218,7 +252,7 @@ def placement_transition(
         changes["terminal_reason"] = None
         changes["terminal_at_ms"] = (placement.terminal_at_ms or at) if to_state == S.RECLAIMED else None
         changes.update(dict.fromkeys(CLAIM_FIELDS))
-        changes.update(state=to_state, generation=_next_generation(placement), updated_at_ms=at, state_changed_at_ms=at)
+        changes.update(_moved(placement, to_state, at))
         try:
             with transaction.atomic():
                 written = _write(
@@ -290,22 +324,19 @@ def placement_fail(
             return placement
         if S.FAILED not in TRANSITIONS[placement.state]:
             raise InvalidRequest(f"Cannot fail worker session placement from {placement.state}")
-        changes = {
-            "state": S.FAILED,
-            "generation": _next_generation(placement),
-            "recovery_error": reason,
-            "terminal_reason": reason,
-            "terminal_at_ms": at,
-            "updated_at_ms": at,
-            "state_changed_at_ms": at,
-        }
+        changes = _moved(placement, S.FAILED, at, recovery_error=reason, terminal_reason=reason, terminal_at_ms=at)
         if placement.turn_claim_owner == TurnClaimOwner.WORKER:
             changes.update(dict.fromkeys(CLAIM_FIELDS))
-        from_state = placement.state
-        if not _write(placement, expected_state=from_state, expected_generation=placement.generation, changes=changes):
-            raise Conflict(f"Worker session placement {_label(session)} changed before failure")
-        _apply(placement, changes)
-        _history(placement, from_state=from_state, actor=actor, reason=reason, at_ms=at)
+        _commit(
+            placement,
+            expected_state=placement.state,
+            expected_generation=placement.generation,
+            changes=changes,
+            conflict=f"Worker session placement {_label(session)} changed before failure",
+            actor=actor,
+            reason=reason,
+            at=at,
+        )
     return placement
 
 
@@ -335,18 +366,19 @@ def placement_start_drain(
         if not _owned_by(placement, environment_id, owner_epoch, expected_generation, S.ACTIVE):
             raise Conflict(f"Cannot drain stale worker placement for session {_label(session)}")
         at = now_ms()
-        changes: dict[str, Any] = {
-            "state": S.DRAINING,
-            "generation": _next_generation(placement),
-            "updated_at_ms": at,
-            "state_changed_at_ms": at,
-        }
+        changes = _moved(placement, S.DRAINING, at)
         if workspace_base_manifest_ref:
             changes["workspace_base_manifest_ref"] = workspace_base_manifest_ref
-        if not _write(placement, expected_state=S.ACTIVE, expected_generation=expected_generation, changes=changes):
-            raise Conflict(f"Cannot drain stale worker placement for session {_label(session)}")
-        _apply(placement, changes)
-        _history(placement, from_state=S.ACTIVE, actor=actor, reason=reason, at_ms=at)
+        _commit(
+            placement,
+            expected_state=S.ACTIVE,
+            expected_generation=expected_generation,
+            changes=changes,
+            conflict=f"Cannot drain stale worker placement for session {_label(session)}",
+            actor=actor,
+            reason=reason,
+            at=at,
+        )
     return placement
 
 
@@ -368,17 +400,16 @@ def placement_start_reconcile(
         if placement.turn_claim_owner == TurnClaimOwner.LOCAL and not force_local_claim:
             raise InvalidRequest(f"Cannot reconcile session {_label(session)} during an active local turn")
         at = now_ms()
-        changes: dict[str, Any] = {
-            "state": S.RECONCILING,
-            "generation": _next_generation(placement),
-            "updated_at_ms": at,
-            "state_changed_at_ms": at,
-            **dict.fromkeys(CLAIM_FIELDS),
-        }
-        if not _write(placement, expected_state=S.DRAINING, expected_generation=expected_generation, changes=changes):
-            raise Conflict(f"Cannot reconcile stale worker placement for session {_label(session)}")
-        _apply(placement, changes)
-        _history(placement, from_state=S.DRAINING, actor=actor, reason=reason, at_ms=at)
+        _commit(
+            placement,
+            expected_state=S.DRAINING,
+            expected_generation=expected_generation,
+            changes=_moved(placement, S.RECONCILING, at, **dict.fromkeys(CLAIM_FIELDS)),
+            conflict=f"Cannot reconcile stale worker placement for session {_label(session)}",
+            actor=actor,
+            reason=reason,
+            at=at,
+        )
     return placement
 
 
