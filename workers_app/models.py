@@ -58,7 +58,8 @@ TERMINAL_STATES = frozenset({S.RECLAIMED, S.FAILED})
 DISPATCH_BARRIER_STATES = frozenset({S.REQUESTED, S.PROVISIONING, S.SYNCING, S.STARTING, S.DRAINING, S.RECONCILING})
 OWNED_STATES = (S.ACTIVE, S.DRAINING, S.RECONCILING, S.RECLAIMED)
 
-_WORKER_FIELDS = (
+# The facts a placement holds about its worker; cleared whenever the session leaves one.
+WORKER_FIELDS = (
     "environment_id",
     "active_owner_epoch",
     "workspace_base_manifest_ref",
@@ -92,8 +93,8 @@ def _shape_rules() -> Q:
         "worker_bundle_hash",
     )
     return (
-        (Q(state__in=[S.LOCAL, S.REQUESTED]) & _null(*_WORKER_FIELDS) & no_recovery)
-        | (Q(state=S.PROVISIONING) & _null(*(f for f in _WORKER_FIELDS if f != "environment_id")) & no_recovery)
+        (Q(state__in=[S.LOCAL, S.REQUESTED]) & _null(*WORKER_FIELDS) & no_recovery)
+        | (Q(state=S.PROVISIONING) & _null(*(f for f in WORKER_FIELDS if f != "environment_id")) & no_recovery)
         | (
             Q(state=S.SYNCING)
             & _set("environment_id", "worker_bundle_hash")

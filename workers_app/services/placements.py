@@ -22,6 +22,7 @@ from sessions_app.models import Session
 from ..models import (
     RECOVERY_ERROR_LIMIT,
     TRANSITIONS,
+    WORKER_FIELDS,
     EnvironmentState,
     ExecutionMode,
     Placement,
@@ -34,18 +35,7 @@ from ..models import (
 S = PlacementState
 MAX_GENERATION = 2**53 - 1
 FORCED_WORKER_ABANDONMENT_ERROR = "Worker result abandoned by forced operator teardown"
-PATCHABLE = (
-    "environment_id",
-    "active_owner_epoch",
-    "workspace_base_manifest_ref",
-    "remote_workspace_dir",
-    "worker_bundle_hash",
-    "last_transcript_ack_cursor",
-    "last_live_event_ack_cursor",
-    "recovery_error",
-    "terminal_reason",
-)
-WORKER_FIELDS = PATCHABLE[:7]
+PATCHABLE = (*WORKER_FIELDS, "recovery_error", "terminal_reason")
 CLAIM_FIELDS = (
     "turn_claim_owner",
     "turn_claim_id",
