@@ -8,10 +8,12 @@ each one.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -98,6 +100,20 @@ def env_absolute_paths(name: str) -> list[Path]:
         if not path.is_absolute():
             raise SettingsError(f"{name} must list absolute directories, not {str(path)!r}")
     return paths
+
+
+def env_json_object(name: str) -> dict[str, Any]:
+    """A JSON object (unset: empty); its content is validated by whoever uses it."""
+    raw = _raw(name)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as error:
+        raise SettingsError(f"{name} must be a JSON object: {error}") from None
+    if not isinstance(value, dict):
+        raise SettingsError(f"{name} must be a JSON object, not {type(value).__name__}")
+    return value
 
 
 def env_url(name: str, default: str = "", *, schemes: Iterable[str]) -> str:

@@ -20,6 +20,7 @@ from openclaw_site.env import (
     env_choice,
     env_float,
     env_int,
+    env_json_object,
     env_list,
     env_log_level,
     env_str,
@@ -200,6 +201,8 @@ CELERY_BEAT_SCHEDULE = {
     "gateway-sweep": {"task": "gateway.sweep", "schedule": 30.0},
     # Every 15 s: fail turns whose worker stopped heartbeating, restart queued turns nobody took.
     "sessions-sweep": {"task": "sessions.runs_sweep", "schedule": 15.0},
+    # Every 15 s: reconcile worker environments with their providers, fail placements whose worker vanished.
+    "workers-recovery-sweep": {"task": "workers.recovery_sweep", "schedule": 15.0},
 }
 
 # --- Gateway --------------------------------------------------------------------------------
@@ -241,6 +244,20 @@ if OPENCLAW_GATEWAY["PROCESS_STALE_AFTER_MS"] <= OPENCLAW_GATEWAY["PROCESS_HEART
 # Directories (besides <state dir>/workspace) whose git checkouts sessions.create may make worktrees
 # of (``cwd``); os.pathsep-separated absolute paths. Unset: only the agent workspace.
 OPENCLAW_WORKSPACE_ROOTS = env_absolute_paths("OPENCLAW_WORKSPACE_ROOTS")
+
+# --- Worker profiles ---------------------------------------------------------------------------
+# Where sessions.dispatch may place a session: {"<profile id>": {"provider": "static-ssh",
+# "install": "bundle"|"local", "settings": {…}}}. Checked against the registered providers when
+# workers_app starts (workers_app.profiles); unset: no profiles, dispatch refuses profile targets.
+OPENCLAW_WORKER_PROFILES = env_json_object("OPENCLAW_WORKER_PROFILES")
+OPENCLAW_WORKERS = {
+    # A provider call (provision, inspect, destroy) that takes longer is abandoned as a transient failure.
+    "PROVIDER_TIMEOUT_MS": env_int("OPENCLAW_WORKER_PROVIDER_TIMEOUT_MS", 30_000, minimum=100),
+    # A dispatch or move stage whose driver went silent this long is failed by recovery.
+    "STAGE_DEADLINE_MS": env_int("OPENCLAW_WORKER_STAGE_DEADLINE_MS", 600_000, minimum=1000),
+    # How long sessions.dispatch waits for the placement to become active (or fail) before answering.
+    "DISPATCH_WAIT_MS": env_int("OPENCLAW_WORKER_DISPATCH_WAIT_MS", 120_000, minimum=100),
+}
 
 # --- Model provider ---------------------------------------------------------------------------
 # No base URL: the built-in deterministic "echo" provider. A base URL: an OpenAI-compatible

@@ -67,6 +67,12 @@ def publish_session_changed_on_commit(
     publish_on_commit(EVENT_SESSIONS_CHANGED, payload)
 
 
+def publish_session_changed_payload_on_commit(session: Session, *, reason: str, extra: dict[str, Any]) -> None:
+    """``sessions.changed`` carrying fields an extension contributes (say, ``placement``)."""
+    payload = {**session_event_fields(session), "reason": reason, "ts": int(time.time() * 1000), **extra}
+    publish_on_commit(EVENT_SESSIONS_CHANGED, payload)
+
+
 # --- the turn's stream and its end ----------------------------------------------------------
 
 

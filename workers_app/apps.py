@@ -8,10 +8,24 @@ class WorkersConfig(AppConfig):
 
     def ready(self) -> None:
         # Filled into sessions_app's seams (sessions_app never imports this app).
+        from openclaw_site.gateway import lifecycle
         from sessions_app.extensions import action_guards, session_projections
 
+        # Importing the handler module registers sessions.dispatch/move/reclaim and environments.*.
+        from . import profiles, rpc  # noqa: F401
         from .guards import placement_barrier
+        from .providers import providers
+        from .providers.static_ssh import StaticSshProvider
         from .selectors import placement_fields
+        from .services.recovery import workers_recover_startup
+        from .tasks import recovery_sweep
 
         session_projections.register("placement", placement_fields)
         action_guards.register(placement_barrier)
+        # Providers first: the profiles are checked against what is registered.
+        providers.register(StaticSshProvider())
+        profiles.load_profiles()
+        # Recovery: at start (what a dead predecessor left half-done), then periodically (embedded
+        # profile: the gateway loop; production: Celery beat runs workers.recovery_sweep).
+        lifecycle.on_startup(workers_recover_startup)
+        lifecycle.on_sweep(recovery_sweep)

@@ -168,6 +168,11 @@ class Placement(models.Model):
     turn_claim_run_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     turn_claim_generation = models.BigIntegerField(null=True, blank=True)
     turn_claim_owner_epoch = models.BigIntegerField(null=True, blank=True)
+    # The dispatch in flight: its target ("profile:<id>" / "device:<id>", an identical retry joins it)
+    # and who drives it ("gateway:<boot id>" or "celery:<host>:<pid>"; recovery fails the stage of a
+    # driver that is gone). Kept after the dispatch as provenance.
+    dispatch_target = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    dispatch_owner = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     created_at_ms = models.BigIntegerField()
     updated_at_ms = models.BigIntegerField()
     state_changed_at_ms = models.BigIntegerField()
@@ -243,6 +248,44 @@ class PlacementHistory(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_key}: {self.from_state or '-'} -> {self.to_state}@{self.generation}"
+
+
+class MoveTargetKind(models.TextChoices):
+    GATEWAY = "gateway"
+    PROFILE = "profile"
+    DEVICE = "device"
+
+
+class PlacementMove(models.Model):
+    """A persisted ``sessions.move`` intent (``worker_session_placement_moves``): a restart mid-move
+    finds it and finishes or fails the move; an identical request joins it."""
+
+    operation_id = models.CharField(max_length=80, unique=True)
+    session = models.OneToOneField(Session, on_delete=models.CASCADE, related_name="placement_move")
+    source_generation = models.BigIntegerField()
+    source_environment_id = models.CharField(max_length=128)
+    source_owner_epoch = models.BigIntegerField()
+    target_kind = models.CharField(max_length=16, choices=MoveTargetKind.choices)
+    target_id = models.CharField(max_length=200, blank=True)
+    abandon_source = models.BooleanField(default=False)
+    last_error = models.TextField(null=True, blank=True)  # noqa: DJ001
+    created_at_ms = models.BigIntegerField()
+    updated_at_ms = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(target_kind__in=MoveTargetKind.values), name="move_target_kind_known"),
+            models.CheckConstraint(
+                condition=Q(abandon_source=False) | Q(target_kind=MoveTargetKind.GATEWAY),
+                name="move_abandon_only_to_gateway",
+            ),
+            models.CheckConstraint(
+                condition=Q(last_error__isnull=True) | Q(_bounded("last_error")), name="move_error_bounded"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation_id} -> {self.target_kind}:{self.target_id}"
 
 
 class EnvironmentState(models.TextChoices):
@@ -372,6 +415,7 @@ __all__ = [
     "ExecutionMode",
     "Placement",
     "PlacementHistory",
+    "PlacementMove",
     "PlacementState",
     "TeardownTerminalState",
     "TurnClaimOwner",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,3 +88,74 @@ def placement_fields(sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
 
 def placement_for(session: Session) -> Placement | None:
     return Placement.objects.filter(pk=session.pk).first()
+
+
+# --- environments (workers.md §2.3) -----------------------------------------------------------------
+
+ENVIRONMENTS_LISTED = 1000
+ENVIRONMENT_STATUS = {
+    "requested": "starting",
+    "provisioning": "starting",
+    "bootstrapping": "starting",
+    "ready": "available",
+    "attached": "available",
+    "idle": "available",
+    "draining": "stopping",
+    "destroying": "stopping",
+    "destroyed": "unavailable",
+    "failed": "error",
+    "orphaned": "error",
+}
+
+
+def environment_summary(environment: WorkerEnvironment, *, now_ms: int, include_prepared: bool = False) -> dict:
+    """The public row of a worker environment: never its SSH endpoint's key reference."""
+    cleanup_pending = environment.destroy_requested_at_ms is not None and environment.state != "destroyed"
+    error = environment.last_error if environment.state in ("failed", "orphaned") or cleanup_pending else None
+    worker: dict[str, Any] = {
+        "profileId": environment.profile_id,
+        "providerId": environment.provider_id,
+        "state": environment.state,
+        "ageMs": max(0, now_ms - environment.created_at_ms),
+        "attachedSessionIds": sorted(set(environment.attached_session_ids or [])),
+        "tunnelStatus": "stopped",
+    }
+    if environment.lease_id is not None:
+        worker["leaseId"] = environment.lease_id
+    if environment.node_device_id and environment.shared_host is False:
+        worker["nodeId"] = environment.node_device_id
+    if include_prepared and environment.destroy_requested_at_ms is not None:
+        worker["destroyRequestedAtMs"] = environment.destroy_requested_at_ms
+    if environment.state == "idle" and environment.idle_since_at_ms is not None:
+        worker["idleMs"] = max(0, now_ms - environment.idle_since_at_ms)
+    if error:
+        worker["error"] = error
+    row: dict[str, Any] = {
+        "id": environment.environment_id,
+        "type": "worker",
+        "status": "error" if error else ENVIRONMENT_STATUS[environment.state],
+        "worker": worker,
+    }
+    if environment.shared_host is not None:
+        row["trust"] = "persistent" if environment.shared_host else "disposable"
+    return row
+
+
+def environments_list(*, include_prepared: bool = False) -> list[dict]:
+    """Newest first, at most :data:`ENVIRONMENTS_LISTED` (torn-down records accumulate)."""
+    now = int(time.time() * 1000)
+    environments = WorkerEnvironment.objects.order_by("-created_at_ms", "environment_id")[:ENVIRONMENTS_LISTED]
+    return [environment_summary(e, now_ms=now, include_prepared=include_prepared) for e in environments]
+
+
+def environment_status(environment_id: str, *, include_prepared: bool = False) -> dict | None:
+    environment = WorkerEnvironment.objects.filter(pk=environment_id).first()
+    if environment is None:
+        return None
+    return environment_summary(environment, now_ms=int(time.time() * 1000), include_prepared=include_prepared)
+
+
+def environment_for(placement: Placement | None) -> WorkerEnvironment | None:
+    if placement is None or not placement.environment_id:
+        return None
+    return WorkerEnvironment.objects.filter(pk=placement.environment_id).first()

@@ -19,6 +19,7 @@ from django.db.models import Q
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest
 from sessions_app.models import Session
 
+from ..events import placement_changed_on_commit
 from ..models import (
     RECOVERY_ERROR_LIMIT,
     TRANSITIONS,
@@ -35,7 +36,9 @@ from ..models import (
 S = PlacementState
 MAX_GENERATION = 2**53 - 1
 FORCED_WORKER_ABANDONMENT_ERROR = "Worker result abandoned by forced operator teardown"
-PATCHABLE = (*WORKER_FIELDS, "recovery_error", "terminal_reason")
+# Who drives the dispatch or move in flight, and to where (recovery and joining retries read them).
+DRIVER_FIELDS = ("dispatch_target", "dispatch_owner")
+PATCHABLE = (*WORKER_FIELDS, "recovery_error", "terminal_reason", *DRIVER_FIELDS)
 CLAIM_FIELDS = (
     "turn_claim_owner",
     "turn_claim_id",
@@ -80,6 +83,8 @@ def _label(session: Session) -> str:
 
 
 def _history(placement: Placement, *, from_state: str, actor: Actor, reason: str = "", at_ms: int) -> None:
+    """The history row of a change, and its ``sessions.changed`` event once the change commits."""
+    placement_changed_on_commit(placement)
     PlacementHistory.objects.create(
         session_id=placement.pk,
         session_key=placement.session_key,
@@ -171,7 +176,13 @@ def placement_ensure_local(*, session: Session, actor: Actor = SYSTEM) -> Placem
 
 
 def placement_start_dispatch(
-    *, session: Session, execution_mode: str = ExecutionMode.WORKER_TURN, actor: Actor = SYSTEM, reason: str = ""
+    *,
+    session: Session,
+    execution_mode: str = ExecutionMode.WORKER_TURN,
+    target: str | None = None,
+    owner: str | None = None,
+    actor: Actor = SYSTEM,
+    reason: str = "",
 ) -> Placement:
     """local/reclaimed/failed → requested: the dispatch barrier. Worker facts are cleared; a local
     turn claim in flight is kept (it finishes before the worker takes over)."""
@@ -190,6 +201,8 @@ def placement_start_dispatch(
             terminal_reason=None,
             terminal_at_ms=None,
             execution_mode=execution_mode,
+            dispatch_target=target,
+            dispatch_owner=owner,
         )
         if placement.turn_claim_owner == TurnClaimOwner.WORKER:
             changes.update(dict.fromkeys(CLAIM_FIELDS))

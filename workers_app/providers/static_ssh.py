@@ -1,0 +1,210 @@
+"""The ``static-ssh`` provider (workers.md §6): one machine the operator already runs, reached over SSH.
+
+Its leases are logical (``static-ssh:<operationId>``): nothing is created or torn down, so a retried
+provision gets the same lease and every session placed on the profile shares the host. What the
+provider does check is that the host answers: ``provision`` and ``inspect`` log in with the profile's
+key, trusting the profile's ``hostKey`` and nothing else, and run ``true``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from .base import Inspection, SshEndpoint, WorkerLease, WorkerProfile, WorkerProviderError
+
+PROVIDER_ID = "static-ssh"
+LEASE_PREFIX = f"{PROVIDER_ID}:"
+SETTINGS_FIELDS = ("host", "port", "user", "hostKey", "keyRef", "connectTimeoutMs")
+REQUIRED_FIELDS = ("host", "user", "hostKey", "keyRef")
+KEY_REF_FIELDS = frozenset({"source", "id", "provider"})
+KEY_SOURCES = ("file", "env")
+DEFAULT_PORT = 22
+DEFAULT_CONNECT_TIMEOUT_MS = 10_000
+CONNECT_TIMEOUT_RANGE_MS = (100, 120_000)
+# One OpenSSH public key line: "<type> <base64>[ comment]" (import_public_key alone would take the first of several).
+HOST_KEY_LINE = re.compile(r"[A-Za-z0-9@._+-]+ [A-Za-z0-9+/]+={0,3}(?: [^\r\n]*)?")
+
+
+@dataclass(frozen=True)
+class _Target:
+    host: str
+    port: int
+    user: str
+    host_key: str
+    key_ref: dict[str, Any]
+    timeout_ms: int
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+class StaticSshProvider:
+    id = PROVIDER_ID
+
+    def validate_settings(self, settings: dict[str, Any]) -> None:
+        unknown = sorted(set(settings) - set(SETTINGS_FIELDS))
+        if unknown:
+            raise WorkerProviderError.invalid_profile(
+                f"unknown field (allowed: {', '.join(SETTINGS_FIELDS)})", field=unknown[0]
+            )
+        for name in ("host", "user"):
+            if name in settings and not (isinstance(settings[name], str) and settings[name].strip()):
+                raise WorkerProviderError.invalid_profile("must be a non-empty string", field=name)
+        if "port" in settings:
+            _check_int(settings["port"], "port", 1, 65535)
+        if "connectTimeoutMs" in settings:
+            _check_int(settings["connectTimeoutMs"], "connectTimeoutMs", *CONNECT_TIMEOUT_RANGE_MS)
+        if "hostKey" in settings:
+            _check_host_key(settings["hostKey"])
+        if "keyRef" in settings:
+            _check_key_ref(settings["keyRef"])
+
+    def provision(self, profile: WorkerProfile, operation_id: str) -> WorkerLease:
+        if not isinstance(operation_id, str) or not operation_id.strip():
+            raise WorkerProviderError(f"{PROVIDER_ID} provision needs an operation id")
+        target = self._target(profile)
+        _probe(target)
+        return WorkerLease(
+            lease_id=LEASE_PREFIX + operation_id,
+            shared_host=True,
+            ssh=SshEndpoint(target.host, target.port, target.user, target.host_key, target.key_ref),
+        )
+
+    def inspect(self, lease_id: str, profile: WorkerProfile) -> Inspection:
+        # Decided before any network: the disappearance proof relies on a bare prefix being unknown.
+        if not lease_id.startswith(LEASE_PREFIX) or lease_id == LEASE_PREFIX:
+            return Inspection("unknown")
+        # A profile without a host is OpenClaw's dev provider: nothing to reach, the lease stands.
+        if profile.settings.get("host") is not None:
+            _probe(self._target(profile))
+        return Inspection("active", shared_host=True)
+
+    def destroy(self, lease_id: str, profile: WorkerProfile) -> None:
+        """Releases the logical lease only: the host belongs to the operator and is shared by every
+        lease of the profile, so there is nothing to tear down and nothing left to prove."""
+
+    def _target(self, profile: WorkerProfile) -> _Target:
+        # Again here: a profile restored from an environment's snapshot was never checked at start.
+        settings = profile.settings
+        self.validate_settings(settings)
+        for name in REQUIRED_FIELDS:
+            if name not in settings:
+                raise WorkerProviderError.invalid_profile(f"{PROVIDER_ID} needs {name}", field=name)
+        return _Target(
+            host=settings["host"],
+            port=settings.get("port", DEFAULT_PORT),
+            user=settings["user"],
+            host_key=settings["hostKey"].strip(),
+            key_ref=settings["keyRef"],
+            timeout_ms=settings.get("connectTimeoutMs", DEFAULT_CONNECT_TIMEOUT_MS),
+        )
+
+
+def _check_int(value: Any, name: str, low: int, high: int) -> None:
+    # bool is an int to Python, not to a profile.
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise WorkerProviderError.invalid_profile(f"must be a whole number from {low} to {high}", field=name)
+
+
+def _check_host_key(value: Any) -> None:
+    message = "must be one OpenSSH public key line '<type> <base64>[ comment]'"
+    if not isinstance(value, str) or not HOST_KEY_LINE.fullmatch(value.strip()):
+        raise WorkerProviderError.invalid_profile(message, field="hostKey")
+    try:
+        asyncssh.import_public_key(value.strip())
+    except (asyncssh.KeyImportError, ValueError) as error:
+        raise WorkerProviderError.invalid_profile(f"{message}: {error}", field="hostKey") from None
+
+
+def _check_key_ref(value: Any) -> None:
+    if not isinstance(value, dict):
+        raise WorkerProviderError.invalid_profile('must be an object {"source": "file"|"env", "id": …}', field="keyRef")
+    unknown = sorted(set(value) - KEY_REF_FIELDS)
+    if unknown:
+        raise WorkerProviderError.invalid_profile(
+            "unknown field (allowed: source, id, provider)", field=f"keyRef.{unknown[0]}"
+        )
+    if value.get("source") not in KEY_SOURCES:
+        raise WorkerProviderError.invalid_profile("must be 'file' or 'env'", field="keyRef.source")
+    if not isinstance(value.get("id"), str) or not value["id"].strip():
+        raise WorkerProviderError.invalid_profile("must be a non-empty string", field="keyRef.id")
+    if "provider" in value and not isinstance(value["provider"], str):
+        raise WorkerProviderError.invalid_profile("must be a string", field="keyRef.provider")
+
+
+def _private_key(key_ref: dict[str, Any]) -> asyncssh.SSHKey:
+    """The key a keyRef points at. Errors name the reference, never what it holds."""
+    source, ref = key_ref["source"], key_ref["id"]
+    if source == "file":
+        try:
+            data = Path(ref).read_bytes()
+        except OSError as error:
+            raise WorkerProviderError.invalid_profile(
+                f"key file {ref} cannot be read: {error.strerror or error}", field="keyRef"
+            ) from None
+    else:
+        text = os.environ.get(ref, "")
+        if not text.strip():
+            raise WorkerProviderError.invalid_profile(f"environment variable {ref} holds no key", field="keyRef")
+        data = text.encode()
+    try:
+        return asyncssh.import_private_key(data)
+    except (asyncssh.KeyImportError, ValueError):
+        raise WorkerProviderError.invalid_profile(
+            f"key {source} {ref} is not an unencrypted private key (OpenSSH or PEM)", field="keyRef"
+        ) from None
+
+
+def _probe(target: _Target) -> None:
+    """Log in and run ``true``, within ``connectTimeoutMs`` overall; any failure is transient."""
+    key = _private_key(target.key_ref)
+    trusted = asyncssh.import_public_key(target.host_key)
+
+    async def check() -> None:
+        # Trust exactly the profile's key for this one connection; no known_hosts file, ssh config or agent.
+        async with asyncssh.connect(
+            target.host,
+            target.port,
+            username=target.user,
+            known_hosts=([trusted], [], []),
+            client_keys=[key],
+            agent_path=None,
+            config=None,
+            preferred_auth="publickey",
+        ) as connection:
+            await connection.run("true", check=True)
+
+    def failure(reason: str) -> WorkerProviderError:
+        return WorkerProviderError(f"{PROVIDER_ID} host {target.address} {reason}", code="transient")
+
+    # Called from database and Celery threads, never the event loop: a loop of its own per probe.
+    try:
+        asyncio.run(asyncio.wait_for(check(), target.timeout_ms / 1000))
+    except TimeoutError:
+        raise failure(f"is unreachable: no answer within {target.timeout_ms} ms") from None
+    except asyncssh.HostKeyNotVerifiable:
+        raise failure("did not present the host key of the profile's hostKey") from None
+    except asyncssh.PermissionDenied:
+        raise failure(f"refused the keyRef key for user {target.user}") from None
+    except asyncssh.ProcessError as error:
+        raise failure(f"could not run `true` (exit status {error.exit_status})") from None
+    except asyncssh.Error as error:
+        raise failure(f"is unreachable: {error.reason}") from None
+    except OSError as error:
+        raise failure(f"is unreachable: {_os_reason(error)}") from None
+
+
+def _os_reason(error: OSError) -> str:
+    # asyncio words a refused connect as "Connect call failed (addr)"; the errno says it plainly.
+    # Resolver errors (socket.gaierror) have negative numbers and their own text.
+    if error.errno and error.errno > 0:
+        return os.strerror(error.errno)
+    return error.strerror or str(error) or type(error).__name__

@@ -1,0 +1,157 @@
+"""Gateway methods of workers_app: sessions.dispatch / move / reclaim and environments.*."""
+
+from __future__ import annotations
+
+import asyncio
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from openclaw_site.gateway import scopes as sc
+from openclaw_site.gateway.background import dispatch_on_commit
+from openclaw_site.gateway.context import RpcContext
+from openclaw_site.gateway.exceptions import InvalidRequest, NotFound, PermissionDenied, Unavailable
+from openclaw_site.gateway.registry import registry
+from sessions_app import keys
+from sessions_app import selectors as session_selectors
+from sessions_app.models import Session
+
+from . import selectors
+from .models import PlacementState
+from .profiles import profiles_all
+from .schemas import (
+    EnvironmentsDestroyParams,
+    EnvironmentsListParams,
+    EnvironmentsStatusParams,
+    SessionsDispatchParams,
+    SessionsMoveParams,
+    SessionsReclaimParams,
+)
+from .services import dispatch, moves, reclaim
+from .services.placements import Actor
+from .tasks import dispatch_advance
+
+method = registry.method
+S = PlacementState
+SETTLED = (S.ACTIVE, S.FAILED, S.LOCAL, S.RECLAIMED)
+
+
+def _session(key: str, agent_id: str | None) -> Session:
+    canonical = keys.canonical_key(key, agent_id)
+    session = session_selectors.session_get(canonical)
+    if session is None:
+        raise NotFound(f"session not found: {key}")
+    return session
+
+
+def _actor(ctx: RpcContext) -> Actor:
+    return Actor(f"{ctx.role}:{ctx.conn_id}")
+
+
+def _result(session: Session) -> dict:
+    placement = selectors.placement_for(session)
+    environment = selectors.environment_for(placement)
+    return {
+        "ok": True,
+        "key": session.key,
+        "sessionId": session.session_id,
+        "placement": selectors.placement_projection(placement, environment) if placement else {"state": "local"},
+    }
+
+
+def _dispatch_started(ctx: RpcContext, params: SessionsDispatchParams) -> tuple[int, int]:
+    session = _session(params.key, params.agentId)
+    if params.autoDevice:
+        raise InvalidRequest(
+            "automatic device placement failed after 0 attempts; no eligible host remains; "
+            "reconnect a paired session-host node and retry"
+        )
+    if params.profileId is not None and not ctx.is_admin:
+        raise PermissionDenied("Your operator role cannot dispatch to this Cloud profile.", code="FORBIDDEN")
+    if params.profileId is None and params.deviceId is None and not ctx.is_admin:
+        raise PermissionDenied("Your operator role cannot dispatch to this Cloud profile.", code="FORBIDDEN")
+    target = dispatch.resolve_target(profile_id=params.profileId, device_id=params.deviceId)
+    placement, started = dispatch.dispatch_start(session=session, target=target, actor=_actor(ctx))
+    if started:
+        dispatch_on_commit(dispatch_advance, session.pk, placement.generation)
+    return session.pk, placement.generation
+
+
+@method("sessions.dispatch", params=SessionsDispatchParams, scope=sc.WRITE)
+async def sessions_dispatch_rpc(ctx: RpcContext, params: SessionsDispatchParams) -> dict:
+    """Answers once the placement settled (active, or failed with its reason), or when the wait ends
+    (the dispatch goes on; its stages arrive as ``sessions.changed`` events)."""
+    session_pk, _generation = await database_sync_to_async(_dispatch_started)(ctx, params)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.OPENCLAW_WORKERS["DISPATCH_WAIT_MS"] / 1000
+    pause = 0.02
+    while True:
+        session, state, error = await database_sync_to_async(_settled)(session_pk)
+        if state == S.FAILED:
+            raise Unavailable(error, details={"code": "WORKER_DISPATCH_FAILED"})
+        if state in SETTLED or loop.time() >= deadline:
+            return await database_sync_to_async(_result)(session)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.5)
+
+
+def _settled(session_pk: int) -> tuple[Session, str, str]:
+    session = Session.objects.get(pk=session_pk)
+    placement = selectors.placement_for(session)
+    if placement is None:
+        return session, S.LOCAL, ""
+    return session, placement.state, placement.recovery_error or ""
+
+
+@method("sessions.move", params=SessionsMoveParams, scope=sc.WRITE)
+def sessions_move_rpc(ctx: RpcContext, params: SessionsMoveParams) -> dict:
+    session = _session(params.key, params.agentId)
+    if session.archived_at is not None:
+        raise InvalidRequest("cannot move an archived session")
+    if params.target.kind != "gateway":
+        raise Unavailable(
+            f"session move to a {params.target.kind} target is not available on this gateway yet; "
+            "move to the gateway, then dispatch",
+            details={"code": "MOVE_TARGET_UNSUPPORTED"},
+        )
+    moves.move_to_gateway(
+        session=session,
+        expected_generation=params.expected.generation,
+        expected_environment_id=params.expected.environmentId,
+        expected_owner_epoch=params.expected.ownerEpoch,
+        abandon_source=bool(params.abandonSource),
+        actor=_actor(ctx),
+    )
+    return _result(session)
+
+
+@method("sessions.reclaim", params=SessionsReclaimParams, scope=sc.WRITE)
+def sessions_reclaim_rpc(ctx: RpcContext, params: SessionsReclaimParams) -> dict:
+    session = _session(params.key, params.agentId)
+    generation = params.recoverToGateway.expectedGeneration if params.recoverToGateway else None
+    reclaim.reclaim(session=session, recover_to_gateway_generation=generation, actor=_actor(ctx))
+    return _result(session)
+
+
+@method("environments.list", params=EnvironmentsListParams, scope=sc.READ)
+def environments_list_rpc(ctx: RpcContext, params: EnvironmentsListParams) -> dict:
+    payload: dict = {"environments": selectors.environments_list(include_prepared=bool(params.includePreparedDetails))}
+    if params.projection == "profiles":
+        payload["profiles"] = [{"id": p.id, "providerId": p.provider_id} for p in profiles_all()]
+    return payload
+
+
+@method("environments.status", params=EnvironmentsStatusParams, scope=sc.READ)
+def environments_status_rpc(ctx: RpcContext, params: EnvironmentsStatusParams) -> dict:
+    summary = selectors.environment_status(params.environmentId, include_prepared=bool(params.includePreparedDetails))
+    if summary is None:
+        raise NotFound(f"worker environment not found: {params.environmentId}")
+    return summary
+
+
+@method("environments.destroy", params=EnvironmentsDestroyParams, scope=sc.ADMIN)
+def environments_destroy_rpc(ctx: RpcContext, params: EnvironmentsDestroyParams) -> dict:
+    environment = reclaim.environment_destroy(
+        environment_id=params.environmentId, force=bool(params.force), actor=_actor(ctx)
+    )
+    return {"ok": True, "environment": selectors.environment_status(environment.pk, include_prepared=True)}

@@ -1,0 +1,58 @@
+"""The worker runtime seam: what installs the worker program on a leased environment, syncs a session's
+workspace to it and starts it (the dispatch stages after provisioning).
+
+The node host of the paired-node work is the one runtime for every provider; it registers here
+from its app's ``ready()``. Until a runtime is registered for an environment's provider, a
+dispatch provisions and checks the lease for real, then fails cleanly at bootstrap with a message
+saying so, and the lease is released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from sessions_app.models import Session
+
+from .models import Placement, WorkerEnvironment
+
+
+@dataclass(frozen=True)
+class BootstrapReceipt:
+    bundle_hash: str  # 64 lowercase hex
+    openclaw_version: str
+    protocol_features: list[str]
+    install_kind: str
+
+
+@dataclass(frozen=True)
+class WorkspaceSync:
+    manifest_ref: str  # sha256:<64 hex>
+    remote_workspace_dir: str
+
+
+class WorkerRuntime(Protocol):
+    def bootstrap(self, environment: WorkerEnvironment) -> BootstrapReceipt: ...
+
+    def sync_workspace(
+        self, session: Session, placement: Placement, environment: WorkerEnvironment
+    ) -> WorkspaceSync: ...
+
+    def start(self, session: Session, placement: Placement, environment: WorkerEnvironment) -> None: ...
+
+
+class RuntimeRegistry:
+    def __init__(self) -> None:
+        self._by_provider: dict[str, WorkerRuntime] = {}
+
+    def register(self, provider_id: str, runtime: WorkerRuntime) -> None:
+        self._by_provider[provider_id] = runtime
+
+    def unregister(self, provider_id: str) -> None:
+        self._by_provider.pop(provider_id, None)
+
+    def for_provider(self, provider_id: str) -> WorkerRuntime | None:
+        return self._by_provider.get(provider_id)
+
+
+worker_runtimes = RuntimeRegistry()

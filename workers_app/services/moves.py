@@ -1,0 +1,166 @@
+"""``sessions.move`` (workers.md §4.2): the intent is persisted before anything moves, so a gateway that
+dies mid-move leaves a record that recovery finishes; an identical request joins it.
+
+Back to the gateway the path is active → draining → reconciling → local (never through
+``reclaimed``): admission closes, the worker's turn claim is fenced, the source environment is torn
+down, and the session runs locally again.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from django.db import IntegrityError, transaction
+
+from openclaw_site.gateway.background import executor_label
+from openclaw_site.gateway.exceptions import Conflict, InvalidRequest
+from sessions_app.models import Session
+
+from ..models import EnvironmentState, MoveTargetKind, Placement, PlacementMove, PlacementState, WorkerEnvironment
+from . import placements as store
+from .placements import FORCED_WORKER_ABANDONMENT_ERROR, Actor, now_ms
+from .teardown import composed_error, fail_in_flight, teardown_environment
+
+S = PlacementState
+
+
+def move_pending(session: Session) -> bool:
+    return PlacementMove.objects.filter(session=session).exists()
+
+
+def _intent(
+    session: Session, placement: Placement, *, target_kind: str, target_id: str, abandon_source: bool
+) -> PlacementMove:
+    """The persisted intent: created once; the same request finds it again, another is refused."""
+    at = now_ms()
+    wanted = {
+        "source_generation": placement.generation,
+        "source_environment_id": placement.environment_id or "",
+        "source_owner_epoch": placement.active_owner_epoch or 0,
+        "target_kind": target_kind,
+        "target_id": target_id,
+        "abandon_source": abandon_source,
+    }
+    existing = PlacementMove.objects.filter(session=session).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                return PlacementMove.objects.create(
+                    operation_id=f"move:v1:{secrets.token_hex(16)}",
+                    session=session,
+                    created_at_ms=at,
+                    updated_at_ms=at,
+                    **wanted,
+                )
+        except IntegrityError:
+            existing = PlacementMove.objects.get(session=session)
+    if any(getattr(existing, name) != value for name, value in wanted.items() if name != "source_generation"):
+        raise Conflict(f"Session {session.session_id} already has a conflicting placement move")
+    return existing
+
+
+def move_to_gateway(
+    *,
+    session: Session,
+    expected_generation: int,
+    expected_environment_id: str,
+    expected_owner_epoch: int,
+    abandon_source: bool = False,
+    actor: Actor,
+) -> Placement:
+    """Bring an active session back to this gateway (or rejoin the move already under way)."""
+    placement = Placement.objects.filter(pk=session.pk).first()
+    state = placement.state if placement is not None else "local"
+    force_abandoned = (
+        placement is not None
+        and placement.state == S.FAILED
+        and placement.recovery_error == FORCED_WORKER_ABANDONMENT_ERROR
+        and abandon_source
+    )
+    if state not in (S.ACTIVE, S.DRAINING, S.RECONCILING) and not force_abandoned:
+        raise InvalidRequest(f"session cannot move from placement {state}")
+    exact = placement.environment_id == expected_environment_id and placement.active_owner_epoch == expected_owner_epoch
+    if not exact or (state == S.ACTIVE and placement.generation != expected_generation):
+        raise Conflict(f"Cannot move stale worker placement for session {session.session_id}")
+    if state == S.ACTIVE:
+        environment = WorkerEnvironment.objects.filter(pk=expected_environment_id).first()
+        if (
+            environment is None
+            or environment.state != EnvironmentState.ATTACHED
+            or environment.owner_epoch != expected_owner_epoch
+            or environment.attached_session_ids != [session.session_id]
+        ):
+            raise Conflict(f"Cannot move stale worker environment for session {session.session_id}")
+    _intent(session, placement, target_kind=MoveTargetKind.GATEWAY, target_id="", abandon_source=abandon_source)
+    return _finish_gateway_move(session, actor=actor)
+
+
+def _finish_gateway_move(session: Session, *, actor: Actor) -> Placement:
+    """Drive the persisted move from wherever it stands; every step is a compare-and-set, so a second
+    driver (a retry, or recovery after a restart) that loses a race changes nothing."""
+    placement = Placement.objects.get(pk=session.pk)
+    intent = PlacementMove.objects.get(session=session)
+    reason = "moved to the gateway"
+    if placement.state == S.ACTIVE:
+        placement = store.placement_start_drain(
+            session=session,
+            environment_id=placement.environment_id,
+            owner_epoch=placement.active_owner_epoch,
+            expected_generation=placement.generation,
+            actor=actor,
+            reason=reason,
+        )
+        Placement.objects.filter(pk=session.pk).update(dispatch_owner=executor_label())
+    if placement.state == S.DRAINING:
+        # The worker's turn is interrupted here, never replayed: the claim closes with the fence.
+        placement = store.placement_start_reconcile(
+            session=session,
+            environment_id=placement.environment_id,
+            owner_epoch=placement.active_owner_epoch,
+            expected_generation=placement.generation,
+            force_local_claim=True,
+            actor=actor,
+            reason=reason,
+        )
+    errors = teardown_environment(intent.source_environment_id, terminal_state="destroyed")
+    if errors and not intent.abandon_source:
+        error = composed_error("Worker move to the gateway failed; retry the move", errors)
+        PlacementMove.objects.filter(pk=intent.pk).update(last_error=error, updated_at_ms=now_ms())
+        if placement.state == S.RECONCILING:
+            placement = store.placement_fail(
+                session=session, recovery_error=error, expected_generation=placement.generation, actor=actor
+            )
+        return placement
+    with transaction.atomic():
+        if placement.state == S.FAILED:
+            placement = store.placement_transition(
+                session=session,
+                from_state=S.FAILED,
+                to_state=S.LOCAL,
+                expected_generation=placement.generation,
+                actor=actor,
+                reason="source abandoned",
+            )
+        else:
+            placement = store.placement_transition(
+                session=session,
+                from_state=S.RECONCILING,
+                to_state=S.LOCAL,
+                expected_generation=placement.generation,
+                actor=actor,
+                reason=reason,
+            )
+        PlacementMove.objects.filter(pk=intent.pk).delete()
+    return placement
+
+
+def move_recover(session: Session, *, actor: Actor) -> Placement:
+    """Recovery of a move whose driver died: a move to the gateway is finished (the gateway is always there)."""
+    intent = PlacementMove.objects.get(session=session)
+    if intent.target_kind != MoveTargetKind.GATEWAY:
+        placement = Placement.objects.get(pk=session.pk)
+        PlacementMove.objects.filter(pk=intent.pk).delete()
+        return fail_in_flight(
+            session, placement, f"Worker move to {intent.target_kind} was interrupted; retry the move", actor=actor
+        )
+    return _finish_gateway_move(session, actor=actor)

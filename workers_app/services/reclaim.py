@@ -1,0 +1,88 @@
+"""``sessions.reclaim`` (workers.md §4.3, "Stop cloud worker") and ``environments.destroy``."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from openclaw_site.gateway.exceptions import InvalidRequest, NotFound, Unavailable
+from sessions_app.models import Session
+
+from ..models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementState, WorkerEnvironment
+from . import placements as store
+from .placements import FORCED_WORKER_ABANDONMENT_ERROR, Actor
+from .teardown import composed_error, fail_in_flight, reclaim_active, teardown_environment
+
+S = PlacementState
+STOPPED_BY_OPERATOR = "Cloud worker stopped by operator"
+PROVISIONING_CANCELED = "Cloud worker provisioning canceled"
+
+
+def reclaim(*, session: Session, recover_to_gateway_generation: int | None = None, actor: Actor) -> Placement:
+    """Stop a session's cloud worker: active → reclaimed (final reconcile, teardown); failed → local once
+    its environment's teardown is done; a dispatch still requested/provisioning is canceled → local."""
+    placement = Placement.objects.filter(pk=session.pk).first()
+    state = placement.state if placement is not None else "local"
+    if recover_to_gateway_generation is not None:
+        if placement is None or placement.state != S.FAILED or placement.generation != recover_to_gateway_generation:
+            found = f"{placement.state}@{placement.generation}" if placement is not None else "missing"
+            raise InvalidRequest(
+                f"Worker session placement {session.session_id} changed: expected "
+                f"failed@{recover_to_gateway_generation}, found {found}"
+            )
+    if state == S.ACTIVE:
+        environment = WorkerEnvironment.objects.filter(pk=placement.environment_id).first()
+        return reclaim_active(session, placement, environment, STOPPED_BY_OPERATOR, actor=actor)
+    if state in (S.REQUESTED, S.PROVISIONING):
+        placement = fail_in_flight(session, placement, PROVISIONING_CANCELED, actor=actor)
+        return _to_local(session, placement, actor=actor, reason=PROVISIONING_CANCELED)
+    if state == S.FAILED:
+        errors = teardown_environment(
+            placement.environment_id, terminal_state="failed", error=placement.terminal_reason
+        )
+        if errors:
+            if placement.recovery_error != FORCED_WORKER_ABANDONMENT_ERROR:
+                store.placement_fail(
+                    session=session,
+                    recovery_error=composed_error(placement.terminal_reason or placement.recovery_error, errors),
+                    actor=actor,
+                )
+            raise Unavailable(f"Cloud worker teardown failed: {'; '.join(errors)}", retryable=True)
+        return _to_local(session, placement, actor=actor, reason="recovered to the gateway")
+    raise InvalidRequest(f"Session {session.key} cannot stop cloud worker from placement {state}")
+
+
+def _to_local(session: Session, placement: Placement, *, actor: Actor, reason: str) -> Placement:
+    return store.placement_transition(
+        session=session,
+        from_state=S.FAILED,
+        to_state=S.LOCAL,
+        expected_generation=placement.generation,
+        actor=actor,
+        reason=reason,
+    )
+
+
+def environment_destroy(*, environment_id: str, force: bool, actor: Actor) -> WorkerEnvironment:
+    """Tear an environment down. An attached session blocks it unless ``force``, which first fails that
+    session's placement with the forced-abandonment error (its work is given up, on purpose)."""
+    environment = WorkerEnvironment.objects.filter(pk=environment_id).first()
+    if environment is None:
+        raise NotFound(f"worker environment not found: {environment_id}")
+    if environment.state in TERMINAL_ENVIRONMENT_STATES:
+        return environment
+    owners = list(
+        Placement.objects.filter(environment_id=environment_id, state__in=(S.ACTIVE, S.DRAINING, S.RECONCILING))
+    )
+    if owners and not force:
+        raise InvalidRequest(
+            f"worker environment {environment_id} is attached to a session; stop its cloud worker first "
+            "or destroy with force"
+        )
+    with transaction.atomic():
+        sessions = Session.objects.in_bulk([p.pk for p in owners])
+        for owner in owners:
+            fail_in_flight(sessions[owner.pk], owner, FORCED_WORKER_ABANDONMENT_ERROR, actor=actor, teardown=False)
+    errors = teardown_environment(environment_id, terminal_state="destroyed")
+    if errors:
+        raise Unavailable(f"Worker environment teardown failed: {'; '.join(errors)}", retryable=True)
+    return WorkerEnvironment.objects.get(pk=environment_id)

@@ -1,0 +1,209 @@
+"""Calling providers with a deadline, tearing environments down, and taking a placement back from its worker.
+
+Provider calls run in a small thread pool so that a provider that hangs (a third party's, or a
+host that accepts and never answers) costs its deadline, not the sweep: the call is abandoned and
+recorded as a transient failure, and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from django.conf import settings
+
+from sessions_app.models import Session
+
+from ..models import TERMINAL_ENVIRONMENT_STATES, EnvironmentState, Placement, PlacementState, WorkerEnvironment
+from ..profiles import profile_for_environment
+from ..providers import INSPECTION_STATUSES, Inspection, WorkerProvider, WorkerProviderError, providers
+from . import environments as envs
+from . import placements as store
+from .placements import RECOVERY_ERROR_LIMIT, Actor, bounded_worker_error
+
+logger = logging.getLogger(__name__)
+
+S = PlacementState
+E = EnvironmentState
+GONE_STATES = TERMINAL_ENVIRONMENT_STATES
+UNAVAILABLE_STATES = frozenset({E.DRAINING, E.DESTROYING, *TERMINAL_ENVIRONMENT_STATES})
+
+_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-provider")
+
+
+def provider_timeout_s() -> float:
+    return settings.OPENCLAW_WORKERS["PROVIDER_TIMEOUT_MS"] / 1000
+
+
+def call_provider[T](provider_id: str, operation: str, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` bounded by the provider deadline; a hang or a crash becomes a ``WorkerProviderError``."""
+    future = _pool.submit(fn, *args)
+    try:
+        return future.result(timeout=provider_timeout_s())
+    except FutureTimeout:
+        raise WorkerProviderError(
+            f"Worker provider {provider_id} {operation} timed out after {int(provider_timeout_s() * 1000)} ms"
+        ) from None
+    except WorkerProviderError:
+        raise
+    except Exception as error:
+        # A provider's own bug: reported by kind, its text logged (it may carry host details).
+        logger.exception("worker provider %s %s failed", provider_id, operation)
+        raise WorkerProviderError(f"Worker provider {provider_id} {operation} failed: {type(error).__name__}") from None
+
+
+def provider_for(environment: WorkerEnvironment) -> WorkerProvider:
+    provider = providers.get(environment.provider_id)
+    if provider is None:
+        raise WorkerProviderError(f"Worker provider {environment.provider_id} is not registered on this gateway")
+    return provider
+
+
+def inspect_environment(environment: WorkerEnvironment) -> Inspection:
+    """The provider's view of the lease, validated (workers.md §3.1); raises on a transient failure."""
+    provider = provider_for(environment)
+    profile = profile_for_environment(environment.provider_id, environment.profile_id, environment.profile_snapshot)
+    result = call_provider(environment.provider_id, "inspect", provider.inspect, environment.lease_id, profile)
+    if not isinstance(result, Inspection) or result.status not in INSPECTION_STATUSES:
+        raise WorkerProviderError("Worker provider returned an invalid inspection status")
+    if result.shared_host is not None and result.status != "active":
+        raise WorkerProviderError("Worker provider returned an invalid inspection result")
+    return result
+
+
+def teardown_environment(environment_id: str | None, *, terminal_state: str, error: str | None = None) -> list[str]:
+    """Request destroy (first cause wins), release the lease through the provider, finish. Returns the
+    teardown errors (prefixed as OpenClaw's), empty when the environment is gone or was torn down."""
+    if not environment_id:
+        return []
+    environment = envs.environment_get(environment_id)
+    if environment is None or environment.state in GONE_STATES:
+        return []
+    environment = envs.environment_request_destroy(
+        environment_id=environment_id, terminal_state=terminal_state, error=error
+    )
+    if environment.lease_id is not None:
+        try:
+            provider = provider_for(environment)
+            profile = profile_for_environment(
+                environment.provider_id, environment.profile_id, environment.profile_snapshot
+            )
+            call_provider(environment.provider_id, "destroy", provider.destroy, environment.lease_id, profile)
+        except WorkerProviderError as failure:
+            envs.environment_record_error(environment_id=environment_id, error=f"environment destroy: {failure}")
+            return [f"environment destroy: {failure.message}"]
+    envs.environment_finish_destroy(environment_id=environment_id)
+    return []
+
+
+def composed_error(primary: str, teardown_errors: list[str]) -> str:
+    """``bounded(primary); teardown errors…`` cut to the recovery error limit."""
+    return bounded_worker_error("; ".join([bounded_worker_error(primary), *teardown_errors]))[:RECOVERY_ERROR_LIMIT]
+
+
+def disappearance_error(environment: WorkerEnvironment | None) -> str | None:
+    """workers.md §3.2: the reason a placement's worker is gone, or None while its environment lives."""
+    if environment is None:
+        return "cloud worker disappeared: environment record missing"
+    if environment.state in GONE_STATES:
+        return f"cloud worker disappeared: {environment.last_error or f'environment state {environment.state}'}"
+    return None
+
+
+def is_exact_owner(session: Session, placement: Placement, environment: WorkerEnvironment) -> bool:
+    return (
+        environment.state == E.ATTACHED
+        and environment.owner_epoch == placement.active_owner_epoch
+        and environment.attached_session_ids == [session.session_id]
+        and environment.destroy_requested_at_ms is None
+    )
+
+
+def reclaim_active(
+    session: Session, placement: Placement, environment: WorkerEnvironment | None, error: str, *, actor: Actor
+) -> Placement:
+    """Take an active placement back from its worker (workers.md §3.2 ``reclaimActive``).
+
+    active → draining → reconciling, then: the worker is gone → ``failed`` with ``error`` (how
+    "cloud worker disappeared: …" is recorded); otherwise the environment is torn down and the
+    placement ends ``reclaimed`` (or ``failed`` with the teardown's errors).
+    """
+    placement = store.placement_start_drain(
+        session=session,
+        environment_id=placement.environment_id,
+        owner_epoch=placement.active_owner_epoch,
+        expected_generation=placement.generation,
+        actor=actor,
+        reason=error,
+    )
+    placement = store.placement_start_reconcile(
+        session=session,
+        environment_id=placement.environment_id,
+        owner_epoch=placement.active_owner_epoch,
+        expected_generation=placement.generation,
+        force_local_claim=True,
+        actor=actor,
+        reason=error,
+    )
+    if environment is None or environment.state in GONE_STATES:
+        return store.placement_fail(
+            session=session, recovery_error=error, expected_generation=placement.generation, actor=actor
+        )
+    if environment.attached_session_ids not in ([], [session.session_id]):
+        # Another session owns the box now: never tear down someone else's worker.
+        return store.placement_fail(
+            session=session, recovery_error=error, expected_generation=placement.generation, actor=actor
+        )
+    errors = teardown_environment(environment.pk, terminal_state="destroyed")
+    if errors:
+        return store.placement_fail(
+            session=session,
+            recovery_error=composed_error(f"Worker reclaim teardown failed: {error}", errors),
+            expected_generation=placement.generation,
+            actor=actor,
+        )
+    return store.placement_transition(
+        session=session,
+        from_state=S.RECONCILING,
+        to_state=S.RECLAIMED,
+        expected_generation=placement.generation,
+        actor=actor,
+        reason=error,
+    )
+
+
+def fail_in_flight(
+    session: Session, placement: Placement, error: str, *, actor: Actor, teardown: bool = True
+) -> Placement:
+    """Fail a placement whose dispatch, move or worker cannot go on: its environment is torn down first
+    (unless the caller does that) and the teardown's errors are kept with the reason. An active or
+    draining placement is fenced first (drain, then reconcile): it cannot fail directly."""
+    errors = teardown_environment(placement.environment_id, terminal_state="failed", error=error) if teardown else []
+    if placement.state == S.ACTIVE:
+        placement = store.placement_start_drain(
+            session=session,
+            environment_id=placement.environment_id,
+            owner_epoch=placement.active_owner_epoch,
+            expected_generation=placement.generation,
+            actor=actor,
+            reason=error,
+        )
+    if placement.state == S.DRAINING:
+        placement = store.placement_start_reconcile(
+            session=session,
+            environment_id=placement.environment_id,
+            owner_epoch=placement.active_owner_epoch,
+            expected_generation=placement.generation,
+            force_local_claim=True,
+            actor=actor,
+            reason=error,
+        )
+    return store.placement_fail(
+        session=session,
+        recovery_error=composed_error(error, errors),
+        expected_generation=placement.generation,
+        actor=actor,
+    )

@@ -1,0 +1,18 @@
+"""Celery tasks of workers_app: thin wrappers; the services guard on state first, so a duplicate or
+redelivered task (late acknowledgement) does nothing or resumes what is half-done."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from .services import dispatch, recovery
+
+
+@shared_task(name="workers.dispatch_advance", acks_late=True, ignore_result=True)
+def dispatch_advance(session_pk: int, generation: int) -> str:
+    return dispatch.dispatch_advance(session_pk=session_pk, generation=generation)
+
+
+@shared_task(name="workers.recovery_sweep", acks_late=True, ignore_result=True)
+def recovery_sweep() -> dict:
+    return recovery.workers_recovery_sweep().as_dict()
