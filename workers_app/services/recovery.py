@@ -35,6 +35,7 @@ from . import moves
 from . import placements as store
 from .placements import FORCED_WORKER_ABANDONMENT_ERROR, Actor, now_ms
 from .teardown import (
+    DESTROY_ERROR_SEPARATOR,
     UNAVAILABLE_STATES,
     disappearance_error,
     fail_in_flight,
@@ -150,6 +151,14 @@ def recover_placement(
             fail_in_flight(session, placement, TURN_CLAIM_LOST_ERROR, actor=actor)
             return "failed-turn-claim"
         error = disappearance_error(environment)
+        if error is None and environment.destroy_requested_at_ms is not None:
+            # The environment pass found the worker lost and could not finish tearing it down yet.
+            lost = environment.teardown_terminal_state == "failed" and environment.last_error
+            error = (
+                f"cloud worker disappeared: {environment.last_error}"
+                if lost
+                else "Active worker environment is being torn down"
+            )
         if error is None and environment.state in UNAVAILABLE_STATES:
             error = f"Active worker environment is {environment.state}"
         if error is None and not is_exact_owner(session, placement, environment):
@@ -181,7 +190,10 @@ def _retry_failed_teardown(
         return "settled"
     if placement.recovery_error == FORCED_WORKER_ABANDONMENT_ERROR:
         return "settled"
-    retry_error = f"{placement.terminal_reason or placement.recovery_error}; {environment.last_error}"
+    _cause, separator, destroy_error = environment.last_error.partition(DESTROY_ERROR_SEPARATOR)
+    if not separator:
+        return "settled"
+    retry_error = f"{placement.terminal_reason or placement.recovery_error}{separator}{destroy_error}"
     if store.bounded_worker_error(retry_error) == placement.recovery_error:
         return "settled"
     store.placement_fail(session=session, recovery_error=retry_error, actor=actor)

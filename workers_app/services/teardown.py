@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 S = PlacementState
 E = EnvironmentState
 GONE_STATES = TERMINAL_ENVIRONMENT_STATES
+DESTROY_ERROR_SEPARATOR = "; environment destroy: "
 UNAVAILABLE_STATES = frozenset({E.DRAINING, E.DESTROYING, *TERMINAL_ENVIRONMENT_STATES})
 
 _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-provider")
@@ -93,8 +94,15 @@ def teardown_environment(environment_id: str | None, *, terminal_state: str, err
             )
             call_provider(environment.provider_id, "destroy", provider.destroy, environment.lease_id, profile)
         except WorkerProviderError as failure:
-            envs.environment_record_error(environment_id=environment_id, error=f"environment destroy: {failure}")
-            return [f"environment destroy: {failure.message}"]
+            # The cause of the teardown stays first; only the latest destroy failure follows it.
+            cause = (environment.last_error or "").split(DESTROY_ERROR_SEPARATOR)[0]
+            if cause.startswith("environment destroy: "):
+                cause = ""
+            detail = f"environment destroy: {failure.message}"
+            envs.environment_record_error(
+                environment_id=environment_id, error=f"{cause}; {detail}" if cause else detail
+            )
+            return [detail]
     envs.environment_finish_destroy(environment_id=environment_id)
     return []
 
@@ -111,6 +119,11 @@ def disappearance_error(environment: WorkerEnvironment | None) -> str | None:
     if environment.state in GONE_STATES:
         return f"cloud worker disappeared: {environment.last_error or f'environment state {environment.state}'}"
     return None
+
+
+def is_lost(environment: WorkerEnvironment) -> bool:
+    """Its provider said the worker is gone and the teardown is still being finished (retried by the sweep)."""
+    return environment.destroy_requested_at_ms is not None and environment.teardown_terminal_state == "failed"
 
 
 def is_exact_owner(session: Session, placement: Placement, environment: WorkerEnvironment) -> bool:
@@ -148,7 +161,8 @@ def reclaim_active(
         actor=actor,
         reason=error,
     )
-    if environment is None or environment.state in GONE_STATES:
+    lost = environment is None or environment.state in GONE_STATES or is_lost(environment)
+    if lost:
         return store.placement_fail(
             session=session, recovery_error=error, expected_generation=placement.generation, actor=actor
         )
