@@ -19,7 +19,7 @@ from sessions_app.models import Session
 from ..models import EnvironmentState, MoveTargetKind, Placement, PlacementMove, PlacementState, WorkerEnvironment
 from . import placements as store
 from .placements import FORCED_WORKER_ABANDONMENT_ERROR, Actor, now_ms
-from .teardown import composed_error, fail_in_flight, teardown_environment
+from .teardown import composed_error, fail_in_flight, fence, teardown_environment
 
 S = PlacementState
 
@@ -101,27 +101,10 @@ def _finish_gateway_move(session: Session, *, actor: Actor) -> Placement:
     placement = Placement.objects.get(pk=session.pk)
     intent = PlacementMove.objects.get(session=session)
     reason = "moved to the gateway"
-    if placement.state == S.ACTIVE:
-        placement = store.placement_start_drain(
-            session=session,
-            environment_id=placement.environment_id,
-            owner_epoch=placement.active_owner_epoch,
-            expected_generation=placement.generation,
-            actor=actor,
-            reason=reason,
-        )
-        Placement.objects.filter(pk=session.pk).update(dispatch_owner=executor_label())
-    if placement.state == S.DRAINING:
-        # The worker's turn is interrupted here, never replayed: the claim closes with the fence.
-        placement = store.placement_start_reconcile(
-            session=session,
-            environment_id=placement.environment_id,
-            owner_epoch=placement.active_owner_epoch,
-            expected_generation=placement.generation,
-            force_local_claim=True,
-            actor=actor,
-            reason=reason,
-        )
+    if placement.state in (S.ACTIVE, S.DRAINING):
+        # This driver now owns the move (recovery finishes it only if the driver dies).
+        Placement.objects.filter(pk=session.pk, generation=placement.generation).update(dispatch_owner=executor_label())
+        placement = fence(session, placement, actor=actor, reason=reason)
     errors = teardown_environment(intent.source_environment_id, terminal_state="destroyed")
     if errors and not intent.abandon_source:
         error = composed_error("Worker move to the gateway failed; retry the move", errors)

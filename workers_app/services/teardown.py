@@ -135,6 +135,31 @@ def is_exact_owner(session: Session, placement: Placement, environment: WorkerEn
     )
 
 
+def fence(session: Session, placement: Placement, *, actor: Actor, reason: str) -> Placement:
+    """Close the worker's ownership: active → draining → reconciling (whichever steps remain), each for the
+    exact owner. The worker's turn claim closes with the reconcile: its turn is interrupted, never replayed."""
+    if placement.state == S.ACTIVE:
+        placement = store.placement_start_drain(
+            session=session,
+            environment_id=placement.environment_id,
+            owner_epoch=placement.active_owner_epoch,
+            expected_generation=placement.generation,
+            actor=actor,
+            reason=reason,
+        )
+    if placement.state == S.DRAINING:
+        placement = store.placement_start_reconcile(
+            session=session,
+            environment_id=placement.environment_id,
+            owner_epoch=placement.active_owner_epoch,
+            expected_generation=placement.generation,
+            force_local_claim=True,
+            actor=actor,
+            reason=reason,
+        )
+    return placement
+
+
 def reclaim_active(
     session: Session, placement: Placement, environment: WorkerEnvironment | None, error: str, *, actor: Actor
 ) -> Placement:
@@ -144,23 +169,7 @@ def reclaim_active(
     "cloud worker disappeared: …" is recorded); otherwise the environment is torn down and the
     placement ends ``reclaimed`` (or ``failed`` with the teardown's errors).
     """
-    placement = store.placement_start_drain(
-        session=session,
-        environment_id=placement.environment_id,
-        owner_epoch=placement.active_owner_epoch,
-        expected_generation=placement.generation,
-        actor=actor,
-        reason=error,
-    )
-    placement = store.placement_start_reconcile(
-        session=session,
-        environment_id=placement.environment_id,
-        owner_epoch=placement.active_owner_epoch,
-        expected_generation=placement.generation,
-        force_local_claim=True,
-        actor=actor,
-        reason=error,
-    )
+    placement = fence(session, placement, actor=actor, reason=error)
     lost = environment is None or environment.state in GONE_STATES or is_lost(environment)
     if lost:
         return store.placement_fail(
@@ -196,25 +205,7 @@ def fail_in_flight(
     (unless the caller does that) and the teardown's errors are kept with the reason. An active or
     draining placement is fenced first (drain, then reconcile): it cannot fail directly."""
     errors = teardown_environment(placement.environment_id, terminal_state="failed", error=error) if teardown else []
-    if placement.state == S.ACTIVE:
-        placement = store.placement_start_drain(
-            session=session,
-            environment_id=placement.environment_id,
-            owner_epoch=placement.active_owner_epoch,
-            expected_generation=placement.generation,
-            actor=actor,
-            reason=error,
-        )
-    if placement.state == S.DRAINING:
-        placement = store.placement_start_reconcile(
-            session=session,
-            environment_id=placement.environment_id,
-            owner_epoch=placement.active_owner_epoch,
-            expected_generation=placement.generation,
-            force_local_claim=True,
-            actor=actor,
-            reason=error,
-        )
+    placement = fence(session, placement, actor=actor, reason=error)
     return store.placement_fail(
         session=session,
         recovery_error=composed_error(error, errors),
