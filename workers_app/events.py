@@ -11,10 +11,9 @@ from .models import Placement, WorkerEnvironment
 from .selectors import placement_projection
 
 
-def placement_changed_on_commit(placement: Placement, environment: WorkerEnvironment | None = None) -> None:
-    session = Session.objects.filter(pk=placement.pk).first()
-    if session is None:
-        return
+def placement_changed_on_commit(
+    session: Session, placement: Placement, environment: WorkerEnvironment | None = None
+) -> None:
     if environment is None and placement.environment_id:
         environment = WorkerEnvironment.objects.filter(pk=placement.environment_id).first()
     publish_session_changed_payload_on_commit(

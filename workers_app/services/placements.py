@@ -82,9 +82,11 @@ def _label(session: Session) -> str:
     return session.session_id
 
 
-def _history(placement: Placement, *, from_state: str, actor: Actor, reason: str = "", at_ms: int) -> None:
+def _history(
+    session: Session, placement: Placement, *, from_state: str, actor: Actor, reason: str = "", at_ms: int
+) -> None:
     """The history row of a change, and its ``sessions.changed`` event once the change commits."""
-    placement_changed_on_commit(placement)
+    placement_changed_on_commit(session, placement)
     PlacementHistory.objects.create(
         session_id=placement.pk,
         session_key=placement.session_key,
@@ -133,6 +135,7 @@ def _moved(placement: Placement, to_state: str, at: int, **fields: Any) -> dict[
 
 
 def _commit(
+    session: Session,
     placement: Placement,
     *,
     expected_state: str,
@@ -147,7 +150,7 @@ def _commit(
     if not _write(placement, expected_state=expected_state, expected_generation=expected_generation, changes=changes):
         raise Conflict(conflict)
     _apply(placement, changes)
-    _history(placement, from_state=expected_state, actor=actor, reason=reason, at_ms=at)
+    _history(session, placement, from_state=expected_state, actor=actor, reason=reason, at_ms=at)
     return placement
 
 
@@ -169,7 +172,7 @@ def placement_ensure_local(*, session: Session, actor: Actor = SYSTEM) -> Placem
                 updated_at_ms=at,
                 state_changed_at_ms=at,
             )
-            _history(placement, from_state="", actor=actor, reason="created", at_ms=at)
+            _history(session, placement, from_state="", actor=actor, reason="created", at_ms=at)
             return placement
     except IntegrityError:
         return Placement.objects.get(pk=session.pk)  # created concurrently
@@ -207,6 +210,7 @@ def placement_start_dispatch(
         if placement.turn_claim_owner == TurnClaimOwner.WORKER:
             changes.update(dict.fromkeys(CLAIM_FIELDS))
         _commit(
+            session,
             placement,
             expected_state=placement.state,
             expected_generation=placement.generation,
@@ -270,7 +274,7 @@ def placement_transition(
         _apply(placement, changes)
         if to_state == S.ACTIVE:
             _mark_environment_activated(session, placement, at)
-        _history(placement, from_state=from_state, actor=actor, reason=reason, at_ms=at)
+        _history(session, placement, from_state=from_state, actor=actor, reason=reason, at_ms=at)
     return placement
 
 
@@ -323,7 +327,7 @@ def placement_fail(
             ):
                 raise Conflict(f"Worker session placement {_label(session)} changed before failure")
             _apply(placement, changes)
-            _history(placement, from_state=S.FAILED, actor=actor, reason=reason, at_ms=at)
+            _history(session, placement, from_state=S.FAILED, actor=actor, reason=reason, at_ms=at)
             return placement
         if S.FAILED not in TRANSITIONS[placement.state]:
             raise InvalidRequest(f"Cannot fail worker session placement from {placement.state}")
@@ -331,6 +335,7 @@ def placement_fail(
         if placement.turn_claim_owner == TurnClaimOwner.WORKER:
             changes.update(dict.fromkeys(CLAIM_FIELDS))
         _commit(
+            session,
             placement,
             expected_state=placement.state,
             expected_generation=placement.generation,
@@ -373,6 +378,7 @@ def placement_start_drain(
         if workspace_base_manifest_ref:
             changes["workspace_base_manifest_ref"] = workspace_base_manifest_ref
         _commit(
+            session,
             placement,
             expected_state=S.ACTIVE,
             expected_generation=expected_generation,
@@ -404,6 +410,7 @@ def placement_start_reconcile(
             raise InvalidRequest(f"Cannot reconcile session {_label(session)} during an active local turn")
         at = now_ms()
         _commit(
+            session,
             placement,
             expected_state=S.DRAINING,
             expected_generation=expected_generation,
