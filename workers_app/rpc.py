@@ -81,6 +81,8 @@ def _dispatch_started(ctx: RpcContext, params: SessionsDispatchParams) -> tuple[
 async def sessions_dispatch_rpc(ctx: RpcContext, params: SessionsDispatchParams) -> dict:
     """Answers once the placement settled (active, or failed with its reason), or when the wait ends
     (the dispatch goes on; its stages arrive as ``sessions.changed`` events)."""
+    if params.autoDevice and (params.profileId is not None or params.deviceId is not None):
+        raise InvalidRequest("choose exactly one dispatch target: autoDevice, deviceId, or profileId")
     session_pk, _generation = await database_sync_to_async(_dispatch_started)(ctx, params)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settings.OPENCLAW_WORKERS["DISPATCH_WAIT_MS"] / 1000
@@ -114,7 +116,7 @@ def sessions_move_rpc(ctx: RpcContext, params: SessionsMoveParams) -> dict:
             "move to the gateway, then dispatch",
             details={"code": "MOVE_TARGET_UNSUPPORTED"},
         )
-    moves.move_to_gateway(
+    placement = moves.move_to_gateway(
         session=session,
         expected_generation=params.expected.generation,
         expected_environment_id=params.expected.environmentId,
@@ -122,6 +124,13 @@ def sessions_move_rpc(ctx: RpcContext, params: SessionsMoveParams) -> dict:
         abandon_source=bool(params.abandonSource),
         actor=_actor(ctx),
     )
+    if placement.state != S.LOCAL:
+        # The source could not be torn down: the move is kept (with its error) for the same move to resume.
+        raise Unavailable(
+            placement.recovery_error or f"session move stopped in {placement.state}",
+            details={"code": "WORKER_MOVE_FAILED"},
+            retryable=True,
+        )
     return _result(session)
 
 

@@ -26,8 +26,9 @@ class SessionsDispatchParams(ClosedModel):
 
     @model_validator(mode="after")
     def _one_target(self) -> SessionsDispatchParams:
-        chosen = [name for name in ("autoDevice", "deviceId", "profileId") if getattr(self, name) is not None]
-        if len(chosen) > 1:
+        # autoDevice mixed with a target is the handler's refusal (OpenClaw answers it before validating
+        # params, with the bare message); deviceId with profileId fails the schema's oneOf.
+        if self.deviceId is not None and self.profileId is not None:
             raise ValueError("choose exactly one dispatch target: autoDevice, deviceId, or profileId")
         if self.machineClass is not None and self.profileId is None:
             raise ValueError("machineClass needs a profileId target")

@@ -20,7 +20,7 @@ from sessions_app.models import Session
 
 from ..models import TERMINAL_ENVIRONMENT_STATES, EnvironmentState, Placement, PlacementState, WorkerEnvironment
 from ..profiles import profile_for_environment, profile_get, profiles_all
-from ..providers import WorkerProviderError
+from ..providers import WorkerProfile, WorkerProvider, WorkerProviderError
 from ..runtimes import worker_runtimes
 from . import environments as envs
 from . import placements as store
@@ -151,7 +151,11 @@ def _advance(session: Session, placement: Placement, actor: Actor) -> Placement:
         )
     if environment.state == E.PROVISIONING:
         lease = call_provider(provider.id, "provision", provider.provision, profile, environment.provision_operation_id)
-        environment = envs.environment_record_lease(environment_id=environment.pk, lease=lease)
+        try:
+            environment = envs.environment_record_lease(environment_id=environment.pk, lease=lease)
+        except GatewayError:
+            _release_unrecorded_lease(environment.pk, provider, profile, lease.lease_id)
+            raise
     runtime = worker_runtimes.for_provider(environment.provider_id)
     if runtime is None:
         raise WorkerProviderError(
@@ -198,6 +202,17 @@ def _advance(session: Session, placement: Placement, actor: Actor) -> Placement:
         patch={"active_owner_epoch": environment.owner_epoch},
         actor=actor,
     )
+
+
+def _release_unrecorded_lease(
+    environment_id: str, provider: WorkerProvider, profile: WorkerProfile, lease_id: str
+) -> None:
+    """The environment was torn down (a cancel, recovery) while the provider was leasing: the lease it just
+    returned is on no record that a teardown could find, so it is released here. (A duplicate driver that
+    recorded the same lease first leaves the environment alive: its lease is not touched.)"""
+    current = envs.environment_get(environment_id)
+    if current is None or current.destroy_requested_at_ms is not None or current.state in TERMINAL_ENVIRONMENT_STATES:
+        call_provider(provider.id, "destroy", provider.destroy, lease_id, profile)
 
 
 def dispatch_failure_message(placement: Placement) -> str:

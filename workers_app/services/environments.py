@@ -183,8 +183,9 @@ def environment_request_destroy(*, environment_id: str, terminal_state: str, err
 def environment_finish_destroy(*, environment_id: str) -> WorkerEnvironment:
     """After the provider proved the lease released: the teardown's terminal state, lease and owners cleared.
 
-    ``failed`` is entered from any state here (as OpenClaw's ``finishDestroy``): the box is gone,
-    whatever it was doing. A ``destroyed`` end walks draining → destroying → destroyed.
+    Either terminal state is entered from any state here, as OpenClaw's ``finishDestroy`` does: the
+    provider proved the box gone, whatever it was doing, so the intermediate draining/destroying
+    steps would record nothing true.
     """
     environment = WorkerEnvironment.objects.filter(pk=environment_id).first()
     if environment is None:

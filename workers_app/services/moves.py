@@ -77,7 +77,9 @@ def move_to_gateway(
         and placement.recovery_error == FORCED_WORKER_ABANDONMENT_ERROR
         and abandon_source
     )
-    if state not in (S.ACTIVE, S.DRAINING, S.RECONCILING) and not force_abandoned:
+    # A move whose source teardown failed left the placement failed with its intent: the same move resumes it.
+    failed_move = placement is not None and placement.state == S.FAILED and move_pending(session)
+    if state not in (S.ACTIVE, S.DRAINING, S.RECONCILING) and not force_abandoned and not failed_move:
         raise InvalidRequest(f"session cannot move from placement {state}")
     exact = placement.environment_id == expected_environment_id and placement.active_owner_epoch == expected_owner_epoch
     if not exact or (state == S.ACTIVE and placement.generation != expected_generation):
@@ -122,7 +124,7 @@ def _finish_gateway_move(session: Session, *, actor: Actor) -> Placement:
                 to_state=S.LOCAL,
                 expected_generation=placement.generation,
                 actor=actor,
-                reason="source abandoned",
+                reason="source abandoned" if intent.abandon_source else reason,
             )
         else:
             placement = store.placement_transition(

@@ -7,7 +7,7 @@ from django.db import transaction
 from openclaw_site.gateway.exceptions import InvalidRequest, NotFound, Unavailable
 from sessions_app.models import Session
 
-from ..models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementState, WorkerEnvironment
+from ..models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementMove, PlacementState, WorkerEnvironment
 from . import placements as store
 from .placements import FORCED_WORKER_ABANDONMENT_ERROR, Actor
 from .teardown import composed_error, fail_in_flight, reclaim_active, teardown_environment
@@ -47,7 +47,11 @@ def reclaim(*, session: Session, recover_to_gateway_generation: int | None = Non
                     actor=actor,
                 )
             raise Unavailable(f"Cloud worker teardown failed: {'; '.join(errors)}", retryable=True)
-        return _to_local(session, placement, actor=actor, reason="recovered to the gateway")
+        with transaction.atomic():
+            placement = _to_local(session, placement, actor=actor, reason="recovered to the gateway")
+            # A move that failed on this source is over too: left behind, it would refuse every later move.
+            PlacementMove.objects.filter(session=session).delete()
+        return placement
     raise InvalidRequest(f"Session {session.key} cannot stop cloud worker from placement {state}")
 
 

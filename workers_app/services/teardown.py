@@ -203,9 +203,10 @@ def fail_in_flight(
 ) -> Placement:
     """Fail a placement whose dispatch, move or worker cannot go on: its environment is torn down first
     (unless the caller does that) and the teardown's errors are kept with the reason. An active or
-    draining placement is fenced first (drain, then reconcile): it cannot fail directly."""
-    errors = teardown_environment(placement.environment_id, terminal_state="failed", error=error) if teardown else []
+    draining placement is fenced before that (drain, then reconcile): it cannot fail directly, and its
+    worker must lose ownership before its machine goes."""
     placement = fence(session, placement, actor=actor, reason=error)
+    errors = teardown_environment(placement.environment_id, terminal_state="failed", error=error) if teardown else []
     return store.placement_fail(
         session=session,
         recovery_error=composed_error(error, errors),
