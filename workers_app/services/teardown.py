@@ -14,6 +14,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 
 from sessions_app.models import Session
 
@@ -169,12 +170,16 @@ def reclaim_active(
     "cloud worker disappeared: …" is recorded); otherwise the environment is torn down and the
     placement ends ``reclaimed`` (or ``failed`` with the teardown's errors).
     """
-    placement = fence(session, placement, actor=actor, reason=error)
     lost = environment is None or environment.state in GONE_STATES or is_lost(environment)
     if lost:
-        return store.placement_fail(
-            session=session, recovery_error=error, expected_generation=placement.generation, actor=actor
-        )
+        # Nothing to call out to: fence and fail commit together (one commit, not three), as OpenClaw
+        # records a lost worker's placement in one transaction.
+        with transaction.atomic():
+            placement = fence(session, placement, actor=actor, reason=error)
+            return store.placement_fail(
+                session=session, recovery_error=error, expected_generation=placement.generation, actor=actor
+            )
+    placement = fence(session, placement, actor=actor, reason=error)
     if environment.attached_session_ids not in ([], [session.session_id]):
         # Another session owns the box now: never tear down someone else's worker.
         return store.placement_fail(
