@@ -84,13 +84,19 @@ async def sessions_dispatch_rpc(ctx: RpcContext, params: SessionsDispatchParams)
     if params.autoDevice and (params.profileId is not None or params.deviceId is not None):
         raise InvalidRequest("choose exactly one dispatch target: autoDevice, deviceId, or profileId")
     session_pk, _generation = await database_sync_to_async(_dispatch_started)(ctx, params)
+    return await _settled_result(session_pk, failure_code="WORKER_DISPATCH_FAILED")
+
+
+async def _settled_result(session_pk: int, *, failure_code: str) -> dict:
+    """The placement once its dispatch settled (UNAVAILABLE with its reason if it failed), or as it stands
+    when ``OPENCLAW_WORKER_DISPATCH_WAIT_MS`` ran out."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settings.OPENCLAW_WORKERS["DISPATCH_WAIT_MS"] / 1000
     pause = 0.02
     while True:
         session, state, error = await database_sync_to_async(_settled)(session_pk)
         if state == S.FAILED:
-            raise Unavailable(error, details={"code": "WORKER_DISPATCH_FAILED"})
+            raise Unavailable(error, details={"code": failure_code})
         if state in SETTLED or loop.time() >= deadline:
             return await database_sync_to_async(_result)(session)
         await asyncio.sleep(pause)
@@ -105,33 +111,50 @@ def _settled(session_pk: int) -> tuple[Session, str, str]:
     return session, placement.state, placement.recovery_error or ""
 
 
-@method("sessions.move", params=SessionsMoveParams, scope=sc.WRITE)
-def sessions_move_rpc(ctx: RpcContext, params: SessionsMoveParams) -> dict:
+def _move_target(ctx: RpcContext, params: SessionsMoveParams) -> str:
+    if params.target.kind == "gateway":
+        return "gateway"
+    if params.target.kind == "profile":
+        if not ctx.is_admin:
+            raise PermissionDenied("Your operator role cannot dispatch to this Cloud profile.", code="FORBIDDEN")
+        return dispatch.resolve_target(profile_id=params.target.profileId, device_id=None)
+    return dispatch.resolve_target(profile_id=None, device_id=params.target.deviceId)
+
+
+def _move_started(ctx: RpcContext, params: SessionsMoveParams) -> tuple[int, str]:
     session = _session(params.key, params.agentId)
     if session.archived_at is not None:
         raise InvalidRequest("cannot move an archived session")
-    if params.target.kind != "gateway":
-        raise Unavailable(
-            f"session move to a {params.target.kind} target is not available on this gateway yet; "
-            "move to the gateway, then dispatch",
-            details={"code": "MOVE_TARGET_UNSUPPORTED"},
-        )
-    placement = moves.move_to_gateway(
+    target = _move_target(ctx, params)
+    placement = moves.move_session(
         session=session,
         expected_generation=params.expected.generation,
         expected_environment_id=params.expected.environmentId,
         expected_owner_epoch=params.expected.ownerEpoch,
+        target=target,
         abandon_source=bool(params.abandonSource),
         actor=_actor(ctx),
     )
-    if placement.state != S.LOCAL:
+    if target != "gateway" and placement.state == S.PROVISIONING:
+        dispatch_on_commit(dispatch_advance, session.pk, placement.generation)
+    elif placement.state != S.LOCAL:
         # The source could not be torn down: the move is kept (with its error) for the same move to resume.
         raise Unavailable(
             placement.recovery_error or f"session move stopped in {placement.state}",
             details={"code": "WORKER_MOVE_FAILED"},
             retryable=True,
         )
-    return _result(session)
+    return session.pk, target
+
+
+@method("sessions.move", params=SessionsMoveParams, scope=sc.WRITE)
+async def sessions_move_rpc(ctx: RpcContext, params: SessionsMoveParams) -> dict:
+    """Back to the gateway (answers at once), or on to a profile or device (answers once the destination's
+    dispatch settled, like ``sessions.dispatch``)."""
+    session_pk, target = await database_sync_to_async(_move_started)(ctx, params)
+    if target == "gateway":
+        return await database_sync_to_async(_result)(await database_sync_to_async(Session.objects.get)(pk=session_pk))
+    return await _settled_result(session_pk, failure_code="WORKER_DISPATCH_FAILED")
 
 
 @method("sessions.reclaim", params=SessionsReclaimParams, scope=sc.WRITE)

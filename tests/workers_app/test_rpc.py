@@ -51,6 +51,7 @@ from workers_app.services import dispatch as dispatch_service
 from workers_app.services import environments as envs
 from workers_app.services import placements as store
 from workers_app.services.placements import FORCED_WORKER_ABANDONMENT_ERROR, Actor
+from workers_app.services.recovery import workers_recovery_sweep
 
 from .test_placement_store import DISPATCH_STEPS, ENV, attached_environment, dispatch_to_active, make_session, walk
 
@@ -102,14 +103,14 @@ def dispatch(context: RpcContext, key: str, **target) -> dict:
     return asyncio.run(rpc.sessions_dispatch_rpc(context, SessionsDispatchParams(key=key, **target)))
 
 
-def move(session, *, generation: int = 5, environment_id: str = ENV, epoch: int = 1, **extra) -> dict:
+def move(session, *, generation: int = 5, environment_id: str = ENV, epoch: int = 1, context=None, **extra) -> dict:
     params = SessionsMoveParams(
         key=session.key,
         expected={"generation": generation, "environmentId": environment_id, "ownerEpoch": epoch},
         target=extra.pop("target", {"kind": "gateway"}),
         **extra,
     )
-    return rpc.sessions_move_rpc(ctx(sc.WRITE), params)
+    return asyncio.run(rpc.sessions_move_rpc(context or ctx(sc.WRITE), params))
 
 
 def reclaim(session, **extra) -> dict:
@@ -490,12 +491,14 @@ def test_a_dispatch_canceled_while_the_provider_leases_releases_the_lease_it_got
 # --- sessions.move ----------------------------------------------------------------------------------
 
 
+@dispatch_db
 def test_a_session_without_a_worker_cannot_move():
     session = make_session()
     with refused(InvalidRequest, "session cannot move from placement local"):
         move(session)
 
 
+@dispatch_db
 @pytest.mark.parametrize("stale", [{"generation": 4}, {"environment_id": "worker:other"}, {"epoch": 2}])
 def test_a_move_from_a_stale_source_is_refused(stale):
     session = make_session()
@@ -504,6 +507,7 @@ def test_a_move_from_a_stale_source_is_refused(stale):
         move(session, **stale)
 
 
+@dispatch_db
 @pytest.mark.parametrize("attached", [[], ["other-session"], "both"])
 def test_a_move_whose_environment_is_not_attached_to_exactly_this_session_is_refused(attached):
     session = make_session()
@@ -514,6 +518,7 @@ def test_a_move_whose_environment_is_not_attached_to_exactly_this_session_is_ref
         move(session)
 
 
+@dispatch_db
 def test_an_archived_session_cannot_move():
     session = make_session()
     dispatch_to_active(session)
@@ -522,6 +527,7 @@ def test_an_archived_session_cannot_move():
         move(session)
 
 
+@dispatch_db
 def test_a_move_to_the_gateway_drains_reconciles_and_ends_local_never_reclaimed():
     session = make_session()
     dispatch_to_active(session)
@@ -548,6 +554,7 @@ def test_a_move_to_the_gateway_drains_reconciles_and_ends_local_never_reclaimed(
         move(session)
 
 
+@dispatch_db
 def test_a_move_conflicting_with_the_persisted_intent_is_refused():
     session = make_session()
     dispatch_to_active(session)
@@ -582,6 +589,7 @@ def test_abandon_source_is_only_valid_with_the_gateway_target():
     }
 
 
+@dispatch_db
 def test_a_force_abandoned_placement_comes_back_to_the_gateway_with_abandon_source():
     session = make_session()
     dispatch_to_active(session)
@@ -890,6 +898,7 @@ def destroy_fails(monkeypatch):
 MOVE_FAILED = "Worker move to the gateway failed; retry the move; environment destroy: provider API unreachable"
 
 
+@dispatch_db
 def test_a_move_whose_source_cannot_be_torn_down_is_an_error_and_the_same_move_can_be_retried(destroy_fails):
     session = make_session()
     dispatch_to_active(session)
@@ -909,6 +918,7 @@ def test_a_move_whose_source_cannot_be_torn_down_is_an_error_and_the_same_move_c
     assert WorkerEnvironment.objects.get(pk=ENV).state == "destroyed"
 
 
+@dispatch_db
 def test_stopping_the_worker_after_a_failed_move_drops_the_move_so_a_later_move_is_not_blocked(destroy_fails):
     session = make_session()
     dispatch_to_active(session)
@@ -928,3 +938,88 @@ def test_stopping_the_worker_after_a_failed_move_drops_the_move_so_a_later_move_
     assert (
         move(session, generation=placement.generation, environment_id="worker:second")["placement"]["state"] == S.LOCAL
     )
+
+
+# --- sessions.move to a profile or device ----------------------------------------------------------
+
+
+@dispatch_db
+def test_a_move_to_a_profile_releases_the_source_then_dispatches_there(sshd, use_profiles, in_process):
+    use_profiles({"dev": {"provider": "static-ssh", "settings": sshd.profile_settings()}})
+    session = make_session()
+    dispatch_to_active(session)
+    history_before = PlacementHistory.objects.count()
+    message = (
+        "Worker dispatch failed in provisioning: "
+        "this gateway has no worker runtime that can bootstrap static-ssh environments"
+    )
+
+    # The destination leases its host over real SSH; with no worker runtime yet it fails at bootstrap.
+    with pytest.raises(Unavailable) as failed:
+        move(session, target={"kind": "profile", "profileId": "dev"}, context=ctx())
+
+    assert failed.value.message == message
+    assert [(a, b) for a, b, _ in steps(session, since=history_before)] == [
+        (S.ACTIVE, S.DRAINING),
+        (S.DRAINING, S.RECONCILING),
+        (S.RECONCILING, S.LOCAL),
+        (S.LOCAL, S.REQUESTED),
+        (S.REQUESTED, S.PROVISIONING),
+        (S.PROVISIONING, S.FAILED),
+    ]
+    assert WorkerEnvironment.objects.get(pk=ENV).state == "destroyed"  # the source
+    assert not PlacementMove.objects.exists()
+    assert Placement.objects.get(pk=session.pk).dispatch_target == "profile:dev"
+
+
+@dispatch_db
+def test_a_move_to_a_profile_needs_operator_admin_and_an_existing_profile(dev_profile):
+    session = make_session()
+    dispatch_to_active(session)
+    params = SessionsMoveParams(
+        key=session.key,
+        expected={"generation": 5, "environmentId": ENV, "ownerEpoch": 1},
+        target={"kind": "profile", "profileId": "dev"},
+    )
+    with refused(PermissionDenied, "Your operator role cannot dispatch to this Cloud profile.", code="FORBIDDEN"):
+        asyncio.run(rpc.sessions_move_rpc(ctx(sc.WRITE), params))
+    with refused(NotFound, "worker profile not found: nope"):
+        move(session, target={"kind": "profile", "profileId": "nope"}, context=ctx())
+
+
+@dispatch_db
+def test_a_move_to_a_device_that_cannot_host_is_refused_before_anything_moves(dev_profile):
+    session = make_session()
+    dispatch_to_active(session)
+    node = paired_node(connected=False)
+    with refused(
+        InvalidRequest, f"device worker node is not connected: {node.device_id}; reconnect it before retrying"
+    ):
+        move(session, target={"kind": "device", "deviceId": node.device_id})
+
+
+def test_recovery_of_an_interrupted_move_to_a_profile_releases_the_source_and_asks_for_a_retry():
+    session = make_session()
+    placement = dispatch_to_active(session)
+    PlacementMove.objects.create(
+        operation_id="move:v1:x",
+        session=session,
+        source_generation=placement.generation,
+        source_environment_id=ENV,
+        source_owner_epoch=1,
+        target_kind="profile",
+        target_id="dev",
+        created_at_ms=1,
+        updated_at_ms=1,
+    )
+    drain(session, placement)  # the driver fenced the source, then died (no driver recorded)
+
+    workers_recovery_sweep()
+
+    failed = Placement.objects.get(pk=session.pk)
+    assert (failed.state, failed.terminal_reason) == (
+        S.FAILED,
+        "Worker move to profile was interrupted; retry the move",
+    )
+    assert WorkerEnvironment.objects.get(pk=ENV).state == "failed"
+    assert not PlacementMove.objects.exists()

@@ -18,6 +18,7 @@ from sessions_app.models import Session
 
 from ..models import EnvironmentState, MoveTargetKind, Placement, PlacementMove, PlacementState, WorkerEnvironment
 from . import placements as store
+from .dispatch import dispatch_start
 from .placements import FORCED_WORKER_ABANDONMENT_ERROR, Actor, now_ms
 from .teardown import composed_error, fail_in_flight, fence, teardown_environment
 
@@ -59,16 +60,20 @@ def _intent(
     return existing
 
 
-def move_to_gateway(
+def move_session(
     *,
     session: Session,
     expected_generation: int,
     expected_environment_id: str,
     expected_owner_epoch: int,
+    target: str = "gateway",
     abandon_source: bool = False,
     actor: Actor,
 ) -> Placement:
-    """Bring an active session back to this gateway (or rejoin the move already under way)."""
+    """Move an active session off its worker (or rejoin the move already under way): back to this gateway,
+    or on to another target (``profile:<id>`` / ``device:<id>``, checked by the caller), which is the
+    gateway move followed by a dispatch to the target started in the same transaction that closes the
+    move. Returns the placement: ``local`` for the gateway, the new dispatch's first stage otherwise."""
     placement = Placement.objects.filter(pk=session.pk).first()
     state = placement.state if placement is not None else "local"
     force_abandoned = (
@@ -93,23 +98,24 @@ def move_to_gateway(
             or environment.attached_session_ids != [session.session_id]
         ):
             raise Conflict(f"Cannot move stale worker environment for session {session.session_id}")
-    _intent(session, placement, target_kind=MoveTargetKind.GATEWAY, target_id="", abandon_source=abandon_source)
-    return _finish_gateway_move(session, actor=actor)
+    target_kind, _, target_id = target.partition(":")
+    _intent(session, placement, target_kind=target_kind, target_id=target_id, abandon_source=abandon_source)
+    return _finish_move(session, actor=actor)
 
 
-def _finish_gateway_move(session: Session, *, actor: Actor) -> Placement:
+def _finish_move(session: Session, *, actor: Actor) -> Placement:
     """Drive the persisted move from wherever it stands; every step is a compare-and-set, so a second
     driver (a retry, or recovery after a restart) that loses a race changes nothing."""
     placement = Placement.objects.get(pk=session.pk)
     intent = PlacementMove.objects.get(session=session)
-    reason = "moved to the gateway"
+    reason = f"moving to {_target_words(intent)}"
     if placement.state in (S.ACTIVE, S.DRAINING):
         # This driver now owns the move (recovery finishes it only if the driver dies).
         Placement.objects.filter(pk=session.pk, generation=placement.generation).update(dispatch_owner=executor_label())
         placement = fence(session, placement, actor=actor, reason=reason)
     errors = teardown_environment(intent.source_environment_id, terminal_state="destroyed")
     if errors and not intent.abandon_source:
-        error = composed_error("Worker move to the gateway failed; retry the move", errors)
+        error = composed_error(f"Worker move to {_target_words(intent)} failed; retry the move", errors)
         PlacementMove.objects.filter(pk=intent.pk).update(last_error=error, updated_at_ms=now_ms())
         if placement.state == S.RECONCILING:
             placement = store.placement_fail(
@@ -136,11 +142,23 @@ def _finish_gateway_move(session: Session, *, actor: Actor) -> Placement:
                 reason=reason,
             )
         PlacementMove.objects.filter(pk=intent.pk).delete()
+        if intent.target_kind != MoveTargetKind.GATEWAY:
+            placement, _started = dispatch_start(
+                session=session, target=f"{intent.target_kind}:{intent.target_id}", actor=actor
+            )
     return placement
 
 
+def _target_words(intent: PlacementMove) -> str:
+    if intent.target_kind == MoveTargetKind.GATEWAY:
+        return "the gateway"
+    return f"{intent.target_kind} {intent.target_id}"
+
+
 def move_recover(session: Session, *, actor: Actor) -> Placement:
-    """Recovery of a move whose driver died: a move to the gateway is finished (the gateway is always there)."""
+    """Recovery of a move whose driver died: a move to the gateway is finished (the gateway is always there);
+    a move elsewhere releases its source and fails with a retry message (the destination is not
+    provisioned by recovery, as in OpenClaw)."""
     intent = PlacementMove.objects.get(session=session)
     if intent.target_kind != MoveTargetKind.GATEWAY:
         placement = Placement.objects.get(pk=session.pk)
@@ -148,4 +166,4 @@ def move_recover(session: Session, *, actor: Actor) -> Placement:
         return fail_in_flight(
             session, placement, f"Worker move to {intent.target_kind} was interrupted; retry the move", actor=actor
         )
-    return _finish_gateway_move(session, actor=actor)
+    return _finish_move(session, actor=actor)
