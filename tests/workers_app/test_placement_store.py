@@ -432,3 +432,56 @@ def test_sixteen_concurrent_writers_lose_no_update():
     )
     assert stale and all(message.startswith(allowed) for message in stale), set(stale)
     assert PlacementHistory.objects.filter(session=session).count() == len(successes) + 1
+
+
+def test_failing_an_owned_placement_walks_the_remaining_edges_in_one_write():
+    session = make_session()
+    placement = dispatch_to_active(session)
+    store.placement_claim_turn(
+        session=session,
+        owner="worker",
+        claim_id="c",
+        run_id="r",
+        expected_generation=placement.generation,
+        owner_epoch=1,
+    )
+
+    failed = store.placement_fail_owned(
+        session=session,
+        environment_id=ENV,
+        owner_epoch=1,
+        expected_generation=placement.generation,
+        recovery_error="gone",
+    )
+
+    assert (failed.state, failed.generation, failed.terminal_reason, failed.turn_claim_owner) == (
+        S.FAILED,
+        8,
+        "gone",
+        None,
+    )
+    rows = list(PlacementHistory.objects.filter(session=session).order_by("-id")[:3])[::-1]
+    assert [(r.from_state, r.to_state, r.generation) for r in rows] == [
+        (S.ACTIVE, S.DRAINING, 6),
+        (S.DRAINING, S.RECONCILING, 7),
+        (S.RECONCILING, S.FAILED, 8),
+    ]
+    assert snapshot(session)["generation"] == 8
+
+
+@pytest.mark.parametrize(("environment_id", "epoch", "generation"), [("worker:other", 1, 5), (ENV, 2, 5), (ENV, 1, 4)])
+def test_failing_an_owned_placement_refuses_a_stale_owner_and_changes_nothing(environment_id, epoch, generation):
+    session = make_session()
+    dispatch_to_active(session)
+    before, history = snapshot(session), PlacementHistory.objects.count()
+
+    with pytest.raises(Conflict, match="Cannot reconcile stale worker placement for session"):
+        store.placement_fail_owned(
+            session=session,
+            environment_id=environment_id,
+            owner_epoch=epoch,
+            expected_generation=generation,
+            recovery_error="gone",
+        )
+
+    assert (snapshot(session), PlacementHistory.objects.count()) == (before, history)

@@ -348,6 +348,71 @@ def placement_fail(
     return placement
 
 
+OWNED_PATHS = {
+    S.ACTIVE: (S.DRAINING, S.RECONCILING, S.FAILED),
+    S.DRAINING: (S.RECONCILING, S.FAILED),
+    S.RECONCILING: (S.FAILED,),
+}
+
+
+def placement_fail_owned(
+    *,
+    session: Session,
+    environment_id: str,
+    owner_epoch: int,
+    expected_generation: int,
+    recovery_error: str,
+    actor: Actor = SYSTEM,
+) -> Placement:
+    """Fail a placement its worker still owns: active → draining → reconciling → failed (whichever steps
+    remain) in one transaction and one compare-and-set, as OpenClaw's ``failWorkspaceResultAndReleaseTurn``.
+
+    Each step keeps its own generation and history row, so the record reads as if it walked the
+    edges; no reader sees it half-way, and a crash cannot leave it draining. Every turn claim closes.
+    """
+    reason = bounded_worker_error(recovery_error)
+    if not reason:
+        raise InvalidRequest("A worker placement failure needs a reason")
+    with transaction.atomic():
+        placement = _read(session)
+        path = OWNED_PATHS.get(placement.state, ()) if placement is not None else ()
+        if not path or not _owned_by(placement, environment_id, owner_epoch, expected_generation, placement.state):
+            raise Conflict(f"Cannot reconcile stale worker placement for session {_label(session)}")
+        if placement.generation + len(path) > MAX_GENERATION:
+            raise InvalidRequest("Worker session placement generation is exhausted")
+        at = now_ms()
+        from_state, generation = placement.state, placement.generation
+        changes = {
+            **dict.fromkeys(CLAIM_FIELDS),
+            "state": S.FAILED,
+            "generation": generation + len(path),
+            "recovery_error": reason,
+            "terminal_reason": reason,
+            "terminal_at_ms": at,
+            "updated_at_ms": at,
+            "state_changed_at_ms": at,
+        }
+        if not _write(placement, expected_state=from_state, expected_generation=generation, changes=changes):
+            raise Conflict(f"Cannot reconcile stale worker placement for session {_label(session)}")
+        _apply(placement, changes)
+        PlacementHistory.objects.bulk_create(
+            PlacementHistory(
+                session_id=placement.pk,
+                session_key=placement.session_key,
+                from_state=before,
+                to_state=after,
+                generation=generation + step,
+                environment_id=environment_id,
+                actor=actor.label,
+                reason=reason,
+                at_ms=at,
+            )
+            for step, (before, after) in enumerate(zip((from_state, *path), path, strict=False), start=1)
+        )
+        placement_changed_on_commit(session, placement)
+    return placement
+
+
 def _owned_by(placement: Placement | None, environment_id: str, owner_epoch: int, generation: int, state: str) -> bool:
     return (
         placement is not None
@@ -529,6 +594,7 @@ __all__ = [
     "placement_claim_turn",
     "placement_ensure_local",
     "placement_fail",
+    "placement_fail_owned",
     "placement_release_turn",
     "placement_retire",
     "placement_start_dispatch",

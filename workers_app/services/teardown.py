@@ -14,7 +14,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 
 from sessions_app.models import Session
 
@@ -172,13 +171,7 @@ def reclaim_active(
     """
     lost = environment is None or environment.state in GONE_STATES or is_lost(environment)
     if lost:
-        # Nothing to call out to: fence and fail commit together (one commit, not three), as OpenClaw
-        # records a lost worker's placement in one transaction.
-        with transaction.atomic():
-            placement = fence(session, placement, actor=actor, reason=error)
-            return store.placement_fail(
-                session=session, recovery_error=error, expected_generation=placement.generation, actor=actor
-            )
+        return fail_owned(session, placement, error, actor=actor)
     placement = fence(session, placement, actor=actor, reason=error)
     if environment.attached_session_ids not in ([], [session.session_id]):
         # Another session owns the box now: never tear down someone else's worker.
@@ -203,15 +196,35 @@ def reclaim_active(
     )
 
 
+def fail_owned(session: Session, placement: Placement, error: str, *, actor: Actor) -> Placement:
+    return store.placement_fail_owned(
+        session=session,
+        environment_id=placement.environment_id,
+        owner_epoch=placement.active_owner_epoch,
+        expected_generation=placement.generation,
+        recovery_error=error,
+        actor=actor,
+    )
+
+
 def fail_in_flight(
     session: Session, placement: Placement, error: str, *, actor: Actor, teardown: bool = True
 ) -> Placement:
-    """Fail a placement whose dispatch, move or worker cannot go on: its environment is torn down first
-    (unless the caller does that) and the teardown's errors are kept with the reason. An active or
-    draining placement is fenced before that (drain, then reconcile): it cannot fail directly, and its
-    worker must lose ownership before its machine goes."""
-    placement = fence(session, placement, actor=actor, reason=error)
-    errors = teardown_environment(placement.environment_id, terminal_state="failed", error=error) if teardown else []
+    """Fail a placement whose dispatch, move or worker cannot go on, and tear its environment down
+    (unless the caller does that). A placement its worker owns is failed first (the worker loses
+    ownership before its machine goes) and a teardown error then joins its ``recovery_error``; one
+    still on its way is torn down first and failed with the reason and the teardown's errors."""
+
+    def torn_down() -> list[str]:
+        return teardown_environment(placement.environment_id, terminal_state="failed", error=error) if teardown else []
+
+    if placement.state in store.OWNED_PATHS:
+        placement = fail_owned(session, placement, error, actor=actor)
+        errors = torn_down()
+        if errors:
+            placement = store.placement_fail(session=session, recovery_error=composed_error(error, errors), actor=actor)
+        return placement
+    errors = torn_down()
     return store.placement_fail(
         session=session,
         recovery_error=composed_error(error, errors),
