@@ -123,24 +123,15 @@ def _finish_move(session: Session, *, actor: Actor) -> Placement:
             )
         return placement
     with transaction.atomic():
-        if placement.state == S.FAILED:
-            placement = store.placement_transition(
-                session=session,
-                from_state=S.FAILED,
-                to_state=S.LOCAL,
-                expected_generation=placement.generation,
-                actor=actor,
-                reason="source abandoned" if intent.abandon_source else reason,
-            )
-        else:
-            placement = store.placement_transition(
-                session=session,
-                from_state=S.RECONCILING,
-                to_state=S.LOCAL,
-                expected_generation=placement.generation,
-                actor=actor,
-                reason=reason,
-            )
+        # From reconciling (the worker released) or failed (a retried move, or an abandoned source).
+        placement = store.placement_transition(
+            session=session,
+            from_state=placement.state,
+            to_state=S.LOCAL,
+            expected_generation=placement.generation,
+            actor=actor,
+            reason="source abandoned" if placement.state == S.FAILED and intent.abandon_source else reason,
+        )
         PlacementMove.objects.filter(pk=intent.pk).delete()
         if intent.target_kind != MoveTargetKind.GATEWAY:
             placement, _started = dispatch_start(
