@@ -8,7 +8,7 @@ from django.utils.html import format_html, format_html_join
 
 from openclaw_site.gateway.admin.common import EstimatedCountPaginator, ReadOnlyAdmin
 
-from .models import Placement, PlacementHistory, WorkerEnvironment
+from .models import Placement, PlacementHistory, PlacementMove, WorkerEnvironment
 
 HISTORY_SHOWN = 200
 
@@ -68,3 +68,13 @@ class WorkerEnvironmentAdmin(ReadOnlyAdmin):
     # The SSH key reference stays out of the admin as it stays out of every API.
     exclude = ("ssh_key_ref",)
     readonly_fields = [field.name for field in WorkerEnvironment._meta.fields if field.name != "ssh_key_ref"]
+
+
+@admin.register(PlacementMove)
+class PlacementMoveAdmin(ReadOnlyAdmin):
+    """Moves in flight (a row outlives its driver only until recovery finishes or fails the move)."""
+
+    list_display = ("operation_id", "session", "source_environment_id", "target_kind", "target_id", "last_error")
+    list_filter = ("target_kind",)
+    search_fields = ("operation_id", "source_environment_id")
+    list_select_related = ("session",)

@@ -10,7 +10,7 @@ from openclaw_site.gateway.exceptions import Unavailable
 from sessions_app import rpc, schemas
 from sessions_app.models import Run, Session
 from sessions_app.services import runs, sessions
-from workers_app.models import Placement, PlacementState, WorkerEnvironment
+from workers_app.models import Placement, PlacementMove, PlacementState, WorkerEnvironment
 from workers_app.services import placements as store
 
 from .test_placement_store import ENV, dispatch_to_active, make_session
@@ -124,3 +124,25 @@ def test_the_admin_shows_placements_with_their_history_and_environments_with_the
     assert "Worker provider no longer recognizes the lease" in environments.content.decode()
     assert "ssh_key_ref" not in environment.content.decode()
     assert Placement.objects.get(pk=session.pk).state == S.ACTIVE  # inspection changed nothing
+
+
+def test_the_admin_lists_moves_in_flight_with_their_error(admin_client, django_assert_max_num_queries):
+    for n in range(3):
+        session = make_session(f"agent:main:moving-{n}")
+        PlacementMove.objects.create(
+            operation_id=f"move:v1:{n}",
+            session=session,
+            source_generation=5,
+            source_environment_id=f"worker:{n}",
+            source_owner_epoch=1,
+            target_kind="gateway",
+            last_error="environment destroy: API down" if n == 0 else None,
+            created_at_ms=1,
+            updated_at_ms=1,
+        )
+
+    with django_assert_max_num_queries(8):  # not one per row
+        page = admin_client.get(reverse("admin:workers_app_placementmove_changelist"))
+
+    assert page.status_code == 200
+    assert "environment destroy: API down" in page.content.decode()
