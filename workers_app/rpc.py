@@ -126,6 +126,8 @@ def _move_started(ctx: RpcContext, params: SessionsMoveParams) -> tuple[int, str
     if session.archived_at is not None:
         raise InvalidRequest("cannot move an archived session")
     target = _move_target(ctx, params)
+    if target != "gateway":
+        dispatch.ensure_placeable(session)  # before anything moves
     placement = moves.move_session(
         session=session,
         expected_generation=params.expected.generation,

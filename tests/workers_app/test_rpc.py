@@ -27,6 +27,7 @@ from openclaw_site.gateway.dispatch import run_request
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, PermissionDenied, Unavailable
 from openclaw_site.gateway.models import GatewayConnection, GatewayProcess, PairedDevice
 from openclaw_site.gateway.protocol import RequestFrame
+from sessions_app.models import Session
 from sessions_app.services.sessions import session_patch
 from workers_app import profiles, rpc, selectors
 from workers_app.models import (
@@ -223,6 +224,23 @@ def test_dispatch_of_an_archived_session_is_refused(dev_profile):
     archive(session)
     with refused(InvalidRequest, "cannot dispatch an archived session"):
         dispatch(ctx(), session.key, profileId="dev")
+
+
+@dispatch_db
+def test_a_session_run_by_an_agent_harness_cannot_be_placed_on_a_worker(dev_profile):
+    session = make_session()
+    Session.objects.filter(pk=session.pk).update(agent_harness_id="native")
+    with refused(InvalidRequest, "runtime native lacks cloud placement support"):
+        dispatch(ctx(), session.key, profileId="dev")
+
+
+@dispatch_db
+def test_a_session_run_by_an_agent_harness_cannot_move_to_a_worker(dev_profile):
+    session = make_session()
+    dispatch_to_active(session)
+    Session.objects.filter(pk=session.pk).update(agent_harness_id="native")
+    with refused(InvalidRequest, "runtime native lacks cloud placement support"):
+        move(session, target={"kind": "profile", "profileId": "dev"}, context=ctx())
 
 
 TWO_TARGETS = "choose exactly one dispatch target: autoDevice, deviceId, or profileId"

@@ -69,11 +69,18 @@ def _environment_gone(environment_id: str | None) -> bool:
     return environment is None or environment.state in TERMINAL_ENVIRONMENT_STATES
 
 
+def ensure_placeable(session: Session) -> None:
+    """A session whose turns run in an agent harness of this gateway (native threads) cannot run on a worker."""
+    if session.agent_harness_id:
+        raise InvalidRequest(f"runtime {session.agent_harness_id} lacks cloud placement support")
+
+
 def dispatch_start(*, session: Session, target: str, actor: Actor) -> tuple[Placement, bool]:
     """Take the barrier and name the environment; returns ``(placement, started)`` — ``started`` is False
     when an identical dispatch is already under way and this call joins it."""
     if session.archived_at is not None:
         raise InvalidRequest("cannot dispatch an archived session")
+    ensure_placeable(session)
     current = Placement.objects.filter(pk=session.pk).first()
     if current is not None:
         if current.state in IN_FLIGHT and current.dispatch_target == target:
@@ -224,5 +231,6 @@ __all__ = [
     "dispatch_advance",
     "dispatch_failure_message",
     "dispatch_start",
+    "ensure_placeable",
     "resolve_target",
 ]
