@@ -10,6 +10,9 @@ operation id). Each stage records who drives it; recovery fails a stage whose dr
 
 from __future__ import annotations
 
+import logging
+import uuid
+
 from django.db import transaction
 
 from openclaw_site.gateway import selectors as gateway_selectors
@@ -29,6 +32,7 @@ from .teardown import call_provider, fail_in_flight, provider_for
 
 S = PlacementState
 E = EnvironmentState
+logger = logging.getLogger(__name__)
 IN_FLIGHT = (S.REQUESTED, S.PROVISIONING, S.SYNCING, S.STARTING)
 
 
@@ -135,12 +139,21 @@ def dispatch_advance(*, session_pk: int, generation: int) -> str:
     try:
         return _advance(session, placement, actor).state
     except (WorkerProviderError, GatewayError) as failure:
-        message = failure.message if hasattr(failure, "message") else str(failure)
-        current = Placement.objects.filter(pk=session_pk).first()
-        if current is None or current.state not in IN_FLIGHT:
-            return current.state if current else "stale"
-        error = f"Worker dispatch failed in {current.state}: {message}"
-        return fail_in_flight(session, current, error, actor=actor).state
+        return _failed(session, failure.message, actor=actor)
+    except Exception:
+        # A bug (ours, or a runtime's): the placement fails now rather than at the stage deadline, and
+        # its reason names an error id, not the exception's text.
+        error_id = uuid.uuid4().hex[:12]
+        logger.exception("dispatch of session %s failed (errorId=%s)", session.session_id, error_id)
+        return _failed(session, f"internal error (errorId={error_id})", actor=actor)
+
+
+def _failed(session: Session, message: str, *, actor: Actor) -> str:
+    current = Placement.objects.filter(pk=session.pk).first()
+    if current is None or current.state not in IN_FLIGHT:
+        return current.state if current else "stale"
+    error = f"Worker dispatch failed in {current.state}: {message}"
+    return fail_in_flight(session, current, error, actor=actor).state
 
 
 def _advance(session: Session, placement: Placement, actor: Actor) -> Placement:
