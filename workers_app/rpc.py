@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
-from channels.db import database_sync_to_async
+from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from django.conf import settings
 
 from openclaw_site.gateway import scopes as sc
@@ -34,6 +35,12 @@ from .tasks import dispatch_advance
 method = registry.method
 S = PlacementState
 SETTLED = (S.ACTIVE, S.FAILED, S.LOCAL, S.RECLAIMED)
+
+
+def provider_bound[T](fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
+    """Work that may wait on a worker provider (a teardown, up to its deadline) runs in a pool thread:
+    it must not hold the one thread every other request's database work goes through."""
+    return DatabaseSyncToAsync(fn, thread_sensitive=False)
 
 
 def _session(key: str, agent_id: str | None) -> Session:
@@ -153,14 +160,18 @@ def _move_started(ctx: RpcContext, params: SessionsMoveParams) -> tuple[int, str
 async def sessions_move_rpc(ctx: RpcContext, params: SessionsMoveParams) -> dict:
     """Back to the gateway (answers at once), or on to a profile or device (answers once the destination's
     dispatch settled, like ``sessions.dispatch``)."""
-    session_pk, target = await database_sync_to_async(_move_started)(ctx, params)
+    session_pk, target = await provider_bound(_move_started)(ctx, params)
     if target == "gateway":
         return await database_sync_to_async(_result)(await database_sync_to_async(Session.objects.get)(pk=session_pk))
     return await _settled_result(session_pk, failure_code="WORKER_DISPATCH_FAILED")
 
 
 @method("sessions.reclaim", params=SessionsReclaimParams, scope=sc.WRITE)
-def sessions_reclaim_rpc(ctx: RpcContext, params: SessionsReclaimParams) -> dict:
+async def sessions_reclaim_rpc(ctx: RpcContext, params: SessionsReclaimParams) -> dict:
+    return await provider_bound(_reclaim)(ctx, params)
+
+
+def _reclaim(ctx: RpcContext, params: SessionsReclaimParams) -> dict:
     session = _session(params.key, params.agentId)
     generation = params.recoverToGateway.expectedGeneration if params.recoverToGateway else None
     reclaim.reclaim(session=session, recover_to_gateway_generation=generation, actor=_actor(ctx))
@@ -184,7 +195,11 @@ def environments_status_rpc(ctx: RpcContext, params: EnvironmentsStatusParams) -
 
 
 @method("environments.destroy", params=EnvironmentsDestroyParams, scope=sc.ADMIN)
-def environments_destroy_rpc(ctx: RpcContext, params: EnvironmentsDestroyParams) -> dict:
+async def environments_destroy_rpc(ctx: RpcContext, params: EnvironmentsDestroyParams) -> dict:
+    return await provider_bound(_environment_destroy)(ctx, params)
+
+
+def _environment_destroy(ctx: RpcContext, params: EnvironmentsDestroyParams) -> dict:
     environment = reclaim.environment_destroy(
         environment_id=params.environmentId, force=bool(params.force), actor=_actor(ctx)
     )

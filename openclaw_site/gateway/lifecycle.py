@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from channels.db import database_sync_to_async
+from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
@@ -83,9 +83,15 @@ async def startup() -> None:
     await ensure_process_registered()
     for hook in _startup_hooks:
         try:
-            await database_sync_to_async(hook)()
+            await _off_the_request_thread(hook)
         except Exception:
             logger.exception("startup hook %s failed", hook)
+
+
+async def _off_the_request_thread(fn: Callable[[], Any]) -> Any:
+    """Recovery work in a pool thread of its own: a long sweep (or a provider it waits on) must not hold
+    the one thread that every request's database work goes through."""
+    return await DatabaseSyncToAsync(fn, thread_sensitive=False)()
 
 
 async def _process_listener() -> None:
@@ -131,9 +137,9 @@ async def _background_loop() -> None:
                 await database_sync_to_async(connection_services.process_heartbeat)(boot_id=state.BOOT_ID)
             if run_sweeps_here and now >= next_sweep:
                 next_sweep = now + SWEEP_INTERVAL_S
-                await database_sync_to_async(gateway_sweep)()
+                await _off_the_request_thread(gateway_sweep)
                 for sweep in _sweeps:
-                    await database_sync_to_async(sweep)()
+                    await _off_the_request_thread(sweep)
         except asyncio.CancelledError:
             raise
         except Exception:

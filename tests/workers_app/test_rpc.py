@@ -115,7 +115,11 @@ def move(session, *, generation: int = 5, environment_id: str = ENV, epoch: int 
 
 
 def reclaim(session, **extra) -> dict:
-    return rpc.sessions_reclaim_rpc(ctx(sc.WRITE), SessionsReclaimParams(key=session.key, **extra))
+    return asyncio.run(rpc.sessions_reclaim_rpc(ctx(sc.WRITE), SessionsReclaimParams(key=session.key, **extra)))
+
+
+def destroy(context: RpcContext, params: EnvironmentsDestroyParams) -> dict:
+    return asyncio.run(rpc.environments_destroy_rpc(context, params))
 
 
 def wire(context: RpcContext, method: str, params: dict) -> dict:
@@ -611,7 +615,7 @@ def test_abandon_source_is_only_valid_with_the_gateway_target():
 def test_a_force_abandoned_placement_comes_back_to_the_gateway_with_abandon_source():
     session = make_session()
     dispatch_to_active(session)
-    rpc.environments_destroy_rpc(ctx(), EnvironmentsDestroyParams(environmentId=ENV, force=True))
+    destroy(ctx(), EnvironmentsDestroyParams(environmentId=ENV, force=True))
     failed = Placement.objects.get(pk=session.pk)
     with refused(InvalidRequest, "session cannot move from placement failed"):
         move(session, generation=failed.generation)
@@ -626,6 +630,7 @@ def test_a_force_abandoned_placement_comes_back_to_the_gateway_with_abandon_sour
 # --- sessions.reclaim --------------------------------------------------------------------------------
 
 
+@dispatch_db
 def test_stopping_an_active_worker_reclaims_it_and_tears_its_environment_down():
     session = make_session()
     dispatch_to_active(session)
@@ -651,6 +656,7 @@ def failed_without_environment(session) -> Placement:
     return store.placement_fail(session=session, recovery_error="cloud worker disappeared: environment record missing")
 
 
+@dispatch_db
 def test_stopping_a_failed_worker_whose_environment_is_gone_returns_the_session_local():
     session = make_session()
     failed_without_environment(session)
@@ -667,6 +673,7 @@ def test_stopping_a_failed_worker_whose_environment_is_gone_returns_the_session_
     )
 
 
+@dispatch_db
 def test_recover_to_gateway_needs_the_exact_failed_generation():
     session = make_session()
     failed = failed_without_environment(session)
@@ -683,6 +690,7 @@ def test_recover_to_gateway_needs_the_exact_failed_generation():
     assert result["placement"]["state"] == S.LOCAL
 
 
+@dispatch_db
 def test_recover_to_gateway_tears_down_an_environment_the_failed_placement_still_holds():
     session = make_session()
     attached_environment(session)
@@ -696,6 +704,7 @@ def test_recover_to_gateway_tears_down_an_environment_the_failed_placement_still
     assert Placement.objects.get(pk=session.pk).state == S.LOCAL
 
 
+@dispatch_db
 @pytest.mark.parametrize("in_flight", [S.REQUESTED, S.PROVISIONING])
 def test_stopping_a_dispatch_in_flight_cancels_it_and_returns_local(dev_profile, in_flight):
     session = make_session()
@@ -716,6 +725,7 @@ def test_stopping_a_dispatch_in_flight_cancels_it_and_returns_local(dev_profile,
     assert set(WorkerEnvironment.objects.values_list("state", flat=True)) <= {"failed"}
 
 
+@dispatch_db
 @pytest.mark.parametrize("placed", ["local", S.SYNCING, S.STARTING, S.RECLAIMED])
 def test_a_worker_that_is_not_active_failed_or_in_flight_cannot_be_stopped(placed):
     session = make_session()
@@ -845,19 +855,21 @@ def test_status_of_an_unknown_environment_is_not_found():
         status("worker:nope")
 
 
+@dispatch_db
 def test_destroying_an_attached_environment_needs_force():
     session = make_session()
     dispatch_to_active(session)
     message = f"worker environment {ENV} is attached to a session; stop its cloud worker first or destroy with force"
     with refused(InvalidRequest, message):
-        rpc.environments_destroy_rpc(ctx(), EnvironmentsDestroyParams(environmentId=ENV))
+        destroy(ctx(), EnvironmentsDestroyParams(environmentId=ENV))
 
 
+@dispatch_db
 def test_a_forced_destroy_abandons_the_session_result_and_destroys_the_environment():
     session = make_session()
     dispatch_to_active(session)
 
-    result = rpc.environments_destroy_rpc(ctx(), EnvironmentsDestroyParams(environmentId=ENV, force=True))
+    result = destroy(ctx(), EnvironmentsDestroyParams(environmentId=ENV, force=True))
 
     assert result["ok"] is True
     assert (result["environment"]["status"], result["environment"]["worker"]["state"]) == ("unavailable", "destroyed")
@@ -876,11 +888,13 @@ def test_a_forced_destroy_abandons_the_session_result_and_destroys_the_environme
     assert (environment.state, environment.attached_session_ids) == ("destroyed", [])
 
 
+@dispatch_db
 def test_destroy_of_an_unknown_environment_is_not_found():
     with refused(NotFound, "worker environment not found: worker:nope"):
-        rpc.environments_destroy_rpc(ctx(), EnvironmentsDestroyParams(environmentId="worker:nope"))
+        destroy(ctx(), EnvironmentsDestroyParams(environmentId="worker:nope"))
 
 
+@dispatch_db
 def test_destroy_needs_operator_admin_on_the_wire():
     session = make_session()
     dispatch_to_active(session)
