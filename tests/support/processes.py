@@ -443,3 +443,19 @@ def start_mock_openai(*, timeout: float = 30.0) -> MockOpenAIProcess:
     stop_process(process, signal.SIGKILL, 5)
     process.stdout.close()
     raise RuntimeError(f"mock OpenAI server did not announce its URL (exit code {process.poll()})")
+
+
+def manage_check(state_dir, **env: str) -> subprocess.CompletedProcess[str]:
+    """``manage.py check`` on the embedded default (no inherited profile variables) plus ``env``: how a
+    setting is validated at start."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OPENCLAW_", "DJANGO_"))}
+    base.pop("DATABASE_URL", None)
+    base.pop("REDIS_URL", None)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "check"],
+        cwd=ROOT,
+        env={**base, "OPENCLAW_STATE_DIR": str(state_dir), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import asyncssh
 import pytest
 
 from openclaw_site.env import SettingsError
-from tests.support.processes import ROOT
+from tests.support.processes import manage_check
 from workers_app.profiles import parse_profiles
 from workers_app.providers import ProviderRegistry, WorkerProfile, WorkerProviderError, providers
 from workers_app.providers.static_ssh import StaticSshProvider
@@ -290,21 +287,6 @@ def test_a_bad_profile_names_the_profile_and_the_field(registry, entry, message)
     with pytest.raises(SettingsError) as error:
         parse_profiles({"dev": entry}, registry)
     assert str(error.value).startswith(message)
-
-
-def manage_check(tmp_path, **env: str) -> subprocess.CompletedProcess[str]:
-    # As tests/gateway/test_settings.py: the embedded default, plus the variables under test.
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("OPENCLAW_", "DJANGO_"))}
-    base.pop("DATABASE_URL", None)
-    base.pop("REDIS_URL", None)
-    return subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "check"],
-        cwd=ROOT,
-        env={**base, "OPENCLAW_STATE_DIR": str(tmp_path), **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_a_bad_profile_stops_the_start_with_one_line_naming_it(tmp_path):
