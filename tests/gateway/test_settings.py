@@ -5,10 +5,44 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
+
 from tests.support.processes import ROOT, manage_check
 
 CODE_DIRS = ("openclaw_site", "sessions_app", "native_harness", "workers_app", "openclaw_client")
 READS = re.compile(r'(?:env_[a-z_]+|os\.environ\.get|getenv)\(\s*"([A-Z][A-Z0-9_]+)"')
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"OPENCLAW_GATEWAY_PORT": "abc"}, "OPENCLAW_GATEWAY_PORT must be a whole number, not 'abc'"),
+        ({"OPENCLAW_GATEWAY_PORT": "70000"}, "OPENCLAW_GATEWAY_PORT must be at most 65535, not 70000"),
+        ({"DJANGO_DEBUG": "maybe"}, "DJANGO_DEBUG must be one of 1/0, true/false, yes/no, on/off, not 'maybe'"),
+        ({"OPENCLAW_TASK_MODE": "celery"}, "OPENCLAW_TASK_MODE=celery needs REDIS_URL (the Celery broker)"),
+        ({"OPENCLAW_TASK_MODE": "threads"}, "OPENCLAW_TASK_MODE must be one of celery, inprocess, not 'threads'"),
+        ({"OPENCLAW_MODEL_READ_TIMEOUT_S": "soon"}, "OPENCLAW_MODEL_READ_TIMEOUT_S must be a number, not 'soon'"),
+        (
+            {"OPENCLAW_MODEL_TOTAL_TIMEOUT_S": "nan"},
+            "OPENCLAW_MODEL_TOTAL_TIMEOUT_S must be a finite number, not 'nan'",
+        ),
+        ({"OPENCLAW_MODEL_PROVIDER": "openai"}, "OPENCLAW_MODEL_PROVIDER=openai needs OPENCLAW_MODEL_BASE_URL"),
+        ({"OPENCLAW_MODEL_BASE_URL": "ftp://model"}, "OPENCLAW_MODEL_BASE_URL must be a URL starting with http://"),
+        ({"DATABASE_URL": "mysql://db/x"}, "DATABASE_URL must be a URL starting with sqlite://"),
+        ({"OPENCLAW_LOG_LEVEL": "loud"}, "OPENCLAW_LOG_LEVEL must be a log level"),
+        ({"OPENCLAW_WORKSPACE_ROOTS": "relative/dir"}, "OPENCLAW_WORKSPACE_ROOTS must list absolute directories"),
+        (
+            {"OPENCLAW_PROCESS_STALE_AFTER_MS": "1000", "OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS": "2000"},
+            "OPENCLAW_PROCESS_STALE_AFTER_MS must be longer than OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS",
+        ),
+    ],
+)
+def test_a_bad_setting_stops_the_start_with_one_line_naming_it(tmp_path, env, message):
+    result = manage_check(tmp_path, **env)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: {message}")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
 
 
 def test_good_settings_pass_the_check(tmp_path):
