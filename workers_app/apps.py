@@ -9,6 +9,7 @@ class WorkersConfig(AppConfig):
     def ready(self) -> None:
         # Filled into sessions_app's seams (sessions_app never imports this app).
         from openclaw_site.gateway import lifecycle
+        from openclaw_site.gateway.registry import registry
         from sessions_app.extensions import action_guards, session_projections
 
         # Importing the handler module registers sessions.dispatch/move/reclaim and environments.*.
@@ -16,11 +17,12 @@ class WorkersConfig(AppConfig):
         from .guards import placement_barrier
         from .providers import providers
         from .providers.static_ssh import StaticSshProvider
-        from .selectors import placement_fields
+        from .selectors import node_worker_fields, placement_fields
         from .services.recovery import workers_recover_startup
         from .tasks import recovery_sweep
 
         session_projections.register("placement", placement_fields)
+        registry.node_projections.append(node_worker_fields)
         action_guards.register(placement_barrier)
         # Providers first: the profiles are checked against what is registered.
         providers.register(StaticSshProvider())

@@ -404,6 +404,26 @@ class WorkerEnvironment(models.Model):
         return f"{self.environment_id} ({self.provider_id}, {self.state})"
 
 
+class NodeWorkerHost(models.Model):
+    """What a paired node last declared about hosting workers (``node.runnerInventory.update``).
+
+    Scoped to the connection that declared it (``conn_id``): once that connection is gone the
+    declaration is stale and the node shows no worker host until it declares again.
+    """
+
+    node_id = models.CharField(max_length=128, primary_key=True)
+    conn_id = models.CharField(max_length=64)
+    protocol_features = models.JSONField(default=list)
+    # {enabled, capacity: {total, available, reclaimableIdle?}, flags…}; None when not offered.
+    worker_host = models.JSONField(null=True, blank=True)
+    update_required = models.BooleanField(default=False)
+    updated_at_ms = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        hosting = bool(self.worker_host and self.worker_host.get("enabled"))
+        return f"{self.node_id} ({'hosting' if hosting else 'not hosting'})"
+
+
 __all__ = [
     "DISPATCH_BARRIER_STATES",
     "ENVIRONMENT_TRANSITIONS",
@@ -413,6 +433,7 @@ __all__ = [
     "TRANSITIONS",
     "EnvironmentState",
     "ExecutionMode",
+    "NodeWorkerHost",
     "Placement",
     "PlacementHistory",
     "PlacementMove",

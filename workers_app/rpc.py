@@ -18,17 +18,19 @@ from sessions_app import selectors as session_selectors
 from sessions_app.models import Session
 
 from . import selectors
+from .inventory import InvalidInventory, parse_declaration, update_required_message
 from .models import PlacementState
 from .profiles import profiles_all
 from .schemas import (
     EnvironmentsDestroyParams,
     EnvironmentsListParams,
     EnvironmentsStatusParams,
+    RunnerInventoryParams,
     SessionsDispatchParams,
     SessionsMoveParams,
     SessionsReclaimParams,
 )
-from .services import dispatch, moves, reclaim
+from .services import dispatch, moves, node_hosts, reclaim
 from .services.placements import Actor
 from .tasks import dispatch_advance
 
@@ -204,3 +206,18 @@ def _environment_destroy(ctx: RpcContext, params: EnvironmentsDestroyParams) -> 
         environment_id=params.environmentId, force=bool(params.force), actor=_actor(ctx)
     )
     return {"ok": True, "environment": selectors.environment_status(environment.pk, include_prepared=True)}
+
+
+@method("node.runnerInventory.update", params=RunnerInventoryParams, role="node", advertise=False)
+def node_runner_inventory_update_rpc(ctx: RpcContext, params: RunnerInventoryParams) -> dict:
+    """A node declares (after hello, and again after every reconnect) whether it hosts workers."""
+    try:
+        declaration = parse_declaration(params.model_dump())
+    except InvalidInventory:
+        raise InvalidRequest("invalid node runner inventory") from None
+    if not ctx.node_id:
+        raise InvalidRequest("unknown nodeId")
+    node_hosts.node_host_declare(node_id=ctx.node_id, conn_id=ctx.conn_id, declaration=declaration)
+    if declaration.retired:
+        raise InvalidRequest(update_required_message(ctx.node_id))
+    return {"nodeId": ctx.node_id}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from openclaw_site.gateway.protocol import ClosedModel
 
@@ -96,3 +96,10 @@ class EnvironmentsStatusParams(ClosedModel):
 class EnvironmentsDestroyParams(ClosedModel):
     environmentId: EnvironmentId
     force: bool | None = None
+
+
+class RunnerInventoryParams(ClosedModel):
+    """Taken whole and checked by ``workers_app.inventory`` (its refusal is the reference's one message,
+    ``invalid node runner inventory``); the frame decoder has already bounded its size and depth."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)

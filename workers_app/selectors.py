@@ -8,7 +8,8 @@ from typing import Any
 
 from sessions_app.models import Session
 
-from .models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementState, WorkerEnvironment
+from .inventory import UPDATE_REQUIRED_ISSUE
+from .models import TERMINAL_ENVIRONMENT_STATES, NodeWorkerHost, Placement, PlacementState, WorkerEnvironment
 
 S = PlacementState
 PRE_OWNER_STATES = (S.PROVISIONING, S.SYNCING, S.STARTING)
@@ -159,3 +160,26 @@ def environment_for(placement: Placement | None) -> WorkerEnvironment | None:
     if placement is None or not placement.environment_id:
         return None
     return WorkerEnvironment.objects.filter(pk=placement.environment_id).first()
+
+
+# --- paired nodes as worker hosts (workers.md §5.1, §2.3) ---------------------------------------------
+
+
+def node_worker_fields(node_ids: set[str], live: dict) -> dict[str, dict]:
+    """``sessionHost``, ``workerSlots`` and ``issues`` of node rows, from the declaration of each node's
+    live connection (one query per catalog; a declaration of an earlier connection is stale)."""
+    if not node_ids:
+        return {}
+    fields: dict[str, dict] = {}
+    for host in NodeWorkerHost.objects.filter(node_id__in=node_ids):
+        connection = live.get(host.node_id)
+        if connection is None or str(connection.conn_id) != host.conn_id:
+            continue
+        worker_host = host.worker_host or {}
+        row: dict[str, Any] = {"sessionHost": bool(worker_host.get("enabled"))}
+        if worker_host.get("enabled"):
+            row["workerSlots"] = dict(worker_host["capacity"])
+        if host.update_required:
+            row["issues"] = [dict(UPDATE_REQUIRED_ISSUE)]
+        fields[host.node_id] = row
+    return fields

@@ -28,6 +28,7 @@ from .conf import gateway_setting
 from .context import RpcContext
 from .events import EVENT_NODE_INVOKE_REQUEST
 from .exceptions import InvalidRequest, PermissionDenied, Unavailable
+from .node_commands import is_private_node_command
 from .schemas import NodeInvokeParams, NodeInvokeResultParams
 
 REQUEST_MESSAGE = "gateway.invoke.request"
@@ -87,6 +88,8 @@ async def node_invoke(ctx: RpcContext, params: NodeInvokeParams) -> dict:
     node_id, command = params.nodeId.strip(), params.command.strip()
     if not node_id or not command:
         raise InvalidRequest("nodeId and command required")
+    if is_private_node_command(command):
+        raise InvalidRequest("node.invoke does not allow private node controls", details={"command": command})
     if command in RESERVED_COMMANDS:
         raise InvalidRequest("use exec.approvals.node.get/set for node exec approvals")
     if command == "browser.proxy" and not ctx.has_scope(sc.ADMIN):

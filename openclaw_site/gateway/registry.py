@@ -32,6 +32,8 @@ class MethodSpec:
     # None only for `health`, which every authenticated connection may call.
     scope: str | None
     is_async: bool
+    # Hidden methods (a node's private protocol) work but are not listed in hello-ok's features.
+    advertise: bool = True
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class MethodRegistry:
     snapshot_providers: list[Callable[[Any], dict]] = field(default_factory=list)
     # node.event name -> handler(ctx, payload) -> {"handled": bool, "reason"?: str}; filled by apps.
     node_event_handlers: dict[str, Callable[[Any, Any], dict]] = field(default_factory=dict)
+    # Extra fields of node rows (node.list / node.describe), filled by apps: contributor(node_ids, live)
+    # -> {node_id: fields}, where ``live`` maps node ids to their live connections; one call per catalog.
+    node_projections: list[Callable[[set[str], dict[str, Any]], dict[str, dict]]] = field(default_factory=list)
 
     def method(
         self,
@@ -60,6 +65,7 @@ class MethodRegistry:
         params: type[BaseModel] = EmptyParams,
         scope: str | None = sc.ADMIN,
         role: Role = "operator",
+        advertise: bool = True,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register ``handler(ctx, params)``. Unclassified methods default to ``operator.admin``."""
 
@@ -73,6 +79,7 @@ class MethodRegistry:
                 role=role,
                 scope=scope,
                 is_async=inspect.iscoroutinefunction(handler),
+                advertise=advertise,
             )
             return handler
 
@@ -95,7 +102,8 @@ class MethodRegistry:
         return provider
 
     def method_names(self) -> list[str]:
-        return list(self.methods)
+        """The methods hello-ok advertises (hidden ones are left out)."""
+        return [name for name, spec in self.methods.items() if spec.advertise]
 
     def event_names(self) -> list[str]:
         return list(self.events)

@@ -22,6 +22,8 @@ from .models import (
     PairedDevice,
     PairingStatus,
 )
+from .node_commands import public_commands
+from .registry import registry
 from .scopes import ROLE_NODE
 
 EXEC_COMMANDS = frozenset({"system.run", "system.run.prepare", "system.which"})
@@ -126,7 +128,7 @@ def node_pairing_request_shape(request: DevicePairingRequest) -> dict:
             "deviceFamily": request.device_family,
             "modelIdentifier": request.model_identifier,
             "caps": sorted(set(request.caps)),
-            "commands": sorted(set(request.commands)),
+            "commands": public_commands(request.commands),
             "permissions": request.permissions or None,
             "remoteIp": request.remote_ip,
             "silent": request.silent,
@@ -198,7 +200,7 @@ def paired_node_shape(device: PairedDevice) -> dict:
             "deviceFamily": device.device_family,
             "modelIdentifier": device.model_identifier,
             "caps": sorted(set(device.approved_caps)),
-            "commands": sorted(set(device.approved_commands)),
+            "commands": public_commands(device.approved_commands),
             "permissions": device.approved_permissions or None,
             "remoteIp": device.remote_ip,
             "createdAtMs": to_ms(device.created_at),
@@ -231,6 +233,10 @@ def node_catalog(*, include_pending: bool) -> list[dict]:
             pending.setdefault(request.device_id, request)
     node_ids = set(live) | set(paired) | set(pending)
     nodes = [_node_entry(nid, live.get(nid), paired.get(nid), pending.get(nid)) for nid in node_ids]
+    for contributor in registry.node_projections:
+        extra = contributor(node_ids, live)
+        for node in nodes:
+            node.update(extra.get(node["nodeId"], {}))
     nodes.sort(key=lambda n: (not n["connected"], (n.get("displayName") or n["nodeId"]).lower(), n["nodeId"]))
     return nodes
 
@@ -250,9 +256,9 @@ def _node_entry(
     request: DevicePairingRequest | None,
 ) -> dict:
     if conn is not None:
-        commands, caps, permissions = sorted(set(conn.commands)), sorted(set(conn.caps)), conn.permissions or None
+        commands, caps, permissions = public_commands(conn.commands), sorted(set(conn.caps)), conn.permissions or None
     elif device is not None:
-        commands = sorted(set(device.approved_commands))
+        commands = public_commands(device.approved_commands)
         caps = sorted(set(device.approved_caps))
         permissions = device.approved_permissions or None
     else:
@@ -298,7 +304,7 @@ def _node_entry(
     if request is not None:
         entry["pendingRequestId"] = str(request.request_id)
         entry["pendingDeclaredCaps"] = sorted(set(request.caps))
-        entry["pendingDeclaredCommands"] = sorted(set(request.commands))
+        entry["pendingDeclaredCommands"] = public_commands(request.commands)
         entry["pendingDeclaredPermissions"] = request.permissions or {}
     return {k: v for k, v in entry.items() if v is not None and v != ""}
 
