@@ -16,16 +16,19 @@ class WorkersConfig(AppConfig):
         from . import profiles, rpc  # noqa: F401
         from .guards import placement_barrier
         from .providers import providers
+        from .providers.device import DeviceProvider
         from .providers.static_ssh import StaticSshProvider
         from .selectors import node_worker_fields, placement_fields
-        from .services.recovery import workers_recover_startup
+        from .services.recovery import workers_node_removed, workers_recover_startup
         from .tasks import recovery_sweep
 
         session_projections.register("placement", placement_fields)
         registry.node_projections.append(node_worker_fields)
+        registry.node_removal_hooks.append(workers_node_removed)
         action_guards.register(placement_barrier)
         # Providers first: the profiles are checked against what is registered.
         providers.register(StaticSshProvider())
+        providers.register(DeviceProvider())
         profiles.load_profiles()
         # Recovery: at start (what a dead predecessor left half-done), then periodically (embedded
         # profile: the gateway loop; production: Celery beat runs workers.recovery_sweep).

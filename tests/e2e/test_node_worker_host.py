@@ -7,9 +7,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from django.db import connections
 
 from openclaw_client.client import GatewayError
+from sessions_app.models import Session
+from sessions_app.services.sessions import SessionSpec, session_create
 from tests.support.clients import operator, paired_node
+from workers_app.models import Placement, WorkerEnvironment
+from workers_app.providers.device import device_profile
+from workers_app.services import placements as store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -170,3 +176,67 @@ def test_an_operator_cannot_declare_a_worker_host(gateway):
 
     refused = asyncio.run(scenario())
     assert refused.code == "INVALID_REQUEST"
+
+
+def in_own_connection(fn, *args, **kwargs):
+    """Database work from a scenario's thread, on a connection closed afterwards (the test database
+    cannot be dropped while a connection stays open)."""
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        connections.close_all()
+
+
+def seed_active_placement_on(node_id: str) -> Session:
+    """An active placement on a device environment of ``node_id`` (as a finished dispatch leaves it)."""
+    session = session_create(spec=SessionSpec(key="agent:main:on-node", agent_id="main"))
+    environment_id = "worker:on-node"
+    WorkerEnvironment.objects.create(
+        environment_id=environment_id,
+        provider_id="device",
+        profile_id=f"device:{node_id}",
+        profile_snapshot=device_profile(node_id).snapshot(),
+        state="attached",
+        lease_id=f"device:{node_id}:op",
+        node_device_id=node_id,
+        owner_epoch=1,
+        attached_session_ids=[session.session_id],
+        created_at_ms=1,
+        updated_at_ms=1,
+        state_changed_at_ms=1,
+    )
+    placement = store.placement_start_dispatch(session=session)
+    for from_state, to_state, patch in [
+        ("requested", "provisioning", {"environment_id": environment_id}),
+        ("provisioning", "syncing", {"worker_bundle_hash": "a" * 64}),
+        ("syncing", "starting", {"workspace_base_manifest_ref": "sha256:" + "b" * 64, "remote_workspace_dir": "/w"}),
+        ("starting", "active", {"active_owner_epoch": 1}),
+    ]:
+        placement = store.placement_transition(
+            session=session,
+            from_state=from_state,
+            to_state=to_state,
+            expected_generation=placement.generation,
+            patch=patch,
+        )
+    return session
+
+
+def test_removing_a_node_fails_its_placements_before_the_method_answers(gateway):
+    async def scenario():
+        admin = operator(gateway)
+        await admin.connect()
+        worker = await _node(gateway, admin)
+        await worker.request("node.runnerInventory.update", HOST)
+        session = await asyncio.to_thread(in_own_connection, seed_active_placement_on, worker.device_id)
+        removed = await admin.request("node.pair.remove", {"nodeId": worker.device_id})
+        # Read as the method answered.
+        placement = await asyncio.to_thread(in_own_connection, Placement.objects.get, pk=session.pk)
+        await admin.close()
+        return worker.device_id, removed, placement
+
+    node_id, removed, failed = asyncio.run(scenario())
+    assert removed == {"nodeId": node_id}
+    assert failed.state == "failed"
+    assert failed.terminal_reason.startswith("cloud worker disappeared: Worker provider no longer recognizes the lease")
+    assert "not connected" in failed.recovery_error

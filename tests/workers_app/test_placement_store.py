@@ -57,6 +57,16 @@ def dispatch_to_active(session: Session) -> Placement:
     return walk(session, DISPATCH_STEPS)
 
 
+def dispatch_to_active_on(session: Session, environment_id: str) -> Placement:
+    """``dispatch_to_active`` on an environment of another id."""
+    attached_environment(session, environment_id=environment_id)
+    steps = [
+        (a, b, {**patch, "environment_id": environment_id} if a == S.REQUESTED else patch)
+        for a, b, patch in DISPATCH_STEPS
+    ]
+    return walk(session, steps)
+
+
 def walk(session: Session, steps) -> Placement:
     """Start a dispatch and take these steps, each at the placement's current generation."""
     placement = store.placement_start_dispatch(session=session)

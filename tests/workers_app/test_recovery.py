@@ -18,7 +18,7 @@ from workers_app.services import environments as envs
 from workers_app.services import placements as store
 from workers_app.services.recovery import workers_recover_startup, workers_recovery_sweep
 
-from .test_placement_store import DISPATCH_STEPS, ENV, attached_environment, dispatch_to_active, make_session, walk
+from .test_placement_store import DISPATCH_STEPS, ENV, dispatch_to_active, dispatch_to_active_on, make_session, walk
 
 pytestmark = pytest.mark.django_db
 
@@ -66,13 +66,9 @@ def scripted():
 
 def on_scripted(session: Session, environment_id: str = ENV) -> Placement:
     """An active placement owning an environment of the scripted provider."""
-    attached_environment(session, environment_id=environment_id)
+    placement = dispatch_to_active_on(session, environment_id)
     WorkerEnvironment.objects.filter(pk=environment_id).update(provider_id="scripted")
-    steps = [
-        (a, b, {**patch, "environment_id": environment_id}) if a == "requested" else (a, b, patch)
-        for a, b, patch in DISPATCH_STEPS
-    ]
-    return walk(session, steps)
+    return placement
 
 
 def row(session: Session) -> dict:

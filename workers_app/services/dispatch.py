@@ -21,9 +21,18 @@ from openclaw_site.gateway.exceptions import GatewayError, InvalidRequest, NotFo
 from openclaw_site.gateway.models import PairedDevice
 from sessions_app.models import Session
 
-from ..models import TERMINAL_ENVIRONMENT_STATES, EnvironmentState, Placement, PlacementState, WorkerEnvironment
+from ..inventory import update_required_message
+from ..models import (
+    TERMINAL_ENVIRONMENT_STATES,
+    EnvironmentState,
+    NodeWorkerHost,
+    Placement,
+    PlacementState,
+    WorkerEnvironment,
+)
 from ..profiles import profile_for_environment, profile_get, profiles_all
 from ..providers import WorkerProfile, WorkerProvider, WorkerProviderError
+from ..providers.device import device_profile, not_connected
 from ..runtimes import worker_runtimes
 from . import environments as envs
 from . import placements as store
@@ -40,12 +49,25 @@ def device_ineligibility(device_id: str) -> str | None:
     """Why a paired node cannot take this session now (workers.md §5.5), or None."""
     if not PairedDevice.objects.filter(device_id=device_id, is_node=True).exists():
         return f"device worker is not a paired node host: {device_id}"
-    if gateway_selectors.live_node_connection(device_id) is None:
-        return f"device worker node is not connected: {device_id}; reconnect it before retrying"
-    if worker_runtimes.for_provider("device") is None:
+    connection = gateway_selectors.live_node_connection(device_id)
+    if connection is None:
+        return not_connected(device_id)
+    host = NodeWorkerHost.objects.filter(node_id=device_id, conn_id=str(connection.conn_id)).first()
+    if host is not None and host.update_required:
+        return update_required_message(device_id)
+    worker_host = host.worker_host if host is not None else None
+    if not worker_host or not worker_host.get("enabled") or worker_runtimes.for_provider("device") is None:
+        # Without a declaration of this connection, or without a worker runtime on this gateway, the
+        # node cannot take the session whatever it runs.
         return (
             f"device node {device_id} is connected but cannot host sessions; enable session hosting "
             "(nodeHost.workerRuns.enabled), update the node if needed, then reconnect it"
+        )
+    capacity = worker_host["capacity"]
+    if capacity["available"] + capacity.get("reclaimableIdle", 0) <= 0:
+        return (
+            f"device worker is at capacity (all worker slots in use): {device_id}; "
+            "stop an existing worker environment or retry when a slot is free"
         )
     return None
 
@@ -105,7 +127,7 @@ def dispatch_start(*, session: Session, target: str, actor: Actor) -> tuple[Plac
         )
         idempotency_key = envs.dispatch_idempotency_key(session.session_id, placement.generation)
         environment_id = envs.environment_id_for(idempotency_key)
-        profile = profile_get(target_id) if kind == "profile" else None
+        profile = profile_get(target_id) if kind == "profile" else device_profile(target_id)
         if profile is not None:
             envs.environment_request(
                 environment_id=environment_id, profile=profile, operation_id=f"provision:{environment_id}"

@@ -229,6 +229,36 @@ def recover_placements(report: RecoveryReport, *, startup: bool, actor: Actor) -
         after = page[-1].pk
 
 
+def workers_node_removed(node_id: str) -> RecoveryReport:
+    """``node.pair.remove``: the node's environments lose their provider's recognition now (not at the next
+    sweep), and the placements on them fail — before the method answers. Other sessions are untouched."""
+    report = RecoveryReport()
+    actor = _actor("node-removed")
+    environments = list(WorkerEnvironment.objects.filter(node_device_id=node_id))
+    for environment in environments:
+        report.environments_seen += 1
+        report.outcomes[f"environment:{reconcile_environment(environment)}"] += 1
+    environment_ids = [environment.pk for environment in environments]
+    placements = list(
+        Placement.objects.filter(environment_id__in=environment_ids).exclude(state__in=(S.LOCAL, S.RECLAIMED))
+    )
+    current = WorkerEnvironment.objects.in_bulk(environment_ids)
+    sessions = Session.objects.in_bulk([p.pk for p in placements])
+    live_boot_ids = gateway_selectors.live_process_boot_ids()
+    for placement in placements:
+        report.placements_seen += 1
+        outcome = recover_placement(
+            sessions[placement.pk],
+            placement,
+            current.get(placement.environment_id),
+            startup=False,
+            live_boot_ids=live_boot_ids,
+            actor=actor,
+        )
+        report.outcomes[f"placement:{outcome}"] += 1
+    return report
+
+
 def workers_recover_startup() -> RecoveryReport:
     """At gateway start (before serving placements): everything a dead predecessor left half-done."""
     return _recover(startup=True)
@@ -259,6 +289,7 @@ __all__ = [
     "RecoveryReport",
     "reconcile_environment",
     "recover_placement",
+    "workers_node_removed",
     "workers_recover_startup",
     "workers_recovery_sweep",
 ]
