@@ -15,48 +15,30 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
-from ninja.security import APIKeyHeader, HttpBearer
 
 from openclaw_site.gateway.api import router as gateway_router
-from openclaw_site.gateway.auth import secret_matches
-from openclaw_site.gateway.conf import shared_token
 from openclaw_site.gateway.exceptions import GatewayError, InvalidRequest, NotFound, Unauthorized, internal_error
+from openclaw_site.gateway.http_auth import OPERATOR_AUTH, TOKEN_HEADER
 from openclaw_site.gateway.protocol import error_path, validation_message
 from sessions_app.api import router as sessions_router
+from workers_app.api import router as workers_router
 
 logger = logging.getLogger(__name__)
 
 API_PREFIX = "/api/"
-TOKEN_HEADER = "X-OpenClaw-Token"
 # ninja's validation locations, as a client names them.
 PARAMETER_SOURCES = {"body": "body", "query": "query", "path": "path", "header": "header", "cookie": "cookie"}
-
-
-def _token_ok(token: str | None) -> bool:
-    expected = shared_token()
-    return bool(token and expected and secret_matches(token, expected))
-
-
-class GatewayBearer(HttpBearer):
-    def authenticate(self, request: HttpRequest, token: str):
-        return "token" if _token_ok(token) else None
-
-
-class GatewayTokenHeader(APIKeyHeader):
-    param_name = TOKEN_HEADER
-
-    def authenticate(self, request: HttpRequest, key: str | None):
-        return "token" if _token_ok(key) else None
 
 
 api = NinjaAPI(
     title="OpenClaw gateway API",
     version="1",
-    auth=[GatewayBearer(), GatewayTokenHeader()],
+    auth=OPERATOR_AUTH,
     urls_namespace="api",
 )
 api.add_router("/gateway", gateway_router)
 api.add_router("/sessions", sessions_router)
+api.add_router("/workers", workers_router)
 
 
 def error_response(error: GatewayError) -> JsonResponse:
