@@ -459,3 +459,57 @@ def manage_check(state_dir, **env: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+PAIRING_ANNOUNCEMENT = re.compile(r"waiting for pairing approval: request (\S+)")
+
+
+@dataclass
+class NodeHostProcess:
+    """The project's node host (``python -m openclaw_client.node``) in its own process."""
+
+    process: subprocess.Popen
+    state_dir: str
+    log_path: str
+
+    def log(self) -> str:
+        return read_log(self.log_path)
+
+    def pairing_request(self, timeout: float = 30.0) -> str:
+        """The id of the pairing request the node announced (it waits for an operator's approval)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = PAIRING_ANNOUNCEMENT.search(self.log())
+            if match:
+                return match.group(1)
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"the node host announced no pairing request:\n{self.log()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        stop_process(self.process, sig)
+        return self.process.returncode
+
+
+def start_node_host(server: GatewayServer, *, capacity: int = 2, capacity_wait_ms: int = 750) -> NodeHostProcess:
+    """A node host for ``server``, with a fresh state dir; the shared token comes from the environment."""
+    state_dir = tempfile.mkdtemp(prefix="node-host-")
+    log_path = os.path.join(state_dir, "node-host.log")
+    argv = [
+        sys.executable,
+        "-m",
+        "openclaw_client.node",
+        "--gateway",
+        server.url,
+        "--state-dir",
+        state_dir,
+        "--capacity",
+        str(capacity),
+        "--capacity-wait-ms",
+        str(capacity_wait_ms),
+        "--name",
+        "test-node-host",
+    ]
+    env = {**os.environ, "OPENCLAW_GATEWAY_TOKEN": server.token, "PYTHONUNBUFFERED": "1"}
+    return NodeHostProcess(_spawn(argv, env, log_path), state_dir, log_path)

@@ -1,0 +1,113 @@
+"""The node host program (``python -m openclaw_client.node``) in its own process against a real gateway:
+it asks for pairing and waits for the operator, declares its worker host after every connect, comes
+back by itself when the gateway restarts, and a node removal disconnects it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support.clients import operator
+from tests.support.processes import (
+    ROOT,
+    GatewayLaunch,
+    GatewayServer,
+    free_port,
+    gateway_settings_for_tests,
+    start_node_host,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def call(server: GatewayServer, method: str, params: dict) -> dict:
+    async def once() -> dict:
+        client = operator(server)
+        await client.connect()
+        try:
+            return await client.request(method, params)
+        finally:
+            await client.close()
+
+    return asyncio.run(once())
+
+
+def node_row(server: GatewayServer, *, until, timeout: float = 30.0) -> dict:
+    """The node host's row in node.list once ``until(row)`` holds."""
+    deadline = time.monotonic() + timeout
+    latest: dict = {}
+    while time.monotonic() < deadline:
+        rows = [n for n in call(server, "node.list", {})["nodes"] if n.get("displayName") == "test-node-host"]
+        latest = rows[0] if rows else {}
+        if latest and until(latest):
+            return latest
+        time.sleep(0.2)
+    raise AssertionError(f"node row never matched: {latest}")
+
+
+def hosting(row: dict) -> bool:
+    return row.get("connected") is True and row.get("workerSlots") == {"total": 2, "available": 2}
+
+
+def test_the_node_host_pairs_declares_its_slots_reconnects_and_is_removed():
+    port = free_port()
+    launch = GatewayLaunch.prepare(port=port, settings=gateway_settings_for_tests(port))
+    gateway = launch.start()
+    node_host = start_node_host(gateway, capacity=2)
+    try:
+        call(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
+        first = node_row(gateway, until=hosting)
+        assert first["sessionHost"] is True and "issues" not in first
+
+        gateway.stop()
+        gateway = launch.start()
+        again = node_row(gateway, until=hosting)  # it reconnected and declared again, by itself
+        assert again["nodeId"] == first["nodeId"]
+
+        call(gateway, "node.pair.remove", {"nodeId": first["nodeId"]})
+        removed = node_row(gateway, until=lambda row: not row.get("connected"))
+        assert "workerSlots" not in removed
+    finally:
+        exit_code = node_host.stop()
+        gateway.stop()
+        launch.remove_state()
+    assert exit_code == 0, node_host.log()  # SIGTERM is a clean stop
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--capacity", "0"], "--capacity must be between 1 and 1024"),
+        (["--capacity", "1025"], "--capacity must be between 1 and 1024"),
+        (["--capacity-wait-ms", "-1"], "--capacity-wait-ms must not be negative"),
+    ],
+)
+def test_bad_arguments_stop_the_node_host_with_one_clear_line(tmp_path, arguments, message):
+    base = [sys.executable, "-m", "openclaw_client.node", "--gateway", "ws://127.0.0.1:1", "--state-dir", str(tmp_path)]
+    result = subprocess.run(
+        [*base, *arguments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"openclaw-node: error: {message}"
+
+
+def test_manage_py_node_is_the_same_program_with_this_project_s_defaults(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "manage.py", "node", "--capacity", "0"],
+        cwd=ROOT,
+        env={**os.environ, "OPENCLAW_STATE_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "openclaw-node: error: --capacity must be between 1 and 1024" in result.stderr
