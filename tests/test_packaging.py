@@ -43,7 +43,9 @@ def test_the_wheel_installs_the_apps_and_the_openclaw_gateway_script(tmp_path):
         assert module in names
     assert not [name for name in names if name.startswith("tests/")]
     entry_points = next(name for name in names if name.endswith("entry_points.txt"))
-    assert "openclaw-gateway = openclaw_client.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    declared = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "openclaw-gateway = openclaw_client.cli:main" in declared
+    assert "openclaw-node = openclaw_client.node:main" in declared
 
     prefix = tmp_path / "prefix"
     installed = run(
@@ -62,3 +64,14 @@ def test_the_wheel_installs_the_apps_and_the_openclaw_gateway_script(tmp_path):
     assert unreachable.returncode == 3
     assert unreachable.stderr.startswith("error: cannot connect to ws://127.0.0.1:")
     assert "Traceback" not in unreachable.stderr
+    # The node host runs from the installed package too (no Django): its own argument check answers.
+    node_host = run(
+        str(prefix / "bin" / "openclaw-node"),
+        "--gateway",
+        "http://x",
+        "--state-dir",
+        str(tmp_path / "n"),
+        cwd=tmp_path,
+        env=env,
+    )
+    assert node_host.returncode == 2 and "--gateway must be a ws:// or wss:// URL" in node_host.stderr
