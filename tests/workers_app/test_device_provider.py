@@ -10,13 +10,15 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from openclaw_site.gateway.exceptions import Unavailable
 from openclaw_site.gateway.models import GatewayConnection, PairedDevice
 from workers_app.inventory import Declaration
-from workers_app.models import Placement, WorkerEnvironment
+from workers_app.models import Placement, PlacementHistory, WorkerEnvironment
 from workers_app.providers import WorkerProviderError
 from workers_app.providers.device import DeviceProvider, device_lease_id, device_profile
 from workers_app.runtimes import worker_runtimes
-from workers_app.services import dispatch, node_hosts
+from workers_app.services import dispatch, node_hosts, reclaim
+from workers_app.services.placements import Actor
 from workers_app.services.recovery import workers_node_removed
 
 from .test_placement_store import ENV, dispatch_to_active, dispatch_to_active_on, make_session
@@ -120,3 +122,28 @@ def test_removing_a_node_fails_the_placements_on_it_before_answering_and_only_th
     # The node cannot confirm its worker stopped: the teardown stays pending (the sweep retries it).
     assert environment.destroy_requested_at_ms is not None and environment.teardown_terminal_state == "failed"
     assert Placement.objects.values().get(pk=elsewhere.pk) == untouched
+
+
+def test_a_session_on_a_removed_node_continues_on_the_gateway_only_when_asked_for_its_exact_failure():
+    paired_node(connected=False)
+    session = make_session("agent:main:on-node")
+    dispatch_to_active(session)
+    WorkerEnvironment.objects.filter(pk=ENV).update(
+        provider_id="device", profile_id=f"device:{NODE}", profile_snapshot=PROFILE.snapshot(), node_device_id=NODE
+    )
+    PairedDevice.objects.filter(device_id=NODE).delete()
+    workers_node_removed(NODE)
+    failed = Placement.objects.get(pk=session.pk)
+
+    with pytest.raises(Unavailable, match="Cloud worker teardown failed: environment destroy: device worker node"):
+        reclaim.reclaim(session=session, actor=Actor("operator"))
+    assert Placement.objects.get(pk=session.pk).state == "failed"
+
+    recovered = reclaim.reclaim(
+        session=session, recover_to_gateway_generation=failed.generation, actor=Actor("operator")
+    )
+
+    assert (recovered.state, recovered.terminal_reason, recovered.recovery_error) == ("local", None, None)
+    history = PlacementHistory.objects.filter(session=session).order_by("-id").first()
+    assert history.reason.startswith("recovered to the gateway; teardown pending: environment destroy: device worker")
+    assert WorkerEnvironment.objects.get(pk=ENV).destroy_requested_at_ms is not None  # the sweep keeps trying

@@ -39,7 +39,8 @@ def reclaim(*, session: Session, recover_to_gateway_generation: int | None = Non
         errors = teardown_environment(
             placement.environment_id, terminal_state="failed", error=placement.terminal_reason
         )
-        if errors:
+        reason = "recovered to the gateway"
+        if errors and recover_to_gateway_generation is None:
             if placement.recovery_error != FORCED_WORKER_ABANDONMENT_ERROR:
                 store.placement_fail(
                     session=session,
@@ -47,8 +48,13 @@ def reclaim(*, session: Session, recover_to_gateway_generation: int | None = Non
                     actor=actor,
                 )
             raise Unavailable(f"Cloud worker teardown failed: {'; '.join(errors)}", retryable=True)
+        if errors:
+            # "Continue on Gateway" for the exact failed generation: the operator gives the remote worker up
+            # (say, a removed node that can never confirm its stop). The environment keeps its pending
+            # teardown for the sweep; the session no longer waits for it.
+            reason = f"recovered to the gateway; teardown pending: {'; '.join(errors)}"
         with transaction.atomic():
-            placement = _to_local(session, placement, actor=actor, reason="recovered to the gateway")
+            placement = _to_local(session, placement, actor=actor, reason=reason)
             # A move that failed on this source is over too: left behind, it would refuse every later move.
             PlacementMove.objects.filter(session=session).delete()
         return placement
