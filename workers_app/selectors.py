@@ -6,6 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from openclaw_site.gateway import selectors as gateway_selectors
 from sessions_app.models import Session
 
 from .inventory import UPDATE_REQUIRED_ISSUE
@@ -143,10 +144,42 @@ def environment_summary(environment: WorkerEnvironment, *, now_ms: int, include_
 
 
 def environments_list(*, include_prepared: bool = False) -> list[dict]:
-    """Newest first, at most :data:`ENVIRONMENTS_LISTED` (torn-down records accumulate)."""
+    """The paired nodes (``node:<id>`` rows), then worker environments newest first, at most
+    :data:`ENVIRONMENTS_LISTED` of those (torn-down records accumulate)."""
     now = int(time.time() * 1000)
     environments = WorkerEnvironment.objects.order_by("-created_at_ms", "environment_id")[:ENVIRONMENTS_LISTED]
-    return [environment_summary(e, now_ms=now, include_prepared=include_prepared) for e in environments]
+    nodes = [node_environment_row(node) for node in gateway_selectors.node_catalog_snapshot() if node.get("paired")]
+    return nodes + [environment_summary(e, now_ms=now, include_prepared=include_prepared) for e in environments]
+
+
+NODE_ROW_FIELDS = (
+    "platform",
+    "sessionHost",
+    "workerSlots",
+    "lastConnectedAtMs",
+    "lastDisconnectedAtMs",
+    "lastSeenAtMs",
+    "lastSeenReason",
+    "issues",
+)
+
+
+def node_environment_row(node: dict) -> dict:
+    """A paired node as ``environments.list`` shows it (workers.md §2.3): it is a persistent host."""
+    row: dict[str, Any] = {
+        "id": f"node:{node['nodeId']}",
+        "type": "node",
+        "label": node.get("displayName") or node["nodeId"],
+        "status": "available" if node.get("connected") else "unavailable",
+        "trust": "persistent",
+        "sessionHost": bool(node.get("sessionHost")),
+    }
+    row.update({name: node[name] for name in NODE_ROW_FIELDS if name in node and name not in row})
+    if node.get("caps"):
+        row["capabilities"] = node["caps"]
+    if node.get("commands"):
+        row["invocableCommands"] = node["commands"]
+    return row
 
 
 def environment_status(environment_id: str, *, include_prepared: bool = False) -> dict | None:

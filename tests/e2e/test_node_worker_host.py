@@ -240,3 +240,30 @@ def test_removing_a_node_fails_its_placements_before_the_method_answers(gateway)
     assert failed.state == "failed"
     assert failed.terminal_reason.startswith("cloud worker disappeared: Worker provider no longer recognizes the lease")
     assert "not connected" in failed.recovery_error
+
+
+def test_environments_list_shows_each_paired_node_as_a_persistent_host(gateway):
+    async def scenario():
+        admin = operator(gateway)
+        await admin.connect()
+        worker = await _node(gateway, admin)
+        await worker.request("node.runnerInventory.update", HOST)
+        hosting = await admin.request("environments.list", {})
+        await worker.close()
+        await asyncio.sleep(0.3)
+        away = await admin.request("environments.list", {})
+        await admin.close()
+        return worker.device_id, hosting, away
+
+    node_id, hosting, away = asyncio.run(scenario())
+
+    def node_env(listed: dict) -> dict:
+        return next(row for row in listed["environments"] if row["id"] == f"node:{node_id}")
+
+    row = node_env(hosting)
+    assert (row["type"], row["status"], row["trust"], row["label"]) == ("node", "available", "persistent", "test-node")
+    assert (row["sessionHost"], row["workerSlots"]) == (True, {"total": 2, "available": 2})
+    assert row["invocableCommands"] == ["echo"]  # never the private worker commands
+    gone = node_env(away)
+    assert (gone["status"], gone["sessionHost"]) == ("unavailable", False)
+    assert "workerSlots" not in gone and "lastDisconnectedAtMs" in gone
