@@ -288,3 +288,15 @@ def test_an_active_turn_claim_cannot_survive_a_gateway_restart():
     failed = row(session)
     assert failed["terminal_reason"] == "Active worker turn claim cannot be proven live after gateway restart"
     assert failed["turn_claim_owner"] is None
+
+
+def test_a_dispatch_with_no_recorded_driver_is_interrupted_at_start_but_waits_out_a_sweep():
+    session = make_session()
+    store.placement_start_dispatch(session=session)  # a predecessor's row: no driver recorded
+    before = row(session)
+
+    workers_recovery_sweep()
+    assert row(session) == before
+
+    workers_recover_startup()
+    assert row(session)["terminal_reason"] == "Worker dispatch interrupted in requested"

@@ -27,6 +27,7 @@ from openclaw_site.gateway.dispatch import run_request
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, PermissionDenied, Unavailable
 from openclaw_site.gateway.models import GatewayConnection, GatewayProcess, PairedDevice
 from openclaw_site.gateway.protocol import RequestFrame
+from openclaw_site.gateway.services import connections as connection_services
 from sessions_app.models import Session
 from sessions_app.services.sessions import session_patch
 from workers_app import profiles, rpc, selectors
@@ -52,7 +53,7 @@ from workers_app.services import dispatch as dispatch_service
 from workers_app.services import environments as envs
 from workers_app.services import placements as store
 from workers_app.services.placements import FORCED_WORKER_ABANDONMENT_ERROR, Actor
-from workers_app.services.recovery import workers_recovery_sweep
+from workers_app.services.recovery import workers_recover_startup
 
 from .test_placement_store import DISPATCH_STEPS, ENV, attached_environment, dispatch_to_active, make_session, walk
 
@@ -162,10 +163,15 @@ def wait_for_tasks() -> None:
 
 @pytest.fixture
 def in_process(settings, monkeypatch):
-    """Dispatch tasks run in a thread of the test process; the test waits for them before the flush."""
+    """Dispatch tasks run in a thread of the test process; the test waits for them before the flush.
+
+    The test process registers itself as a live gateway, as a gateway running in-process tasks is: a
+    test gateway sharing this database (its recovery sweep runs every 15 s on the embedded profile)
+    must see the dispatch's driver alive, not fail it as interrupted."""
     settings.OPENCLAW_TASK_MODE = "inprocess"
     settings.OPENCLAW_WORKERS = {**settings.OPENCLAW_WORKERS, "DISPATCH_WAIT_MS": 30_000, "PROVIDER_TIMEOUT_MS": 15_000}
     monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)
+    connection_services.process_register(boot_id=state.BOOT_ID)
     yield
     wait_for_tasks()
 
@@ -1044,9 +1050,9 @@ def test_recovery_of_an_interrupted_move_to_a_profile_releases_the_source_and_as
         created_at_ms=1,
         updated_at_ms=1,
     )
-    drain(session, placement)  # the driver fenced the source, then died (no driver recorded)
+    drain(session, placement)  # the driver fenced the source, then the gateway stopped
 
-    workers_recovery_sweep()
+    workers_recover_startup()
 
     failed = Placement.objects.get(pk=session.pk)
     assert (failed.state, failed.terminal_reason) == (

@@ -126,15 +126,16 @@ def reconcile_environments(report: RecoveryReport) -> None:
 # --- placements -------------------------------------------------------------------------------------
 
 
-def _driver_gone(placement: Placement, live_boot_ids: set[str]) -> bool:
+def _driver_gone(placement: Placement, live_boot_ids: set[str], *, startup: bool) -> bool:
     """Whether the dispatch or move of ``placement`` lost its driver: a gateway process that is no longer
-    live, no recorded driver, or a stage silent past its deadline (a hung or killed Celery worker)."""
+    live, or a stage silent past its deadline (a hung or killed Celery worker). A row with no recorded
+    driver was left by a predecessor: interrupted at start, otherwise given until the deadline."""
     if now_ms() - placement.updated_at_ms > settings.OPENCLAW_WORKERS["STAGE_DEADLINE_MS"]:
         return True
     owner = placement.dispatch_owner or ""
     if owner.startswith("gateway:"):
         return owner.removeprefix("gateway:") not in live_boot_ids
-    return not owner
+    return startup and not owner
 
 
 def recover_placement(
@@ -168,7 +169,7 @@ def recover_placement(
         outcome = reclaim_active(session, placement, environment, error, actor=actor)
         return f"active-{outcome.state}"
     if placement.state in IN_FLIGHT_STATES:
-        if not _driver_gone(placement, live_boot_ids):
+        if not _driver_gone(placement, live_boot_ids, startup=startup):
             return "in-flight"
         if placement.state in (S.DRAINING, S.RECONCILING) and moves.move_pending(session):
             return f"move-{moves.move_recover(session, actor=actor).state}"
