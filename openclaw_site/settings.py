@@ -214,6 +214,8 @@ OPENCLAW_GATEWAY = {
     "PASSWORD": env_str("OPENCLAW_GATEWAY_PASSWORD"),
     "HANDSHAKE_TIMEOUT_MS": env_int("OPENCLAW_HANDSHAKE_TIMEOUT_MS", 10_000, minimum=100),
     "TICK_INTERVAL_MS": env_int("OPENCLAW_TICK_INTERVAL_MS", 30_000, minimum=100),
+    # Embedded profile: how often the gateway loop runs the recovery sweeps (production: Celery beat).
+    "SWEEP_INTERVAL_MS": env_int("OPENCLAW_SWEEP_INTERVAL_MS", 15_000, minimum=1000),
     "MAX_PAYLOAD_BYTES": env_int("OPENCLAW_MAX_PAYLOAD_BYTES", 25 * 1024 * 1024, minimum=64 * 1024),
     "MAX_BUFFERED_BYTES": env_int("OPENCLAW_MAX_BUFFERED_BYTES", 50 * 1024 * 1024, minimum=64 * 1024),
     "MAX_PREAUTH_PAYLOAD_BYTES": 64 * 1024,

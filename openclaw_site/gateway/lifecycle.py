@@ -25,7 +25,6 @@ from .services.sweep import gateway_sweep
 
 logger = logging.getLogger(__name__)
 
-SWEEP_INTERVAL_S = 15
 # Redis group membership expires after a day (channels_redis ``group_expiry``); renew well before.
 PROCESS_GROUP_RENEW_S = 3600
 
@@ -121,8 +120,9 @@ async def _background_loop() -> None:
     tick_s = gateway_setting("TICK_INTERVAL_MS") / 1000
     heartbeat_s = gateway_setting("PROCESS_HEARTBEAT_INTERVAL_MS") / 1000
     run_sweeps_here = not settings.REDIS_URL  # production runs the sweeps in Celery beat
+    sweep_s = gateway_setting("SWEEP_INTERVAL_MS") / 1000
     now = time.monotonic()
-    next_tick, next_heartbeat, next_sweep = now + tick_s, now + heartbeat_s, now + SWEEP_INTERVAL_S
+    next_tick, next_heartbeat, next_sweep = now + tick_s, now + heartbeat_s, now + sweep_s
     while not state.is_stopping():
         await asyncio.sleep(max(0.05, min(next_tick, next_heartbeat, next_sweep) - time.monotonic()))
         now = time.monotonic()
@@ -136,7 +136,7 @@ async def _background_loop() -> None:
                 next_heartbeat = now + heartbeat_s
                 await database_sync_to_async(connection_services.process_heartbeat)(boot_id=state.BOOT_ID)
             if run_sweeps_here and now >= next_sweep:
-                next_sweep = now + SWEEP_INTERVAL_S
+                next_sweep = now + sweep_s
                 await _off_the_request_thread(gateway_sweep)
                 for sweep in _sweeps:
                     await _off_the_request_thread(sweep)

@@ -71,3 +71,25 @@ def test_a_dispatch_left_by_a_killed_gateway_fails_as_interrupted_and_a_live_one
                 server.stop()
         launch.remove_state()
         survivor_launch.remove_state()
+
+
+def test_the_embedded_gateway_sweeps_periodically_after_its_start():
+    port = free_port()
+    embedded = {"REDIS_URL": "", "OPENCLAW_TASK_MODE": "inprocess", "OPENCLAW_SWEEP_INTERVAL_MS": "1000"}
+    launch = GatewayLaunch.prepare(port=port, settings={**gateway_settings_for_tests(port), **embedded})
+    gateway = launch.start(worker=False)
+    try:
+        time.sleep(1.5)  # startup recovery has run: what follows is the periodic sweep's to find
+        session = session_create(spec=SessionSpec(key="agent:main:lost-later", agent_id="main"))
+        placement = store.placement_start_dispatch(session=session, owner="celery:elsewhere:1")
+        Placement.objects.filter(pk=session.pk).update(updated_at_ms=placement.updated_at_ms - 3_600_000)
+
+        deadline = time.monotonic() + 30
+        while Placement.objects.get(pk=session.pk).state != "failed" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        failed = placement_state(gateway, session.key)
+        # Its driver went silent past the stage deadline (10 min): the sweep declares it interrupted.
+        assert (failed["state"], failed["terminalReason"]) == ("failed", "Worker dispatch interrupted in requested")
+    finally:
+        gateway.stop()
+        launch.remove_state()

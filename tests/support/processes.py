@@ -327,6 +327,9 @@ def gateway_settings_for_tests(port: int) -> dict[str, str]:
         "DATABASE_URL": current_database_url(),
         "HARNESS_DATABASE_URL": current_database_url("harness"),
         "DB_CONN_MAX_AGE": "60",
+        # The periodic sweeps would change the rows a test is in the middle of (the test and its gateway
+        # share the test database); they are tested directly and through startup recovery.
+        "OPENCLAW_SWEEP_INTERVAL_MS": "3600000",
         # Each test gateway has its own Celery worker and queue: a worker started with another
         # gateway's settings (say, another model provider) must not take this gateway's turns.
         "OPENCLAW_CELERY_QUEUE": f"openclaw-{port}",
