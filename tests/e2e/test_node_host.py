@@ -4,7 +4,6 @@ back by itself when the gateway restarts, and a node removal disconnects it."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import time
 
 import pytest
 
-from tests.support.clients import operator
+from tests.support.clients import call_once
 from tests.support.processes import (
     ROOT,
     GatewayLaunch,
@@ -25,24 +24,12 @@ from tests.support.processes import (
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-def call(server: GatewayServer, method: str, params: dict) -> dict:
-    async def once() -> dict:
-        client = operator(server)
-        await client.connect()
-        try:
-            return await client.request(method, params)
-        finally:
-            await client.close()
-
-    return asyncio.run(once())
-
-
 def node_row(server: GatewayServer, *, until, timeout: float = 30.0) -> dict:
     """The node host's row in node.list once ``until(row)`` holds."""
     deadline = time.monotonic() + timeout
     latest: dict = {}
     while time.monotonic() < deadline:
-        rows = [n for n in call(server, "node.list", {})["nodes"] if n.get("displayName") == "test-node-host"]
+        rows = [n for n in call_once(server, "node.list", {})["nodes"] if n.get("displayName") == "test-node-host"]
         latest = rows[0] if rows else {}
         if latest and until(latest):
             return latest
@@ -60,7 +47,7 @@ def test_the_node_host_pairs_declares_its_slots_reconnects_and_is_removed():
     gateway = launch.start()
     node_host = start_node_host(gateway, capacity=2)
     try:
-        call(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
+        call_once(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
         first = node_row(gateway, until=hosting)
         assert first["sessionHost"] is True and "issues" not in first
 
@@ -69,7 +56,7 @@ def test_the_node_host_pairs_declares_its_slots_reconnects_and_is_removed():
         again = node_row(gateway, until=hosting)  # it reconnected and declared again, by itself
         assert again["nodeId"] == first["nodeId"]
 
-        call(gateway, "node.pair.remove", {"nodeId": first["nodeId"]})
+        call_once(gateway, "node.pair.remove", {"nodeId": first["nodeId"]})
         removed = node_row(gateway, until=lambda row: not row.get("connected"))
         assert "workerSlots" not in removed
     finally:

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from sessions_app.models import Session
-from tests.support.clients import operator
+from tests.support.clients import call_once, operator
 from tests.support.processes import GatewayLaunch, GatewayServer, free_port, gateway_settings_for_tests
 from workers_app.models import WorkerEnvironment
 from workers_app.providers import WorkerProfile
@@ -35,18 +35,6 @@ INDEPENDENT_REASON = "independent session failure"
 BUNDLE_HASH = "a" * 64
 MANIFEST_REF = "sha256:" + "b" * 64
 PROFILES = {"development": {"provider": "static-ssh", "install": "bundle", "settings": {}}}
-
-
-def call(server: GatewayServer, method: str, params: dict) -> dict:
-    async def once() -> dict:
-        client = operator(server)
-        await client.connect()
-        try:
-            return await client.request(method, params)
-        finally:
-            await client.close()
-
-    return asyncio.run(once())
 
 
 def create_session(server: GatewayServer, sender: str, marker: str) -> Session:
@@ -136,7 +124,7 @@ def seed_unknown_worker_state(lost: Session, isolated: Session) -> None:
 
 
 def describe_placement(server: GatewayServer, session: Session) -> dict:
-    described = call(server, "sessions.describe", {"key": session.key})
+    described = call_once(server, "sessions.describe", {"key": session.key})
     return described["session"]["placement"]
 
 
@@ -201,7 +189,7 @@ def test_a_vanished_worker_fails_exactly_its_own_session_durably(mock_openai):
                 f"terminal facts changed after restart {restart + 1}"
             )
 
-        listed = call(gateway, "environments.list", {})
+        listed = call_once(gateway, "environments.list", {})
         environment = next((row for row in listed["environments"] if row["id"] == ENVIRONMENT_ID), None)
         assert environment is not None
         worker = environment["worker"]

@@ -3,7 +3,6 @@ failed cleanly by the next gateway's startup recovery; one driven by a live gate
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 
@@ -11,7 +10,7 @@ import pytest
 
 from openclaw_site.gateway.models import GatewayProcess
 from sessions_app.services.sessions import SessionSpec, session_create
-from tests.support.clients import operator
+from tests.support.clients import call_once
 from tests.support.processes import GatewayLaunch, free_port, gateway_settings_for_tests
 from workers_app.models import Placement
 from workers_app.services import placements as store
@@ -30,15 +29,7 @@ def boot_id_of(pid: int) -> str:
 
 
 def placement_state(server, key: str) -> dict:
-    async def once() -> dict:
-        client = operator(server)
-        await client.connect()
-        try:
-            return (await client.request("sessions.describe", {"key": key}))["session"]["placement"]
-        finally:
-            await client.close()
-
-    return asyncio.run(once())
+    return call_once(server, "sessions.describe", {"key": key})["session"]["placement"]
 
 
 def test_a_dispatch_left_by_a_killed_gateway_fails_as_interrupted_and_a_live_ones_does_not():

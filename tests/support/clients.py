@@ -125,3 +125,17 @@ def signed_connect_params(
             "nonce": nonce,
         },
     }
+
+
+def call_once(server, method: str, params: dict | None = None) -> Any:
+    """One request on a fresh operator connection (from synchronous test code)."""
+
+    async def once() -> Any:
+        client = operator(server)
+        await client.connect()
+        try:
+            return await client.request(method, params or {})
+        finally:
+            await client.close()
+
+    return asyncio.run(once())
