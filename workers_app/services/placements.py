@@ -123,6 +123,11 @@ def _apply(placement: Placement, changes: dict[str, Any]) -> Placement:
     return placement
 
 
+def _worker_claim_released(placement: Placement) -> dict[str, Any]:
+    """A worker's turn claim ends with its ownership (a local claim stays: it finishes on the gateway)."""
+    return dict.fromkeys(CLAIM_FIELDS) if placement.turn_claim_owner == TurnClaimOwner.WORKER else {}
+
+
 def _moved(placement: Placement, to_state: str, at: int, **fields: Any) -> dict[str, Any]:
     """The changes of a state change: the next generation and both timestamps, plus ``fields``."""
     return {
@@ -138,15 +143,18 @@ def _commit(
     session: Session,
     placement: Placement,
     *,
-    expected_state: str,
-    expected_generation: int,
     changes: dict[str, Any],
     conflict: str,
     actor: Actor,
     reason: str,
     at: int,
+    expected_state: str | None = None,
+    expected_generation: int | None = None,
 ) -> Placement:
-    """Compare-and-set, then the history row; ``conflict`` when another writer moved the row first."""
+    """Compare-and-set (by default on the state and generation ``placement`` was read in), then the
+    history row; ``conflict`` when another writer moved the row first."""
+    expected_state = expected_state or placement.state
+    expected_generation = placement.generation if expected_generation is None else expected_generation
     if not _write(placement, expected_state=expected_state, expected_generation=expected_generation, changes=changes):
         raise Conflict(conflict)
     _apply(placement, changes)
@@ -207,13 +215,10 @@ def placement_start_dispatch(
             dispatch_target=target,
             dispatch_owner=owner,
         )
-        if placement.turn_claim_owner == TurnClaimOwner.WORKER:
-            changes.update(dict.fromkeys(CLAIM_FIELDS))
+        changes.update(_worker_claim_released(placement))
         _commit(
             session,
             placement,
-            expected_state=placement.state,
-            expected_generation=placement.generation,
             changes=changes,
             conflict=f"Session {_label(session)} placement changed during dispatch barrier",
             actor=actor,
@@ -332,13 +337,10 @@ def placement_fail(
         if S.FAILED not in TRANSITIONS[placement.state]:
             raise InvalidRequest(f"Cannot fail worker session placement from {placement.state}")
         changes = _moved(placement, S.FAILED, at, recovery_error=reason, terminal_reason=reason, terminal_at_ms=at)
-        if placement.turn_claim_owner == TurnClaimOwner.WORKER:
-            changes.update(dict.fromkeys(CLAIM_FIELDS))
+        changes.update(_worker_claim_released(placement))
         _commit(
             session,
             placement,
-            expected_state=placement.state,
-            expected_generation=placement.generation,
             changes=changes,
             conflict=f"Worker session placement {_label(session)} changed before failure",
             actor=actor,
