@@ -257,14 +257,9 @@ def _release_unrecorded_lease(
         call_provider(provider.id, "destroy", provider.destroy, lease_id, profile)
 
 
-def dispatch_failure_message(placement: Placement) -> str:
-    return placement.recovery_error or f"worker dispatch ended in {placement.state}"
-
-
 __all__ = [
     "device_ineligibility",
     "dispatch_advance",
-    "dispatch_failure_message",
     "dispatch_start",
     "ensure_placeable",
     "resolve_target",
