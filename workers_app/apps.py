@@ -10,14 +10,17 @@ class WorkersConfig(AppConfig):
         # Filled into sessions_app's seams (sessions_app never imports this app).
         from openclaw_site.gateway import lifecycle
         from openclaw_site.gateway.registry import registry
-        from sessions_app.extensions import action_guards, session_projections
+        from sessions_app.extensions import action_guards, session_projections, turn_runners
 
         # Importing the handler module registers sessions.dispatch/move/reclaim and environments.*.
         from . import profiles, rpc  # noqa: F401
         from .guards import placement_barrier
+        from .node_runtime import node_runtime
         from .providers import providers
         from .providers.device import DeviceProvider
         from .providers.static_ssh import StaticSshProvider
+        from .runners import select_worker_runner
+        from .runtimes import worker_runtimes
         from .selectors import node_worker_fields, placement_fields
         from .services.recovery import workers_node_removed, workers_recover_startup
         from .tasks import recovery_sweep
@@ -26,9 +29,12 @@ class WorkersConfig(AppConfig):
         registry.node_projections.append(node_worker_fields)
         registry.node_removal_hooks.append(workers_node_removed)
         action_guards.register(placement_barrier)
+        turn_runners.add_selector(select_worker_runner)
         # Providers first: the profiles are checked against what is registered.
         providers.register(StaticSshProvider())
         providers.register(DeviceProvider())
+        # Environments leased on a node are brought up by the node host (the one worker runtime).
+        worker_runtimes.register("device", node_runtime)
         profiles.load_profiles()
         # Recovery: at start (what a dead predecessor left half-done), then periodically (embedded
         # profile: the gateway loop; production: Celery beat runs workers.recovery_sweep).

@@ -417,6 +417,10 @@ class NodeWorkerHost(models.Model):
     # {enabled, capacity: {total, available, reclaimableIdle?}, flags…}; None when not offered.
     worker_host = models.JSONField(null=True, blank=True)
     update_required = models.BooleanField(default=False)
+    # Whether this connection's node holds the worker bundle ``bundle_hash`` (from its retain answer or
+    # an install receipt): "installed" | "missing", "" while unknown. Shown only as {status, version}.
+    bundle_hash = models.CharField(max_length=64, blank=True, default="")
+    bundle_status = models.CharField(max_length=16, blank=True, default="")
     updated_at_ms = models.BigIntegerField()
 
     def __str__(self) -> str:

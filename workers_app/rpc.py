@@ -32,7 +32,7 @@ from .schemas import (
 )
 from .services import dispatch, moves, node_hosts, reclaim
 from .services.placements import Actor
-from .tasks import dispatch_advance
+from .tasks import dispatch_advance, node_retain
 
 method = registry.method
 S = PlacementState
@@ -218,6 +218,9 @@ def node_runner_inventory_update_rpc(ctx: RpcContext, params: RunnerInventoryPar
     if not ctx.node_id:
         raise InvalidRequest("unknown nodeId")
     node_hosts.node_host_declare(node_id=ctx.node_id, conn_id=ctx.conn_id, declaration=declaration)
+    if declaration.hosting and not declaration.update_required:
+        # What the node must keep, and whether it still holds this gateway's bundle (after this answer).
+        dispatch_on_commit(node_retain, ctx.node_id, ctx.conn_id)
     if declaration.retired:
         raise InvalidRequest(update_required_message(ctx.node_id))
     return {"nodeId": ctx.node_id}

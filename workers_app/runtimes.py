@@ -1,10 +1,11 @@
 """The worker runtime seam: what installs the worker program on a leased environment, syncs a session's
-workspace to it and starts it (the dispatch stages after provisioning).
+workspace to it and starts it (the dispatch stages after provisioning), and brings the workspace
+back when the session leaves it.
 
-The node host of the paired-node work is the one runtime for every provider; it registers here
-from its app's ``ready()``. Until a runtime is registered for an environment's provider, a
-dispatch provisions and checks the lease for real, then fails cleanly at bootstrap with a message
-saying so, and the lease is released.
+The node host is the one runtime (:mod:`workers_app.node_runtime`), registered from the app's
+``ready()`` for every provider whose leases are nodes. For a provider without a runtime a dispatch
+provisions and checks the lease for real, then fails cleanly at bootstrap with a message saying
+so, and the lease is released.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class WorkerRuntime(Protocol):
     ) -> WorkspaceSync: ...
 
     def start(self, session: Session, placement: Placement, environment: WorkerEnvironment) -> None: ...
+
+    def reconcile_workspace(self, session: Session, placement: Placement, environment: WorkerEnvironment) -> int:
+        """Apply the worker's workspace changes to the session's worktree (before a move back)."""
+        ...
 
 
 class RuntimeRegistry:

@@ -9,6 +9,7 @@ from typing import Any
 from openclaw_site.gateway import selectors as gateway_selectors
 from sessions_app.models import Session
 
+from .bundle import current_bundle
 from .inventory import UPDATE_REQUIRED_ISSUE
 from .models import TERMINAL_ENVIRONMENT_STATES, NodeWorkerHost, Placement, PlacementState, WorkerEnvironment
 
@@ -154,6 +155,7 @@ def environments_list(*, include_prepared: bool = False) -> list[dict]:
 
 NODE_ROW_FIELDS = (
     "platform",
+    "workerBundle",
     "sessionHost",
     "workerSlots",
     "lastConnectedAtMs",
@@ -162,6 +164,20 @@ NODE_ROW_FIELDS = (
     "lastSeenReason",
     "issues",
 )
+
+
+def worker_bundle_projection(host: NodeWorkerHost) -> dict[str, str] | None:
+    """The node's copy of this gateway's worker bundle, as the public sees it (workers.md §5.3): exactly
+    ``{status: "installed", version}`` or ``{status: "missing"}`` — never a hash or a path. None while
+    unknown, or when what the node reported is about another build."""
+    bundle = current_bundle()
+    if host.bundle_hash != bundle.sha256:
+        return None
+    if host.bundle_status == "installed":
+        return {"status": "installed", "version": bundle.version}
+    if host.bundle_status == "missing":
+        return {"status": "missing"}
+    return None
 
 
 def node_environment_row(node: dict) -> dict:
@@ -214,5 +230,8 @@ def node_worker_fields(node_ids: set[str], live: dict) -> dict[str, dict]:
             row["workerSlots"] = dict(worker_host["capacity"])
         if host.update_required:
             row["issues"] = [dict(UPDATE_REQUIRED_ISSUE)]
+        bundle = worker_bundle_projection(host)
+        if bundle is not None:
+            row["workerBundle"] = bundle
         fields[host.node_id] = row
     return fields

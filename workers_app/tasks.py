@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from .services import dispatch, recovery
+from .services import dispatch, recovery, retention, worker_turns
 
 
 @shared_task(name="workers.dispatch_advance", acks_late=True, ignore_result=True)
@@ -16,3 +16,13 @@ def dispatch_advance(session_pk: int, generation: int) -> str:
 @shared_task(name="workers.recovery_sweep", acks_late=True, ignore_result=True)
 def recovery_sweep() -> dict:
     return recovery.workers_recovery_sweep().as_dict()
+
+
+@shared_task(name="workers.node_retain", acks_late=True, ignore_result=True)
+def node_retain(node_id: str, conn_id: str) -> str | None:
+    return retention.node_retain(node_id=node_id, conn_id=conn_id)
+
+
+@shared_task(name="workers.run_worker_turn", acks_late=True, ignore_result=True)
+def run_worker_turn(run_id: str) -> str | None:
+    return worker_turns.execute_worker_turn(run_id)

@@ -8,6 +8,10 @@
 3. The node answers with ``node.invoke.result``; its connection forwards a
    ``gateway.invoke.result`` message to the caller's channel, which resolves the waiting future
    (:data:`broker`). A node that disconnects first fails its pending invokes with ``NOT_CONNECTED``.
+
+The gateway's own worker runtime drives nodes with private commands through :func:`invoke_private`,
+from any process (a gateway, a Celery worker): it waits on a channel of its own, on which the node's
+``node.invoke.progress`` events arrive too, in the order of their ``seq``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from .schemas import NodeInvokeParams, NodeInvokeResultParams
 
 REQUEST_MESSAGE = "gateway.invoke.request"
 RESULT_MESSAGE = "gateway.invoke.result"
+PROGRESS_MESSAGE = "gateway.invoke.progress"
+PROGRESS_EVENT = "node.invoke.progress"
 # Commands a plain node.invoke must not reach, with the error OpenClaw answers.
 RESERVED_COMMANDS = ("system.execApprovals.get", "system.execApprovals.set")
 
@@ -196,6 +202,100 @@ async def _route_and_wait(
             ) from None
     finally:
         broker.discard(invoke_id)
+
+
+# --- the gateway's own invokes (private worker commands) ----------------------------------------
+
+
+class NodeCommandFailed(Exception):
+    """A private command did not succeed on the node: ``code`` is the node's (or ``NOT_CONNECTED``,
+    ``TIMEOUT``), ``message`` is for people."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+ProgressCallback = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def invoke_private(
+    node_id: str,
+    command: str,
+    params: dict[str, Any],
+    *,
+    timeout_ms: int,
+    on_progress: ProgressCallback | None = None,
+    conn_id: str | None = None,
+) -> Any:
+    """Run ``command`` on the node's live connection and return its payload; raises :class:`NodeCommandFailed`.
+
+    ``conn_id`` pins the connection: a node that reconnected since is refused (its state may differ).
+    Progress (``data`` of each ``node.invoke.progress``) goes to ``on_progress`` in ``seq`` order; one
+    that arrives after a later one is dropped. ``timeout_ms`` is an idle timeout: progress resets it.
+    """
+    target = await database_sync_to_async(_target)(node_id)
+    if target is None:
+        raise NodeCommandFailed("NOT_CONNECTED", "node not connected")
+    if conn_id is not None and target.conn_id != conn_id:
+        raise NodeCommandFailed("NOT_CONNECTED", "node connection is no longer current")
+    layer = get_channel_layer()
+    reply_channel = await layer.new_channel("gateway.invoke!")
+    invoke_id = str(uuid.uuid4())
+    await layer.send(
+        target.channel_name,
+        {
+            "type": REQUEST_MESSAGE,
+            "id": invoke_id,
+            "nodeId": node_id,
+            "connId": target.conn_id,
+            "command": command,
+            "paramsJSON": json.dumps(params),
+            "timeoutMs": timeout_ms,
+            "idempotencyKey": invoke_id,
+            "replyChannel": reply_channel,
+        },
+    )
+    last_seq = 0
+    while True:
+        try:
+            message = await asyncio.wait_for(layer.receive(reply_channel), timeout_ms / 1000)
+        except TimeoutError:
+            raise NodeCommandFailed("TIMEOUT", f"node did not answer {command} within {timeout_ms} ms") from None
+        if message.get("id") != invoke_id:
+            continue
+        if message.get("type") == PROGRESS_MESSAGE:
+            seq = message.get("seq")
+            if isinstance(seq, int) and seq > last_seq:
+                last_seq = seq
+                if on_progress is not None:
+                    await on_progress(message.get("data") or {})
+            continue
+        if message.get("ok"):
+            payload, _payload_json = _result_payload(message)
+            return payload
+        error = message.get("error") or {}
+        raise NodeCommandFailed(
+            str(error.get("code") or "UNAVAILABLE"), str(error.get("message") or "node command failed")
+        )
+
+
+async def forward_progress(ctx: RpcContext, payload: Any) -> dict[str, Any]:
+    """``node.event`` ``node.invoke.progress``: pass the node's progress on to whoever waits for that invoke."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("id"), str):
+        raise InvalidRequest("node.invoke.progress needs {id, seq, data}")
+    seq, data = payload.get("seq"), payload.get("data")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1 or not isinstance(data, dict):
+        raise InvalidRequest("node.invoke.progress needs a positive integer seq and an object data")
+    pending = ctx.pending_invokes.get(payload["id"])
+    if pending is None:
+        return {"handled": False, "reason": "unknown-invoke"}
+    reply_channel, _command = pending
+    await get_channel_layer().send(
+        reply_channel, {"type": PROGRESS_MESSAGE, "id": payload["id"], "seq": seq, "data": data}
+    )
+    return {"handled": True}
 
 
 def resolve(message: dict[str, Any]) -> None:

@@ -17,6 +17,10 @@ NODE_WORKER_PRIVATE_COMMANDS = frozenset(
         "worker.cancel.v1",
         "worker.environment.stop.v1",
         "worker.workspace.exec.v1",
+        # This gateway's workspace sync (docs/node-worker-protocol.md); OpenClaw's prepare command
+        # has the same role.
+        "worker.workspace.prepare.v1",
+        "worker.workspace.export.v1",
         "worker.workspace.retain.v1",
         "worker.desktop.stream.v1",
         "worker.desktop.launch.v1",

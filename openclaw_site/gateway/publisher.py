@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from typing import Any
 
 from . import state
@@ -32,17 +33,23 @@ def _background_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-def run_sync(make: Callable[[], Awaitable[Any]]) -> Any:
-    """Run ``make()`` (a coroutine factory) to completion from synchronous code and return its result."""
+def submit(make: Callable[[], Awaitable[Any]]) -> Future:
+    """Start ``make()`` (a coroutine factory) on the channel layer's loop from synchronous code; its
+    outcome arrives in the returned future."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         pass  # no loop in this thread: the normal case
     else:
-        raise RuntimeError("publisher.run_sync called on an event loop thread; await the coroutine instead")
+        raise RuntimeError("publisher.submit called on an event loop thread; await the coroutine instead")
     loop = state.main_loop() or _background_loop()
 
     async def call() -> Any:
         return await make()
 
-    return asyncio.run_coroutine_threadsafe(call(), loop).result(PUBLISH_TIMEOUT_S)
+    return asyncio.run_coroutine_threadsafe(call(), loop)
+
+
+def run_sync(make: Callable[[], Awaitable[Any]]) -> Any:
+    """Run ``make()`` (a coroutine factory) to completion from synchronous code and return its result."""
+    return submit(make).result(PUBLISH_TIMEOUT_S)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
+
+from channels.db import database_sync_to_async
 
 from . import health, invoke, selectors, state
 from . import scopes as sc
@@ -224,7 +227,23 @@ async def node_invoke_result_rpc(ctx: RpcContext, params: NodeInvokeResultParams
 
 
 @method("node.event", params=NodeEventParams, role="node")
-def node_event_rpc(ctx: RpcContext, params: NodeEventParams) -> dict:
+async def node_event_rpc(ctx: RpcContext, params: NodeEventParams) -> dict:
+    if params.event == invoke.PROGRESS_EVENT:
+        # On the event loop, without a thread hop: a worker's reply streams through here.
+        return {"ok": True, "event": params.event, **await invoke.forward_progress(ctx, _event_payload(params))}
+    return await database_sync_to_async(_node_event)(ctx, params)
+
+
+def _event_payload(params: NodeEventParams) -> Any:
+    if params.payload is None and params.payloadJSON:
+        try:
+            return decode_frame(params.payloadJSON)
+        except FrameRejected as rejected:
+            raise InvalidRequest(f"invalid node.event params: payloadJSON: {rejected.reason}") from None
+    return params.payload
+
+
+def _node_event(ctx: RpcContext, params: NodeEventParams) -> dict:
     if params.event == "node.presence.alive":
         persisted = connections.node_presence_touch(node_id=ctx.node_id, reason="alive")
         return {
@@ -236,10 +255,4 @@ def node_event_rpc(ctx: RpcContext, params: NodeEventParams) -> dict:
     handler = registry.node_event_handlers.get(params.event)
     if handler is None:
         return {"ok": True, "event": params.event, "handled": False, "reason": "unknown-event"}
-    payload = params.payload
-    if payload is None and params.payloadJSON:
-        try:
-            payload = decode_frame(params.payloadJSON)
-        except FrameRejected as rejected:
-            raise InvalidRequest(f"invalid node.event params: payloadJSON: {rejected.reason}") from None
-    return {"ok": True, "event": params.event, **handler(ctx, payload)}
+    return {"ok": True, "event": params.event, **handler(ctx, _event_payload(params))}

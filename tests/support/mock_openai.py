@@ -15,6 +15,11 @@ A standalone mock is scripted and inspected over HTTP: ``POST /_mock/script`` wi
 ``{"behaviours": [{"kind": "reply", "text": "hi"}, {"kind": "error", "status": 429}]}`` (keyword arguments of the
 behaviour constructors below), ``GET /_mock/requests`` (bodies and headers received), ``POST /_mock/reset``.
 
+Hold markers keep a turn running for as long as a test needs: after ``POST /_mock/hold`` with
+``{"markers": ["HOLD-A"]}``, a request whose last user message contains ``HOLD-A`` is answered only
+once ``POST /_mock/release`` with ``{"marker": "HOLD-A"}`` (or ``{"all": true}``) arrives;
+``GET /_mock/held`` lists the markers whose requests are waiting now.
+
 Streamed replies use chunked transfer encoding, so a dropped stream (``partial_then_drop``, ``hang`` ending) is an
 incomplete HTTP body the client can tell apart from a clean end. Waits (delays, hangs) end early when the client
 disconnects or the server stops, so ``stop()`` returns promptly and no handler thread outlives its client by more
@@ -154,6 +159,9 @@ class MockOpenAI:
         self._lock = threading.Lock()
         self._script: deque[Behaviour] = deque()
         self.stopping = threading.Event()
+        self._hold_markers: set[str] = set()
+        self._released: set[str] = set()
+        self._held: dict[str, int] = {}
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -209,6 +217,37 @@ class MockOpenAI:
         with self._lock:
             return self._script.popleft() if self._script else echo()
 
+    def hold(self, *markers: str) -> None:
+        with self._lock:
+            self._hold_markers.update(markers)
+            self._released.difference_update(markers)
+
+    def release(self, marker: str | None = None) -> None:
+        with self._lock:
+            self._released.update(self._hold_markers if marker is None else {marker})
+
+    def held(self) -> list[str]:
+        with self._lock:
+            return sorted(marker for marker, count in self._held.items() if count > 0)
+
+    def hold_marker_for(self, body: dict[str, Any]) -> str | None:
+        users = [m for m in _messages(body) if m.get("role") == "user"]
+        text = _content_text(users[-1].get("content")) if users else ""
+        with self._lock:
+            return next((marker for marker in sorted(self._hold_markers) if marker in text), None)
+
+    def enter_hold(self, marker: str) -> None:
+        with self._lock:
+            self._held[marker] = self._held.get(marker, 0) + 1
+
+    def leave_hold(self, marker: str) -> None:
+        with self._lock:
+            self._held[marker] -= 1
+
+    def is_released(self, marker: str) -> bool:
+        with self._lock:
+            return marker in self._released
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {"requests": list(self.requests), "headers": list(self.request_headers)}
@@ -249,6 +288,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
         elif path == "/_mock/requests":
             self._send_json(200, self.mock.snapshot())
+        elif path == "/_mock/held":
+            self._send_json(200, {"held": self.mock.held()})
         else:
             self._send_error_json(404, f"no route for GET {path}", "not_found")
 
@@ -269,6 +310,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.mock.reset()
             self._send_json(200, {"ok": True})
             return
+        if path in ("/_mock/hold", "/_mock/release"):
+            self._control_hold(path, raw)
+            return
         if path != "/v1/chat/completions":
             self._send_error_json(404, f"no route for POST {path}", "not_found")
             return
@@ -281,7 +325,40 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             self._send_error_json(400, "request body must be a JSON object", "invalid_json")
             return
+        marker = self.mock.hold_marker_for(body)
+        if marker is not None and not self._wait_for_release(marker):
+            self.close_connection = True  # the client gave up (or the server stops) while held
+            return
         self._serve(self.mock.next_behaviour(), body)
+
+    def _wait_for_release(self, marker: str) -> bool:
+        self.mock.enter_hold(marker)
+        try:
+            while not self.mock.is_released(marker):
+                if not self._idle(_IDLE_POLL_S):
+                    return False
+            return True
+        finally:
+            self.mock.leave_hold(marker)
+
+    def _control_hold(self, path: str, raw: bytes) -> None:
+        try:
+            spec = json.loads(raw or b"{}")
+            if path == "/_mock/hold":
+                markers = spec["markers"]
+                if not isinstance(markers, list) or not all(isinstance(m, str) and m for m in markers):
+                    raise ValueError("markers must be non-empty strings")
+                self.mock.hold(*markers)
+            elif spec.get("all") is True:
+                self.mock.release()
+            else:
+                if not isinstance(spec.get("marker"), str):
+                    raise ValueError("marker must be a string")
+                self.mock.release(spec["marker"])
+        except (ValueError, AttributeError, KeyError, TypeError) as exc:
+            self._send_error_json(400, f"bad hold request: {exc!r}", "bad_hold")
+            return
+        self._send_json(200, {"ok": True})
 
     def _control_script(self, raw: bytes) -> None:
         try:

@@ -100,8 +100,8 @@ def stop_process(
     return time.perf_counter() - started
 
 
-def _spawn(argv: list[str], env: Mapping[str, str], log_path: str) -> subprocess.Popen:
-    with open(log_path, "w", encoding="utf-8") as log:
+def _spawn(argv: list[str], env: Mapping[str, str], log_path: str, *, append: bool = False) -> subprocess.Popen:
+    with open(log_path, "a" if append else "w", encoding="utf-8") as log:
         return subprocess.Popen(argv, cwd=ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -422,6 +422,27 @@ class MockOpenAIProcess:
         with urllib.request.urlopen(f"{root}/_mock/requests", timeout=30) as response:
             return json.loads(response.read())["requests"]
 
+    def _control(self, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        root = self.base_url.removesuffix("/v1")
+        data = None if payload is None else json.dumps(payload).encode()
+        request = urllib.request.Request(f"{root}{path}", data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def hold(self, *markers: str) -> None:
+        """Requests whose last user message carries one of ``markers`` wait until released."""
+        self._control("/_mock/hold", {"markers": list(markers)})
+
+    def release(self, marker: str) -> None:
+        self._control("/_mock/release", {"marker": marker})
+
+    def release_all(self) -> None:
+        self._control("/_mock/release", {"all": True})
+
+    def has_held(self, marker: str) -> bool:
+        """Is a request carrying ``marker`` waiting now?"""
+        return marker in self._control("/_mock/held")["held"]
+
     def stop(self, timeout: float = 10.0) -> None:
         stop_process(self.process, timeout=timeout)
         if self.process.stdout is not None:
@@ -474,6 +495,8 @@ class NodeHostProcess:
     process: subprocess.Popen
     state_dir: str
     log_path: str
+    argv: list[str]
+    env: dict[str, str]
 
     def log(self) -> str:
         return read_log(self.log_path)
@@ -490,21 +513,39 @@ class NodeHostProcess:
             time.sleep(0.05)
         raise RuntimeError(f"the node host announced no pairing request:\n{self.log()}")
 
+    def invokes(self, command: str) -> int:
+        """How many ``command`` invokes the node received (it logs one line per invoke), over all its runs."""
+        return len(re.findall(rf"invoke {re.escape(command)} id=", self.log()))
+
     def stop(self, sig: int = signal.SIGTERM) -> int:
         stop_process(self.process, sig)
         return self.process.returncode
 
+    def start_again(self) -> None:
+        """Start the node host again with the same state dir (identity, token, bundles, workspaces)."""
+        if self.process.poll() is None:
+            raise RuntimeError("the node host is still running")
+        self.process = _spawn(self.argv, self.env, self.log_path, append=True)
 
-def start_node_host(server: GatewayServer, *, capacity: int = 2, capacity_wait_ms: int = 750) -> NodeHostProcess:
-    """A node host for ``server``, with a fresh state dir; the shared token comes from the environment."""
-    state_dir = tempfile.mkdtemp(prefix="node-host-")
+
+def start_node_host(
+    server: GatewayServer,
+    *,
+    capacity: int = 2,
+    capacity_wait_ms: int = 750,
+    gateway_url: str | None = None,
+    state_dir: str | None = None,
+) -> NodeHostProcess:
+    """A node host for ``server`` (at ``gateway_url``, default its own URL), with a fresh state dir unless
+    one is given; the shared token comes from the environment."""
+    state_dir = state_dir or tempfile.mkdtemp(prefix="node-host-")
     log_path = os.path.join(state_dir, "node-host.log")
     argv = [
         sys.executable,
         "-m",
         "openclaw_client.node",
         "--gateway",
-        server.url,
+        gateway_url or server.url,
         "--state-dir",
         state_dir,
         "--capacity",
@@ -515,4 +556,4 @@ def start_node_host(server: GatewayServer, *, capacity: int = 2, capacity_wait_m
         "test-node-host",
     ]
     env = {**os.environ, "OPENCLAW_GATEWAY_TOKEN": server.token, "PYTHONUNBUFFERED": "1"}
-    return NodeHostProcess(_spawn(argv, env, log_path), state_dir, log_path)
+    return NodeHostProcess(_spawn(argv, env, log_path), state_dir, log_path, argv, env)

@@ -16,9 +16,11 @@ from django.utils import timezone
 from openclaw_site.gateway import selectors as gateway_selectors
 from openclaw_site.gateway.models import PairedDevice
 
+from ..node_calls import NodeCommandFailed, call_node
 from .base import Inspection, WorkerLease, WorkerProfile, WorkerProviderError
 
 PROVIDER_ID = "device"
+STOP_COMMAND = "worker.environment.stop.v1"
 # A disconnected node's environments stay dormant this long, then its leases count as gone.
 DORMANCY = timedelta(days=14)
 
@@ -65,11 +67,24 @@ class DeviceProvider:
         return Inspection("unknown")
 
     def destroy(self, lease_id: str, profile: WorkerProfile) -> None:
-        """The lease is logical; what must be proven is that the node stopped its worker, which only a
-        connected node can confirm. A node that is gone leaves the teardown pending (the sweep retries)."""
+        """The lease is logical; what must be proven is that the node stopped the lease's workers and
+        deleted its workspace, which only a connected node can confirm. A node that is gone leaves
+        the teardown pending (the sweep retries)."""
         device_id = _device_id(profile)
-        if gateway_selectors.live_node_connection(device_id) is None:
+        connection = gateway_selectors.live_node_connection(device_id)
+        if connection is None:
             raise WorkerProviderError(not_connected(device_id), code="cleanup_indeterminate")
+        if STOP_COMMAND not in (connection.commands or []):
+            return  # a node without the worker commands never ran anything of this gateway's
+        try:
+            call_node(device_id, STOP_COMMAND, {"leaseId": lease_id})
+        except NodeCommandFailed as failure:
+            if failure.code in ("NOT_CONNECTED", "TIMEOUT"):
+                raise WorkerProviderError(not_connected(device_id), code="cleanup_indeterminate") from None
+            raise WorkerProviderError(
+                f"device worker node {device_id} could not stop the environment: {failure.message}",
+                code="cleanup_indeterminate",
+            ) from None
 
 
 def _device_id(profile: WorkerProfile) -> str:

@@ -3,7 +3,8 @@ dies mid-move leaves a record that recovery finishes; an identical request joins
 
 Back to the gateway the path is active → draining → reconciling → local (never through
 ``reclaimed``): admission closes, the worker's turn claim is fenced, the source environment is torn
-down, and the session runs locally again.
+down (after the worker's workspace changes were applied to the session's worktree), and the
+session runs locally again.
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ from openclaw_site.gateway.background import executor_label
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest
 from sessions_app.models import Session
 
-from ..models import EnvironmentState, MoveTargetKind, Placement, PlacementMove, PlacementState, WorkerEnvironment
+from ..models import (
+    TERMINAL_ENVIRONMENT_STATES,
+    EnvironmentState,
+    MoveTargetKind,
+    Placement,
+    PlacementMove,
+    PlacementState,
+    WorkerEnvironment,
+)
+from ..providers import WorkerProviderError
+from ..runtimes import worker_runtimes
 from . import placements as store
 from .dispatch import dispatch_start
 from .placements import FORCED_WORKER_ABANDONMENT_ERROR, Actor, now_ms
@@ -113,7 +124,9 @@ def _finish_move(session: Session, *, actor: Actor) -> Placement:
         # This driver now owns the move (recovery finishes it only if the driver dies).
         Placement.objects.filter(pk=session.pk, generation=placement.generation).update(dispatch_owner=executor_label())
         placement = fence(session, placement, actor=actor, reason=reason)
-    errors = teardown_environment(intent.source_environment_id, terminal_state="destroyed")
+    # The worker's changes come home before its environment goes (unless the source is abandoned).
+    problem = None if intent.abandon_source else _reconcile_source_workspace(session, placement, intent)
+    errors = [problem] if problem else teardown_environment(intent.source_environment_id, terminal_state="destroyed")
     if errors and not intent.abandon_source:
         error = composed_error(f"Worker move to {_target_words(intent)} failed; retry the move", errors)
         PlacementMove.objects.filter(pk=intent.pk).update(last_error=error, updated_at_ms=now_ms())
@@ -138,6 +151,21 @@ def _finish_move(session: Session, *, actor: Actor) -> Placement:
                 session=session, target=f"{intent.target_kind}:{intent.target_id}", actor=actor
             )
     return placement
+
+
+def _reconcile_source_workspace(session: Session, placement: Placement, intent: PlacementMove) -> str | None:
+    """Apply the source worker's workspace changes to the session's worktree; the failure's reason, or None."""
+    environment = WorkerEnvironment.objects.filter(pk=intent.source_environment_id).first()
+    if environment is None or environment.state in TERMINAL_ENVIRONMENT_STATES:
+        return None
+    runtime = worker_runtimes.for_provider(environment.provider_id)
+    if runtime is None:
+        return None
+    try:
+        runtime.reconcile_workspace(session, placement, environment)
+    except WorkerProviderError as error:
+        return error.message
+    return None
 
 
 def _target_words(intent: PlacementMove) -> str:

@@ -18,9 +18,37 @@ def node_host_declare(*, node_id: str, conn_id: str, declaration: Declaration) -
             "protocol_features": declaration.protocol_features,
             "worker_host": declaration.worker_host,
             "update_required": declaration.update_required,
+            # What this connection's node holds is unknown until it answers a retain.
+            "bundle_hash": "",
+            "bundle_status": "",
             "updated_at_ms": now_ms(),
         },
     )
     # node.list rows show the declaration: every process's memoized catalog must be refreshed.
     gateway_selectors.node_catalog_changed()
     return host
+
+
+def node_bundle_record(*, node_id: str, bundle_hash: str, status: str, conn_id: str | None = None) -> bool:
+    """Record whether the node (on ``conn_id``, default its live connection) holds the bundle ``bundle_hash``."""
+    if conn_id is None:
+        connection = gateway_selectors.live_node_connection(node_id)
+        if connection is None:
+            return False
+        conn_id = str(connection.conn_id)
+    updated = NodeWorkerHost.objects.filter(node_id=node_id, conn_id=conn_id).update(
+        bundle_hash=bundle_hash, bundle_status=status, updated_at_ms=now_ms()
+    )
+    if updated:
+        gateway_selectors.node_catalog_changed()
+    return bool(updated)
+
+
+def node_bundle_installed(node_id: str, bundle_hash: str) -> bool:
+    """Did the node's live connection report (or receive) the bundle ``bundle_hash`` installed?"""
+    connection = gateway_selectors.live_node_connection(node_id)
+    if connection is None:
+        return False
+    return NodeWorkerHost.objects.filter(
+        node_id=node_id, conn_id=str(connection.conn_id), bundle_hash=bundle_hash, bundle_status="installed"
+    ).exists()

@@ -1,0 +1,360 @@
+"""Port of seed 004 (``paired-node-worker-lifecycle-wire.e2e.test.ts``): local control stays usable across
+bundle loss, disconnect, capacity and role removal of a paired node worker host.
+
+Same steps and assertions, in order: a gateway whose model is the project's mock OpenAI server (with
+hold markers), an operator over a real WebSocket, and the project's node host in its own process
+(capacity 2, 750 ms capacity wait), paired by the operator. Worktree sessions of a published git
+workspace; a dispatch to the node (its bundle hash is 64 hex); a node turn and a local turn; a move
+back to the gateway with the exact source facts, a local turn, a dispatch back and a node turn; the
+public bundle projection (``installed`` with only status and version); the bundle directory deleted and
+the node reconnected → ``missing`` (a retain was sent), a local turn, then a new session's dispatch
+reinstalls exactly once → ``installed``; the node disconnected → a turn fails as ``runner-offline``,
+the placement stays active, local turns work, and after reconnect the same session's turn succeeds; two
+held turns fill both slots and a third fails on capacity with its user message (and no reply) in
+history, the placement active, a local turn working, and a retry succeeding once a slot frees; and
+``node.pair.remove`` cleans the environment and the placement up before it answers, the old
+credentials are refused, the node shows not connected, and local turns go on.
+
+Then the same with the node on a second gateway process (operator on process A, node on process B).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openclaw_client.client import ConnectError, GatewayClient
+from tests.support.clients import call_once, node, operator
+from tests.support.mock_openai import MockOpenAI
+from tests.support.processes import GatewayServer, NodeHostProcess, start_node_host
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+SESSION_PREFIX = "agent:qa:paired-node-worker-lifecycle"
+HOLD_A = "WIRE-HOLD-A"
+HOLD_B = "WIRE-HOLD-B"
+TURN_TIMEOUT_MS = 60_000
+WAIT_S = 30.0
+INSTALL_COMMAND = "worker.bundle.install.v1"
+RETAIN_COMMAND = "worker.workspace.retain.v1"
+
+
+def publish_workspace(root: Path) -> Path:
+    """A git checkout with a few files on ``main``: the source of the sessions' worktrees."""
+    source = root / "published"
+    source.mkdir(parents=True)
+    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", "-C", str(source)]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    (source / "README.md").write_text("published workspace\n")
+    (source / "src").mkdir()
+    (source / "src" / "app.py").write_text("print('hello from the worker')\n")
+    (source / "run.sh").write_text("#!/bin/sh\necho run\n")
+    (source / "run.sh").chmod(0o755)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "publish"], check=True)
+    return source
+
+
+def message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content or [] if isinstance(part, dict))
+
+
+async def eventually(check, *, timeout: float = WAIT_S, interval: float = 0.1):
+    """``await check()`` until it stops raising AssertionError (the seed's ``vi.waitFor``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await check()
+        except AssertionError:
+            if time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(interval)
+
+
+class Wire:
+    """The seed's helpers, over one operator connection."""
+
+    def __init__(self, client: GatewayClient, published: Path):
+        self.client = client
+        self.published = published
+
+    async def create_session(self, suffix: str) -> str:
+        key = f"{SESSION_PREFIX}:{suffix}"
+        await self.client.request(
+            "sessions.create",
+            {
+                "key": key,
+                "agentId": "qa",
+                "worktree": True,
+                "worktreeName": f"paired-node-{suffix}",
+                "worktreeBaseRef": "main",
+                "cwd": str(self.published),
+            },
+        )
+        return key
+
+    async def dispatch_node_session(self, key: str, node_id: str) -> dict[str, Any]:
+        result = await self.client.request("sessions.dispatch", {"key": key, "deviceId": node_id}, timeout=120)
+        assert result["placement"]["state"] == "active", result
+        return result["placement"]
+
+    async def start_turn(self, key: str, marker: str) -> str:
+        run_id = f"{marker.lower()}-{int(time.time() * 1000)}"
+        started = await self.client.request(
+            "chat.send",
+            {"sessionKey": key, "message": f"Reply exactly: {marker}", "deliver": False, "idempotencyKey": run_id},
+        )
+        assert started["runId"] == run_id and started["status"] == "started", started
+        return run_id
+
+    async def wait_for_turn(self, run_id: str) -> dict[str, Any]:
+        return await self.client.request(
+            "agent.wait", {"runId": run_id, "timeoutMs": TURN_TIMEOUT_MS}, timeout=TURN_TIMEOUT_MS / 1000 + 5
+        )
+
+    async def history(self, key: str) -> list[dict[str, Any]]:
+        return (await self.client.request("chat.history", {"sessionKey": key, "limit": 100}))["messages"]
+
+    async def expect_successful_turn(self, key: str, marker: str) -> None:
+        run_id = await self.start_turn(key, marker)
+        waited = await self.wait_for_turn(run_id)
+        assert waited["status"] == "ok", waited
+
+        async def replied():
+            messages = await self.history(key)
+            assert any(m.get("role") == "assistant" and marker in message_text(m) for m in messages), messages
+
+        await eventually(replied)
+
+    async def describe_placement(self, key: str) -> dict[str, Any]:
+        described = await self.client.request("sessions.describe", {"key": key})
+        return described["session"].get("placement") or {}
+
+    async def read_node(self, node_id: str) -> dict[str, Any] | None:
+        nodes = (await self.client.request("node.list", {}))["nodes"]
+        return next((row for row in nodes if row["nodeId"] == node_id), None)
+
+    async def read_environments(self) -> list[dict[str, Any]]:
+        return (await self.client.request("environments.list", {}))["environments"]
+
+    async def expect_public_bundle_status(self, node_id: str, status: str) -> None:
+        async def projected():
+            row = await self.read_node(node_id)
+            environment = next((e for e in await self.read_environments() if e["id"] == f"node:{node_id}"), None)
+            assert row is not None and environment is not None
+            for projection in (row.get("workerBundle"), environment.get("workerBundle")):
+                assert projection is not None and projection["status"] == status, (row, environment)
+                assert sorted(projection) == (["status", "version"] if status == "installed" else ["status"])
+                assert "bundleHash" not in projection and "path" not in projection
+
+        await eventually(projected)
+
+
+def node_id_of(node_host: NodeHostProcess) -> str:
+    identity = json.loads((Path(node_host.state_dir) / "identity" / "device.json").read_text())
+    return identity["deviceId"]
+
+
+async def wait_connected(wire: Wire, node_id: str) -> None:
+    async def hosting():
+        row = await wire.read_node(node_id)
+        assert row is not None and row.get("connected") is True and row.get("sessionHost") is True, row
+
+    await eventually(hosting)
+
+
+def lifecycle(gateway: GatewayServer, node_gateway: GatewayServer, mock: MockOpenAI, root: Path) -> None:
+    published = publish_workspace(root)
+    mock.hold(HOLD_A, HOLD_B)
+    node_host = start_node_host(node_gateway, capacity=2, capacity_wait_ms=750)
+    try:
+        call_once(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
+        asyncio.run(scenario(gateway, node_host, mock, published))
+    finally:
+        mock.release()
+        node_host.stop()
+    assert "Traceback" not in node_host.log(), node_host.log()
+
+
+async def scenario(gateway: GatewayServer, node_host: NodeHostProcess, mock: MockOpenAI, published: Path) -> None:
+    client = operator(gateway)
+    await client.connect()
+    wire = Wire(client, published)
+    try:
+        node_id = node_id_of(node_host)
+        await wait_connected(wire, node_id)
+        local_key = await wire.create_session("local-control")
+        retained_key = await wire.create_session("retention")
+        retained_placement = await wire.dispatch_node_session(retained_key, node_id)
+        bundle_hash = retained_placement["workerBundleHash"]
+        assert re.fullmatch(r"[a-f0-9]{64}", bundle_hash)
+
+        # Local and node-placed sessions share the gateway without sharing failure state.
+        await wire.expect_successful_turn(retained_key, "WIRE-NODE-BASELINE")
+        await wire.expect_successful_turn(local_key, "WIRE-LOCAL-BASELINE")
+
+        # Stop-and-continue moves reconcile the source before returning local, never pass through
+        # reclaimed, and the same session can dispatch back to its paired node afterwards.
+        source = await wire.describe_placement(retained_key)
+        assert source["state"] == "active" and source["environmentId"] == retained_placement["environmentId"]
+        assert isinstance(source["generation"], int) and isinstance(source["activeOwnerEpoch"], int)
+        moved = await client.request(
+            "sessions.move",
+            {
+                "key": retained_key,
+                "expected": {
+                    "generation": source["generation"],
+                    "environmentId": source["environmentId"],
+                    "ownerEpoch": source["activeOwnerEpoch"],
+                },
+                "target": {"kind": "gateway"},
+            },
+            timeout=120,
+        )
+        assert moved["placement"]["state"] == "local"
+        assert (await wire.describe_placement(retained_key))["state"] == "local"
+        await wire.expect_successful_turn(retained_key, "WIRE-MOVED-LOCAL")
+        await wire.dispatch_node_session(retained_key, node_id)
+        await wire.expect_successful_turn(retained_key, "WIRE-MOVED-BACK")
+
+        # Bundle maintenance reports only the public status/version projection and repairs loss.
+        await wire.expect_public_bundle_status(node_id, "installed")
+        installed_bundle = Path(node_host.state_dir) / "bundles" / bundle_hash
+        assert installed_bundle.is_dir()
+        installs_before_loss = node_host.invokes(INSTALL_COMMAND)
+        shutil.rmtree(installed_bundle)
+        node_host.stop()
+        node_host.start_again()
+        await wire.expect_public_bundle_status(node_id, "missing")
+        assert node_host.invokes(RETAIN_COMMAND) > 0
+        await wire.expect_successful_turn(local_key, "WIRE-LOCAL-AFTER-LOSS")
+
+        repaired_key = await wire.create_session("reinstalled")
+        await wire.dispatch_node_session(repaired_key, node_id)
+
+        async def reinstalled_once():
+            assert node_host.invokes(INSTALL_COMMAND) == installs_before_loss + 1
+
+        await eventually(reinstalled_once)
+        await wire.expect_public_bundle_status(node_id, "installed")
+
+        # An offline runner fails before handoff, leaves the active placement retryable, and does not
+        # end the independent local session.
+        node_host.stop()
+        offline_run = await wire.start_turn(repaired_key, "WIRE-OFFLINE-ATTEMPT")
+        offline = await wire.wait_for_turn(offline_run)
+        assert offline["status"] != "ok"
+        assert re.search(r"runner-offline|runner is offline|reconnect", json.dumps(offline), re.IGNORECASE), offline
+        assert (await wire.describe_placement(repaired_key))["state"] == "active"
+        await wire.expect_successful_turn(local_key, "WIRE-LOCAL-AFTER-OFFLINE")
+        node_host.start_again()
+        await wait_connected(wire, node_id)
+        await wire.expect_successful_turn(repaired_key, "WIRE-OFFLINE-RETRY")
+
+        # Two real worker children in flight take both slots; the third turn fails on capacity at the
+        # public RPC, history and placement boundaries.
+        hold_a_key = await wire.create_session("capacity-a")
+        hold_b_key = await wire.create_session("capacity-b")
+        capacity_key = await wire.create_session("capacity-c")
+        await wire.dispatch_node_session(hold_a_key, node_id)
+        await wire.dispatch_node_session(hold_b_key, node_id)
+        await wire.dispatch_node_session(capacity_key, node_id)
+        hold_a_run = await wire.start_turn(hold_a_key, HOLD_A)
+        hold_b_run = await wire.start_turn(hold_b_key, HOLD_B)
+
+        async def both_held():
+            assert mock.held() == sorted([HOLD_A, HOLD_B])
+
+        await eventually(both_held)
+        capacity_run = await wire.start_turn(capacity_key, "WIRE-CAPACITY-ATTEMPT")
+        capacity = await wire.wait_for_turn(capacity_run)
+        assert capacity["status"] != "ok"
+        assert re.search(r"capacity", json.dumps(capacity), re.IGNORECASE), capacity
+        assert (await wire.describe_placement(capacity_key))["state"] == "active"
+
+        async def asked_not_answered():
+            messages = await wire.history(capacity_key)
+            assert any(m.get("role") == "user" and "WIRE-CAPACITY-ATTEMPT" in message_text(m) for m in messages)
+            assert not any(
+                m.get("role") == "assistant" and "WIRE-CAPACITY-ATTEMPT" in message_text(m) for m in messages
+            )
+
+        await eventually(asked_not_answered)
+        await wire.expect_successful_turn(local_key, "WIRE-LOCAL-AT-CAPACITY")
+        mock.release(HOLD_A)
+        assert (await wire.wait_for_turn(hold_a_run))["status"] == "ok"
+        await wire.expect_successful_turn(capacity_key, "WIRE-CAPACITY-RETRY")
+        mock.release(HOLD_B)
+        assert (await wire.wait_for_turn(hold_b_run))["status"] == "ok"
+
+        # Node-role removal waits for environment and placement cleanup before it answers, invalidates
+        # the old connection, and leaves local execution available.
+        removal_key = await wire.create_session("role-removal")
+        removal_placement = await wire.dispatch_node_session(removal_key, node_id)
+        removed = await client.request("node.pair.remove", {"nodeId": node_id}, timeout=120)
+        assert removed["nodeId"] == node_id
+        environment = next(e for e in await wire.read_environments() if e["id"] == removal_placement["environmentId"])
+        assert environment["worker"]["state"] in ("destroyed", "failed", "orphaned"), environment
+        assert (await wire.describe_placement(removal_key))["state"] == "failed"
+        with pytest.raises(ConnectError):
+            # The removed node's own credentials (identity and device token) can no longer connect.
+            stale = node(node_host_gateway(node_host), state_dir=node_host.state_dir, token=None)
+            await stale.connect()
+            await stale.request("node.runnerInventory.update", {"protocolFeatures": []})
+
+        async def not_connected():
+            row = await wire.read_node(node_id)
+            assert row is None or row.get("connected") is not True, row
+
+        await eventually(not_connected)
+        await wire.expect_successful_turn(local_key, "WIRE-LOCAL-AFTER-REMOVAL")
+    finally:
+        await client.close()
+
+
+def node_host_gateway(node_host: NodeHostProcess):
+    """The gateway the node host talks to, as ``tests.support.clients.node`` takes it."""
+    url = node_host.argv[node_host.argv.index("--gateway") + 1]
+    return type("NodeGateway", (), {"url": url, "token": None})()
+
+
+@pytest.fixture
+def workspace_root(tmp_path) -> Path:
+    root = tmp_path / "allowed"
+    root.mkdir()
+    return root
+
+
+def model_env(mock: MockOpenAI, workspace_root: Path) -> dict[str, str]:
+    return {
+        "OPENCLAW_MODEL_BASE_URL": mock.base_url,
+        "OPENCLAW_MODEL_API_KEY": "sk-test",
+        "OPENCLAW_MODEL": "mock-model",
+        "OPENCLAW_MODEL_READ_TIMEOUT_S": "60",
+        "OPENCLAW_WORKSPACE_ROOTS": str(workspace_root),
+    }
+
+
+def test_local_control_survives_bundle_loss_disconnect_capacity_and_role_removal(
+    gateway_factory, mock_openai, workspace_root
+):
+    gateway = gateway_factory(extra_env=model_env(mock_openai, workspace_root))
+    lifecycle(gateway, gateway, mock_openai, workspace_root)
+
+
+@pytest.mark.redis
+def test_the_same_with_the_node_on_a_second_gateway_process(gateway_factory, mock_openai, workspace_root):
+    gateway_a = gateway_factory(extra_env=model_env(mock_openai, workspace_root))
+    gateway_b = gateway_factory(extra_env=model_env(mock_openai, workspace_root))
+    lifecycle(gateway_a, gateway_b, mock_openai, workspace_root)

@@ -1,0 +1,143 @@
+"""Model inference for worker turns, proxied through the gateway (docs/node-worker-protocol.md).
+
+A worker child on a node asks the model through this gateway, never directly: the gateway's model
+provider (and its key) stay here. The child holds a token minted for one run on one node; it is
+good only while that run is running on that node's active placement. The reply streams back as
+server-sent events of OpenAI chat-completion chunks, as the gateway's provider yields them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core import signing
+
+from sessions_app.model_providers import Aborted, ChatMessage, Delta, Finish, ModelProviderError, get_model_provider
+from sessions_app.models import Run, RunStatus
+from sessions_app.services.runs import abort_requested
+
+from .models import Placement, PlacementState, WorkerEnvironment
+
+logger = logging.getLogger(__name__)
+
+INFERENCE_PATH = "/api/workers/inference/chat/completions"
+TOKEN_SALT = "openclaw.workers.inference"
+ABORT_POLL_INTERVAL_S = 0.1
+
+
+@dataclass(frozen=True)
+class InferenceGrant:
+    run_id: str
+    node_id: str
+
+
+def inference_token(run_id: str, node_id: str) -> str:
+    """A token for the inference of run ``run_id`` by node ``node_id`` (signed; nothing stored)."""
+    return signing.dumps({"r": run_id, "n": node_id}, salt=TOKEN_SALT, compress=True)
+
+
+def token_lifetime_s() -> int:
+    return int(settings.CELERY_TASK_SOFT_TIME_LIMIT) + 60
+
+
+def grant_for(token: str) -> InferenceGrant | None:
+    """The grant a token carries, if its signature holds and it has not expired."""
+    try:
+        value = signing.loads(token, salt=TOKEN_SALT, max_age=token_lifetime_s())
+    except signing.BadSignature:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("r"), str) or not isinstance(value.get("n"), str):
+        return None
+    return InferenceGrant(run_id=value["r"], node_id=value["n"])
+
+
+def running_run(grant: InferenceGrant) -> Run | None:
+    """The grant's run, while it is running on an active placement on the grant's node."""
+    run = Run.objects.filter(run_id=grant.run_id, status=RunStatus.RUNNING).select_related("session").first()
+    if run is None:
+        return None
+    placement = Placement.objects.filter(pk=run.session_id, state=PlacementState.ACTIVE).first()
+    if placement is None or not placement.environment_id:
+        return None
+    on_node = WorkerEnvironment.objects.filter(pk=placement.environment_id, node_device_id=grant.node_id).exists()
+    return run if on_node else None
+
+
+def _sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+async def completion_stream(run: Run, messages: list[ChatMessage], model: str) -> AsyncIterator[bytes]:
+    """The provider's reply as SSE chunks; the provider runs in a thread and stops when the run is
+    aborted or the worker hangs up."""
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    hung_up = threading.Event()
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    checked_at: list[float] = [0.0]
+    aborted: list[bool] = [False]
+
+    def should_abort() -> bool:
+        now = time.monotonic()
+        if not aborted[0] and now - checked_at[0] >= ABORT_POLL_INTERVAL_S:
+            checked_at[0] = now
+            aborted[0] = abort_requested(run)
+        return hung_up.is_set() or aborted[0]
+
+    def put(kind: str, value: Any = None) -> None:
+        loop.call_soon_threadsafe(items.put_nowait, (kind, value))
+
+    def produce() -> None:
+        try:
+            for item in get_model_provider().stream(messages, model=model, should_abort=should_abort):
+                put("item", item)
+            put("end")
+        except Aborted:
+            put("error", {"kind": "aborted", "message": "the turn was aborted"})
+        except ModelProviderError as error:
+            put("error", {"kind": error.kind, "message": error.summary})
+        except Exception:
+            error_id = uuid.uuid4().hex[:12]
+            logger.exception("inference for run %s failed (errorId=%s)", run.run_id, error_id)
+            put("error", {"kind": "unknown", "message": f"model call failed (errorId={error_id})"})
+
+    loop.run_in_executor(None, produce)
+    try:
+        while True:
+            kind, value = await items.get()
+            if kind == "item" and isinstance(value, Delta):
+                yield _sse(_chunk(completion_id, model, {"content": value.text}, None))
+            elif kind == "item" and isinstance(value, Finish):
+                chunk = _chunk(completion_id, value.model or model, {}, value.stop_reason or "stop")
+                if value.usage:
+                    chunk["usage"] = value.usage
+                yield _sse(chunk)
+            elif kind == "error":
+                yield _sse({"error": value})
+                yield _sse("[DONE]")
+                return
+            elif kind == "end":
+                yield _sse("[DONE]")
+                return
+    finally:
+        hung_up.set()  # the provider thread stops at its next check
+
+
+def _chunk(completion_id: str, model: str, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }

@@ -1,0 +1,253 @@
+"""The node host as the worker runtime (docs/node-worker-protocol.md): every environment whose lease is
+a node — a paired ``device``, a ``local`` node host, a ``static-ssh`` host enrolled as a node — is
+brought up, synced, reconciled and stopped the same way, through the node's private commands.
+
+* bootstrap — the node installs this gateway's worker bundle, unless it reported it installed;
+* sync — the session's worktree goes over as a content-addressed manifest, and only the blobs the
+  node lacks are sent, in bounded batches;
+* start — the node confirms the workspace is in place on the connection that will run the turns;
+* reconcile — on the way back, the node's changes to the workspace are applied to the worktree;
+* stop — the node deletes the environment's workspace (the device provider's teardown).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from openclaw_client.workspace import WorkspaceError, build_manifest, manifest_ref, validate_manifest
+from sessions_app.models import Session
+
+from .bundle import current_bundle
+from .models import Placement, WorkerEnvironment
+from .node_calls import NodeCommandFailed, call_node
+from .providers import WorkerProviderError
+from .providers.device import not_connected
+from .runtimes import BootstrapReceipt, WorkspaceSync
+from .services import node_hosts
+
+logger = logging.getLogger(__name__)
+
+WORKER_SUPERVISOR_FEATURE = "node-worker-supervisor-v6"
+INSTALL_TIMEOUT_MS = 600_000
+SYNC_TIMEOUT_MS = 120_000
+# Raw bytes of blob content per prepare call (base64 makes the frame a third larger).
+SYNC_BATCH_BYTES = 4 * 1024 * 1024
+# A node that still lacks content after it was all sent is asked again, this many times in all.
+SYNC_ROUNDS = 3
+
+
+def node_of(environment: WorkerEnvironment) -> str:
+    if not environment.node_device_id:
+        raise WorkerProviderError(f"worker environment {environment.pk} has no node to run on")
+    return environment.node_device_id
+
+
+def node_failure(node_id: str, failure: NodeCommandFailed, what: str) -> WorkerProviderError:
+    """A node command's failure as the dispatch (or teardown) reports it."""
+    if failure.code == "NOT_CONNECTED":
+        return WorkerProviderError(not_connected(node_id))
+    return WorkerProviderError(f"{what}: {failure.message}")
+
+
+def session_workspace_root(session: Session) -> Path | None:
+    """The directory a placed session's workspace comes from: its managed worktree (None: no workspace)."""
+    worktree = session.worktree or {}
+    path = worktree.get("path")
+    return Path(path) if path else None
+
+
+class NodeWorkerRuntime:
+    """The :class:`~workers_app.runtimes.WorkerRuntime` of node-leased environments."""
+
+    def bootstrap(self, environment: WorkerEnvironment) -> BootstrapReceipt:
+        node_id = node_of(environment)
+        bundle = current_bundle()
+        if node_hosts.node_bundle_installed(node_id, bundle.sha256):
+            return BootstrapReceipt(bundle.sha256, bundle.version, [WORKER_SUPERVISOR_FEATURE], "existing")
+        try:
+            receipt = call_node(
+                node_id,
+                "worker.bundle.install.v1",
+                {
+                    "bundleHash": bundle.sha256,
+                    "openclawVersion": bundle.version,
+                    "downloadPath": f"/api/workers/bundle/{bundle.sha256}",
+                    "sizeBytes": bundle.size,
+                    "idempotencyKey": f"default:{bundle.sha256}",
+                },
+                timeout_ms=INSTALL_TIMEOUT_MS,
+            )
+        except NodeCommandFailed as failure:
+            raise node_failure(node_id, failure, "Device worker bundle installation failed") from None
+        if (
+            not isinstance(receipt, dict)
+            or receipt.get("bundleHash") != bundle.sha256
+            or receipt.get("openclawVersion") != bundle.version
+        ):
+            raise WorkerProviderError("Device worker bundle installer returned a mismatched build receipt")
+        node_hosts.node_bundle_record(node_id=node_id, bundle_hash=bundle.sha256, status="installed")
+        features = receipt.get("protocolFeatures")
+        return BootstrapReceipt(
+            bundle.sha256,
+            bundle.version,
+            [str(feature) for feature in features] if isinstance(features, list) else [WORKER_SUPERVISOR_FEATURE],
+            str(receipt.get("installKind") or "installed")[:16],
+        )
+
+    def sync_workspace(self, session: Session, placement: Placement, environment: WorkerEnvironment) -> WorkspaceSync:
+        node_id = node_of(environment)
+        root = session_workspace_root(session)
+        try:
+            manifest = build_manifest(root) if root is not None and root.is_dir() else []
+        except WorkspaceError as error:
+            raise WorkerProviderError(f"session workspace cannot be synced: {error}") from None
+        ref = manifest_ref(manifest)
+        params = {
+            "environmentId": environment.pk,
+            "leaseId": environment.lease_id,
+            "sessionId": session.session_id,
+            "manifestRef": ref,
+            "manifest": manifest,
+        }
+        by_digest = {entry["sha256"]: entry["path"] for entry in manifest}
+        answer = self._prepare(node_id, params)
+        for _round in range(SYNC_ROUNDS):
+            if answer.get("status") != "missing":
+                break
+            missing = answer.get("missing")
+            if not isinstance(missing, list) or not missing or any(digest not in by_digest for digest in missing):
+                raise WorkerProviderError("worker node asked for content outside the workspace manifest")
+            for batch in _blob_batches(root, by_digest, missing):
+                answer = self._prepare(node_id, {**params, "blobs": batch})
+        if answer.get("status") != "ready":
+            raise WorkerProviderError("worker node did not confirm the synced workspace")
+        return WorkspaceSync(manifest_ref=ref, remote_workspace_dir=str(answer.get("remoteWorkspaceDir") or ""))
+
+    def _prepare(self, node_id: str, params: dict[str, Any]) -> dict[str, Any]:
+        try:
+            answer = call_node(node_id, "worker.workspace.prepare.v1", params, timeout_ms=SYNC_TIMEOUT_MS)
+        except NodeCommandFailed as failure:
+            raise node_failure(node_id, failure, "Worker workspace sync failed") from None
+        if not isinstance(answer, dict):
+            raise WorkerProviderError("worker node answered the workspace sync with an invalid status")
+        return answer
+
+    def start(self, session: Session, placement: Placement, environment: WorkerEnvironment) -> None:
+        node_id = node_of(environment)
+        try:
+            status = call_node(node_id, "worker.status.v1", {})
+        except NodeCommandFailed as failure:
+            raise node_failure(node_id, failure, "Worker start failed") from None
+        environments = status.get("environments") if isinstance(status, dict) else None
+        if not isinstance(environments, list) or environment.pk not in environments:
+            raise WorkerProviderError("Worker start failed: the node does not hold the synced workspace")
+
+    def reconcile_workspace(self, session: Session, placement: Placement, environment: WorkerEnvironment) -> int:
+        """Apply the node's changes to the session's worktree; returns how many paths changed."""
+        node_id = node_of(environment)
+        root = session_workspace_root(session)
+        base_ref = placement.workspace_base_manifest_ref
+        if root is None or not base_ref:
+            return 0
+        cursor: str | None = None
+        manifest: list[dict[str, Any]] | None = None
+        blobs: dict[str, bytes] = {}
+        while True:
+            params: dict[str, Any] = {"environmentId": environment.pk, "baseManifestRef": base_ref}
+            if cursor:
+                params["cursor"] = cursor
+            try:
+                answer = call_node(node_id, "worker.workspace.export.v1", params, timeout_ms=SYNC_TIMEOUT_MS)
+            except NodeCommandFailed as failure:
+                raise node_failure(node_id, failure, "Worker workspace reconcile failed") from None
+            if not isinstance(answer, dict) or not isinstance(answer.get("manifest"), list):
+                raise WorkerProviderError("worker node answered the workspace export with an invalid manifest")
+            manifest = answer["manifest"]
+            try:
+                for digest, encoded in (answer.get("blobs") or {}).items():
+                    blobs[digest] = base64.b64decode(encoded, validate=True)
+            except (ValueError, AttributeError):
+                raise WorkerProviderError("worker node exported undecodable workspace content") from None
+            cursor = answer.get("cursor")
+            if not answer.get("hasMore"):
+                break
+        try:
+            return apply_workspace_changes(root, manifest or [], blobs, base_ref=base_ref)
+        except WorkspaceError as error:
+            raise WorkerProviderError(f"worker node exported an invalid workspace: {error}") from None
+        except OSError as error:
+            raise WorkerProviderError(
+                f"the session's worktree could not take the worker's changes: {error.strerror}"
+            ) from None
+
+    def stop(self, node_id: str, *, lease_id: str) -> None:
+        """Delete the lease's workspace on the node (raises NodeCommandFailed when it cannot be proven)."""
+        call_node(node_id, "worker.environment.stop.v1", {"leaseId": lease_id})
+
+
+def _blob_batches(root: Path | None, by_digest: dict[str, str], wanted: list[str]) -> Iterator[dict[str, str]]:
+    """The wanted blobs, base64, in batches of at most :data:`SYNC_BATCH_BYTES` (one larger blob goes alone)."""
+    batch: dict[str, str] = {}
+    size = 0
+    for digest in wanted:
+        data = (root / by_digest[digest]).read_bytes() if root is not None else b""
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise WorkerProviderError("session workspace changed while syncing; retry the dispatch")
+        if batch and size + len(data) > SYNC_BATCH_BYTES:
+            yield batch
+            batch, size = {}, 0
+        batch[digest] = base64.b64encode(data).decode("ascii")
+        size += len(data)
+    if batch:
+        yield batch
+
+
+def apply_workspace_changes(
+    root: Path, remote_manifest: list[dict[str, Any]], blobs: dict[str, bytes], *, base_ref: str
+) -> int:
+    """Make the worktree at ``root`` hold the node's workspace; returns how many paths changed.
+
+    Files the node changed or added are written (content checked against the digest). Files the
+    node deleted are deleted here only if the worktree still is the synced base: a worktree that was
+    changed on this side meanwhile keeps its files (nothing of the gateway's is destroyed).
+    """
+    validate_manifest(remote_manifest)
+    local = build_manifest(root)
+    local_by_path = {entry["path"]: entry for entry in local}
+    remote_paths = set()
+    changed = 0
+    for entry in remote_manifest:
+        remote_paths.add(entry["path"])
+        mine = local_by_path.get(entry["path"])
+        if mine is not None and mine["sha256"] == entry["sha256"] and mine["mode"] == entry["mode"]:
+            continue
+        if mine is not None and mine["sha256"] == entry["sha256"]:
+            (root / entry["path"]).chmod(entry["mode"])
+            changed += 1
+            continue
+        data = blobs.get(entry["sha256"])
+        if data is None or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise WorkerProviderError("worker node exported a workspace without the content of a changed file")
+        target = root / entry["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.openclaw-sync")
+        temporary.write_bytes(data)
+        temporary.chmod(entry["mode"])
+        temporary.replace(target)
+        changed += 1
+    if manifest_ref(local) == base_ref:
+        for entry in local:
+            if entry["path"] not in remote_paths:
+                (root / entry["path"]).unlink(missing_ok=True)
+                changed += 1
+    elif any(entry["path"] not in remote_paths for entry in local):
+        logger.warning("worktree %s changed on the gateway while placed; files deleted on the worker were kept", root)
+    return changed
+
+
+node_runtime = NodeWorkerRuntime()

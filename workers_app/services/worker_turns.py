@@ -1,0 +1,272 @@
+"""A turn of a session placed on a node: claimed and recorded here, run by a worker child on the node.
+
+The gateway stays the transcript's owner: it claims the run (the user message joins the
+transcript), hands the node the history with a token for the inference proxy (the model key never
+leaves the gateway), streams the node's progress out as the run's ``chat``/``agent`` events, and
+records the reply with the run's outcome. While it waits it heartbeats the run and polls its abort
+flag; an abort reaches the node as ``worker.cancel.v1``.
+
+Failures keep the placement ``active`` (workers.md §5.1, §5.4): a node that is not connected fails
+the turn before anything is sent (``runner-offline``), a full node after its capacity wait
+(``WORKER_CAPACITY_EXHAUSTED``); either way the next turn may succeed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+import uuid
+from typing import Any
+
+from django.conf import settings
+
+from openclaw_site.gateway import publisher
+from openclaw_site.gateway import selectors as gateway_selectors
+from openclaw_site.gateway.background import executor_label
+from openclaw_site.gateway.invoke import invoke_private
+from sessions_app import turns as gateway_turns
+from sessions_app.events import TurnEmitter
+from sessions_app.model_providers import default_model, get_model_provider
+from sessions_app.models import Run, RunStatus
+from sessions_app.services import runs
+from sessions_app.services.runs import TurnOutcome
+
+from ..inference import INFERENCE_PATH, inference_token
+from ..models import Placement, PlacementState, WorkerEnvironment
+from ..node_calls import PROTOCOL_VERSION, NodeCommandFailed
+
+logger = logging.getLogger(__name__)
+
+RUNNER_OFFLINE = "runner-offline"
+RUNNER_OFFLINE_MESSAGE = (
+    "⚠️ The device runner is offline. Reconnect it, retry later, or bring the session back to this gateway."
+)
+CAPACITY_EXHAUSTED = "WORKER_CAPACITY_EXHAUSTED"
+CAPACITY_MESSAGE = "device worker capacity remained full"
+HEARTBEAT_INTERVAL_S = 5.0
+POLL_INTERVAL_S = 0.05
+CANCEL_TIMEOUT_MS = 10_000
+
+
+def placed_node(session_pk: int) -> tuple[str, WorkerEnvironment] | None:
+    """The node and environment a session's turns run on, if its placement is active on a node."""
+    placement = Placement.objects.filter(pk=session_pk, state=PlacementState.ACTIVE).first()
+    if placement is None or not placement.environment_id:
+        return None
+    environment = WorkerEnvironment.objects.filter(pk=placement.environment_id).first()
+    if environment is None or not environment.node_device_id:
+        return None
+    return environment.node_device_id, environment
+
+
+def execute_worker_turn(run_id: str) -> str | None:
+    """Run the turn on the session's node (or here, if the session came back meanwhile)."""
+    session_pk = Run.objects.filter(run_id=run_id).values_list("session_id", flat=True).first()
+    if session_pk is None:
+        return None
+    placed = placed_node(session_pk)
+    if placed is None:
+        return gateway_turns.execute_turn(run_id)
+    claim = runs.run_claim(run_id=run_id, executor=executor_label())
+    if claim is None:
+        return None
+    node_id, environment = placed
+    run, session = claim.run, claim.session
+    emitter = TurnEmitter(run, session)
+    emitter.start(int(run.started_at.timestamp() * 1000))
+    model = session.model or default_model()
+    provider_name = _provider_name()
+    if gateway_selectors.live_node_connection(node_id) is None:
+        outcome = _offline(provider_name, model)
+    else:
+        outcome = NodeTurn(run, node_id, environment, claim.history, model, provider_name, emitter).run()
+        if outcome is None:
+            return None  # swept as dead meanwhile; its outcome is already recorded
+    finished = runs.run_finish(run_id=run_id, outcome=outcome, emitter=emitter)
+    return finished.status if finished is not None else None
+
+
+def _provider_name() -> str:
+    try:
+        return get_model_provider().name
+    except Exception:
+        return ""
+
+
+def _offline(provider_name: str, model: str) -> TurnOutcome:
+    return TurnOutcome(
+        status=RunStatus.ERROR,
+        error=f"{RUNNER_OFFLINE_MESSAGE} ({RUNNER_OFFLINE})",
+        error_kind=RUNNER_OFFLINE,
+        model_provider=provider_name,
+        model=model,
+    )
+
+
+class NodeTurn:
+    """One launch on the node, watched from this thread: progress becomes events, aborts become cancels."""
+
+    def __init__(
+        self,
+        run: Run,
+        node_id: str,
+        environment: WorkerEnvironment,
+        history: list[tuple[str, str]],
+        model: str,
+        provider_name: str,
+        emitter: TurnEmitter,
+    ):
+        self.run = run
+        self.run_id = run.run_id
+        self.node_id = node_id
+        self.environment = environment
+        self.history = history
+        self.model = model
+        self.provider_name = provider_name
+        self.emitter = emitter
+        self.progress: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self.cancel = threading.Event()
+        self.text = ""
+
+    def launch_params(self) -> dict[str, Any]:
+        return {
+            "version": PROTOCOL_VERSION,
+            "environmentId": self.environment.pk,
+            "leaseId": self.environment.lease_id,
+            "sessionId": self.environment.attached_session_ids[0] if self.environment.attached_session_ids else "",
+            "runId": self.run_id,
+            "bundleHash": self.environment.bootstrap_bundle_hash,
+            "model": self.model,
+            "messages": [{"role": role, "content": text} for role, text in self.history],
+            "inference": {"path": INFERENCE_PATH, "token": inference_token(self.run_id, self.node_id)},
+            "timeoutMs": turn_timeout_ms(),
+        }
+
+    async def _launch(self) -> Any:
+        """On the channel layer's loop: the launch, and a cancel once this thread asks for one."""
+
+        async def on_progress(data: dict[str, Any]) -> None:
+            self.progress.put(data)
+
+        launch = asyncio.ensure_future(
+            invoke_private(
+                self.node_id,
+                "worker.launch.v1",
+                self.launch_params(),
+                timeout_ms=turn_timeout_ms(),
+                on_progress=on_progress,
+            )
+        )
+        cancel_sent = False
+        while not launch.done():
+            await asyncio.wait({launch}, timeout=POLL_INTERVAL_S)
+            if self.cancel.is_set() and not cancel_sent and not launch.done():
+                cancel_sent = True
+                try:
+                    await invoke_private(
+                        self.node_id,
+                        "worker.cancel.v1",
+                        {"version": PROTOCOL_VERSION, "runId": self.run_id},
+                        timeout_ms=CANCEL_TIMEOUT_MS,
+                    )
+                except NodeCommandFailed as failure:
+                    logger.warning("cancel of run %s on node %s failed: %s", self.run_id, self.node_id, failure)
+        return launch.result()
+
+    def run(self) -> TurnOutcome | None:
+        future = publisher.submit(self._launch)
+        beat_at = time.monotonic()
+        lost = False
+        while True:
+            try:
+                result = future.result(timeout=POLL_INTERVAL_S)
+                break
+            except TimeoutError:
+                pass
+            except NodeCommandFailed as failure:
+                self._drain()
+                return self._failed(failure)
+            except Exception:
+                # A bug (ours or in transport): the turn ends now, its reason names an error id only.
+                error_id = uuid.uuid4().hex[:12]
+                logger.exception("node turn %s failed (errorId=%s)", self.run_id, error_id)
+                return self._error(f"device worker turn failed: internal error (errorId={error_id})", "unknown")
+            self._drain()
+            now = time.monotonic()
+            if now - beat_at >= HEARTBEAT_INTERVAL_S:
+                beat_at = now
+                lost = not runs.run_heartbeat(run_id=self.run_id)
+            if not self.cancel.is_set() and (lost or runs.abort_requested(self.run)):
+                self.cancel.set()
+        self._drain()
+        if lost:
+            return None
+        return self._outcome(result)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                data = self.progress.get_nowait()
+            except queue.Empty:
+                return
+            text = data.get("text")
+            if (
+                data.get("kind") == "delta"
+                and isinstance(text, str)
+                and text.startswith(self.text)
+                and text != self.text
+            ):
+                self.emitter.delta(text[len(self.text) :], text)
+                self.text = text
+
+    def _outcome(self, result: Any) -> TurnOutcome:
+        if not isinstance(result, dict):
+            return self._error("device worker returned an invalid result", "unknown")
+        status = result.get("status")
+        text = result.get("text") if isinstance(result.get("text"), str) else self.text
+        if status == "ok":
+            usage = result.get("usage")
+            return TurnOutcome(
+                status=RunStatus.OK,
+                text=text,
+                stop_reason=str(result.get("stopReason") or "stop")[:32],
+                usage=usage if isinstance(usage, dict) else None,
+                model_provider=self.provider_name,
+                model=str(result.get("model") or self.model)[:200],
+            )
+        if status == "aborted":
+            return TurnOutcome(
+                status=RunStatus.ABORTED,
+                text=text,
+                stop_reason="aborted",
+                model_provider=self.provider_name,
+                model=self.model,
+            )
+        error = result.get("error") if isinstance(result.get("error"), dict) else {}
+        return self._error(
+            str(error.get("message") or "device worker turn failed"), str(error.get("kind") or "unknown")
+        )
+
+    def _failed(self, failure: NodeCommandFailed) -> TurnOutcome:
+        if failure.code == "NOT_CONNECTED":
+            return _offline(self.provider_name, self.model)
+        if failure.code == CAPACITY_EXHAUSTED:
+            return self._error(f"{CAPACITY_MESSAGE} ({CAPACITY_EXHAUSTED})", CAPACITY_EXHAUSTED)
+        return self._error(f"device worker turn failed: {failure.message} ({failure.code})", "unknown")
+
+    def _error(self, message: str, kind: str) -> TurnOutcome:
+        return TurnOutcome(
+            status=RunStatus.ERROR,
+            error=message,
+            error_kind=kind[:32],
+            model_provider=self.provider_name,
+            model=self.model,
+        )
+
+
+def turn_timeout_ms() -> int:
+    """How long a node may take over one turn (the turn task's own limit)."""
+    return int(settings.CELERY_TASK_SOFT_TIME_LIMIT * 1000)
