@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import platform as platform_module
@@ -29,7 +30,12 @@ logger = logging.getLogger(__name__)
 
 EventCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
 # (command, params) -> result payload; raise NodeCommandError to answer ok:false.
+# While it runs, ``current_invoke.get()`` is the invoke being answered (to report progress).
 InvokeHandler = Callable[[str, Any], Awaitable[Any]]
+# Sends one progress payload; returns the response still to come (None: nothing to wait for).
+ProgressSender = Callable[[dict[str, Any]], Awaitable["asyncio.Future[Any] | None"]]
+
+PROGRESS_EVENT = "node.invoke.progress"
 
 
 class GatewayError(Exception):
@@ -70,6 +76,64 @@ class NodeCommandError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class InvokeContext:
+    """The ``node.invoke.request`` a handler is answering: its ids, and a way to report progress.
+
+    Progress goes out as ``node.event`` requests ``{event: "node.invoke.progress", payload: {id, seq,
+    data}}`` with ``seq`` 1, 2, … in call order. :meth:`progress` returns once the frame is written
+    to the socket, not after the gateway's answer: a streaming reply does not pay a round trip per
+    piece. :meth:`settle` waits for the answers still due, so the invoke's result never overtakes
+    its progress on the gateway's side. Failing to send (the connection closed) is logged and
+    swallowed: progress is advisory, the result is what counts.
+    """
+
+    def __init__(self, invoke_id: str, node_id: str, send: ProgressSender | None = None):
+        self.invoke_id = invoke_id
+        self.node_id = node_id
+        self._send = send
+        self._seq = 0
+        self._lock = asyncio.Lock()
+        self._unanswered: set[asyncio.Future[Any]] = set()
+
+    @property
+    def sent(self) -> int:
+        """How many progress reports were handed to the connection so far."""
+        return self._seq
+
+    async def progress(self, data: dict[str, Any]) -> None:
+        if self._send is None:
+            return
+        async with self._lock:  # seq order is send order, even when several tasks report
+            self._seq += 1
+            payload = {"id": self.invoke_id, "seq": self._seq, "data": data}
+            try:
+                answer = await self._send(payload)
+            except (ConnectionClosed, websockets.ConnectionClosed) as closed:
+                logger.debug("progress of invoke %s not sent: %s", self.invoke_id, closed)
+                return
+        if answer is not None:
+            self._unanswered.add(answer)
+            answer.add_done_callback(self._answered)
+
+    def _answered(self, answer: asyncio.Future[Any]) -> None:
+        self._unanswered.discard(answer)
+        if answer.cancelled():
+            return
+        error = answer.exception()  # retrieved, so a lost answer is never reported as unhandled
+        if error is not None:
+            logger.debug("progress of invoke %s got no answer: %s", self.invoke_id, error)
+        elif not answer.result().get("ok"):
+            logger.warning("gateway refused progress of invoke %s: %s", self.invoke_id, answer.result().get("error"))
+
+    async def settle(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) for the gateway to have taken every progress report sent."""
+        if self._unanswered:
+            await asyncio.wait(set(self._unanswered), timeout=timeout)
+
+
+current_invoke: contextvars.ContextVar[InvokeContext | None] = contextvars.ContextVar("current_invoke", default=None)
 
 
 @dataclass
@@ -317,6 +381,8 @@ class GatewayClient:
         params_json = request.get("paramsJSON")
         params = json.loads(params_json) if isinstance(params_json, str) else None
         result: dict[str, Any] = {"id": request["id"], "nodeId": request["nodeId"]}
+        invoke = InvokeContext(request["id"], request["nodeId"], self._send_progress)
+        token = current_invoke.set(invoke)  # the handler (and the tasks it starts) see it
         try:
             payload = await self.invoke_handler(request["command"], params)
             result.update(ok=True, payloadJSON=json.dumps(payload))
@@ -325,8 +391,14 @@ class GatewayClient:
         except Exception as exc:  # the node must always answer, or the caller waits for its timeout
             logger.exception("node command %s failed", request.get("command"))
             result.update(ok=False, error={"code": "UNAVAILABLE", "message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            current_invoke.reset(token)
+        await invoke.settle(self.options.request_timeout)
         with contextlib.suppress(ConnectionClosed, GatewayError, websockets.ConnectionClosed):
             await self.request("node.invoke.result", result)
+
+    async def _send_progress(self, payload: dict[str, Any]) -> asyncio.Future[Any]:
+        return await self.send_request("node.event", {"event": PROGRESS_EVENT, "payload": payload})
 
     async def _tick_watchdog(self) -> None:
         interval = ((self.hello or {}).get("policy") or {}).get("tickIntervalMs", 30_000) / 1000
@@ -345,16 +417,8 @@ class GatewayClient:
         return frame.get("payload")
 
     async def request_frame(self, method: str, params: Any = None, *, timeout: float | None = None) -> dict:
-        if self._ws is None or self.closed.is_set():
-            raise ConnectionClosed(self.close_code, self.close_reason)
-        request_id = str(uuid.uuid4())
-        future = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        message = {"type": "req", "id": request_id, "method": method}
-        if params is not None:
-            message["params"] = params
+        request_id, future = await self._send_request(method, params)
         try:
-            await self._ws.send(json.dumps(message))
             return await asyncio.wait_for(future, timeout or self.options.request_timeout)
         except TimeoutError:
             with contextlib.suppress(websockets.ConnectionClosed):
@@ -362,6 +426,32 @@ class GatewayClient:
             raise
         finally:
             self._pending.pop(request_id, None)
+
+    async def send_request(self, method: str, params: Any = None) -> asyncio.Future[dict[str, Any]]:
+        """Write a request frame now and return the future of its response frame, without waiting for it.
+
+        Frames are written in call order. The future fails with :class:`ConnectionClosed` when the
+        connection ends first; a caller that drops it should still retrieve that (``add_done_callback``).
+        """
+        _request_id, future = await self._send_request(method, params)
+        return future
+
+    async def _send_request(self, method: str, params: Any) -> tuple[str, asyncio.Future[dict[str, Any]]]:
+        if self._ws is None or self.closed.is_set():
+            raise ConnectionClosed(self.close_code, self.close_reason)
+        request_id = str(uuid.uuid4())
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        message = {"type": "req", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        try:
+            await self._ws.send(json.dumps(message))
+        except BaseException:
+            self._pending.pop(request_id, None)
+            future.cancel()
+            raise
+        return request_id, future
 
     async def send_raw(self, data: str | bytes) -> None:
         """Send an arbitrary frame (tests of malformed input)."""

@@ -259,6 +259,9 @@ OPENCLAW_WORKERS = {
     "STAGE_DEADLINE_MS": env_int("OPENCLAW_WORKER_STAGE_DEADLINE_MS", 600_000, minimum=1000),
     # How long sessions.dispatch waits for the placement to become active (or fail) before answering.
     "DISPATCH_WAIT_MS": env_int("OPENCLAW_WORKER_DISPATCH_WAIT_MS", 120_000, minimum=100),
+    # Where node hosts this gateway starts (the local and static-ssh providers) connect to; unset:
+    # ws://<bind address, loopback for a wildcard>:<port>.
+    "GATEWAY_URL": env_url("OPENCLAW_WORKER_GATEWAY_URL", schemes=("ws", "wss")).rstrip("/"),
 }
 
 # --- Model provider ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ class WorkersConfig(AppConfig):
         from .node_runtime import node_runtime
         from .providers import providers
         from .providers.device import DeviceProvider
+        from .providers.local import LocalProvider
         from .providers.static_ssh import StaticSshProvider
         from .runners import select_worker_runner
         from .runtimes import worker_runtimes
@@ -33,8 +34,10 @@ class WorkersConfig(AppConfig):
         # Providers first: the profiles are checked against what is registered.
         providers.register(StaticSshProvider())
         providers.register(DeviceProvider())
+        providers.register(LocalProvider())
         # Environments leased on a node are brought up by the node host (the one worker runtime).
         worker_runtimes.register("device", node_runtime)
+        worker_runtimes.register("local", node_runtime)
         profiles.load_profiles()
         # Recovery: at start (what a dead predecessor left half-done), then periodically (embedded
         # profile: the gateway loop; production: Celery beat runs workers.recovery_sweep).

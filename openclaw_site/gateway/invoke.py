@@ -241,7 +241,8 @@ async def invoke_private(
     if conn_id is not None and target.conn_id != conn_id:
         raise NodeCommandFailed("NOT_CONNECTED", "node connection is no longer current")
     layer = get_channel_layer()
-    reply_channel = await layer.new_channel("gateway.invoke!")
+    # The default prefix: channels_redis reads every process-local channel through one list per process.
+    reply_channel = await layer.new_channel()
     invoke_id = str(uuid.uuid4())
     await layer.send(
         target.channel_name,

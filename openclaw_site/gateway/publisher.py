@@ -10,6 +10,7 @@ queues belong to it).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -47,7 +48,9 @@ def submit(make: Callable[[], Awaitable[Any]]) -> Future:
     async def call() -> Any:
         return await make()
 
-    return asyncio.run_coroutine_threadsafe(call(), loop)
+    # In a context of its own: the caller's (asgiref's sync-thread markers among them) must not leak
+    # into the coroutine, or its own sync_to_async calls would think they run inside the caller.
+    return contextvars.Context().run(asyncio.run_coroutine_threadsafe, call(), loop)
 
 
 def run_sync(make: Callable[[], Awaitable[Any]]) -> Any:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import secrets
 import shutil
 import subprocess
 import time
@@ -258,7 +259,9 @@ async def scenario(gateway: GatewayServer, node_host: NodeHostProcess, mock: Moc
         assert re.search(r"runner-offline|runner is offline|reconnect", json.dumps(offline), re.IGNORECASE), offline
         assert (await wire.describe_placement(repaired_key))["state"] == "active"
         await wire.expect_successful_turn(local_key, "WIRE-LOCAL-AFTER-OFFLINE")
+        connects = node_host.connects()
         node_host.start_again()
+        await asyncio.to_thread(node_host.wait_connects, connects + 1)
         await wait_connected(wire, node_id)
         await wire.expect_successful_turn(repaired_key, "WIRE-OFFLINE-RETRY")
 
@@ -355,6 +358,9 @@ def test_local_control_survives_bundle_loss_disconnect_capacity_and_role_removal
 
 @pytest.mark.redis
 def test_the_same_with_the_node_on_a_second_gateway_process(gateway_factory, mock_openai, workspace_root):
-    gateway_a = gateway_factory(extra_env=model_env(mock_openai, workspace_root))
-    gateway_b = gateway_factory(extra_env=model_env(mock_openai, workspace_root))
+    # One deployment: its processes share the secret that signs what one issues and another checks
+    # (here, the inference token of a turn that process A runs and the node asks process B for).
+    cluster = {**model_env(mock_openai, workspace_root), "DJANGO_SECRET_KEY": secrets.token_urlsafe(50)}
+    gateway_a = gateway_factory(extra_env=cluster)
+    gateway_b = gateway_factory(extra_env=cluster)
     lifecycle(gateway_a, gateway_b, mock_openai, workspace_root)

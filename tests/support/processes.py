@@ -517,6 +517,18 @@ class NodeHostProcess:
         """How many ``command`` invokes the node received (it logs one line per invoke), over all its runs."""
         return len(re.findall(rf"invoke {re.escape(command)} id=", self.log()))
 
+    def connects(self) -> int:
+        """How many times the node host connected (and declared its worker host), over all its runs."""
+        return len(re.findall(r"connected to \S+ as node ", self.log()))
+
+    def wait_connects(self, count: int, timeout: float = 30.0) -> None:
+        """Until the node host connected ``count`` times in all."""
+        deadline = time.monotonic() + timeout
+        while self.connects() < count:
+            if time.monotonic() >= deadline or self.process.poll() is not None:
+                raise RuntimeError(f"the node host did not connect:\n{self.log()}")
+            time.sleep(0.05)
+
     def stop(self, sig: int = signal.SIGTERM) -> int:
         stop_process(self.process, sig)
         return self.process.returncode

@@ -68,9 +68,13 @@ class DeviceProvider:
 
     def destroy(self, lease_id: str, profile: WorkerProfile) -> None:
         """The lease is logical; what must be proven is that the node stopped the lease's workers and
-        deleted its workspace, which only a connected node can confirm. A node that is gone leaves
-        the teardown pending (the sweep retries)."""
+        deleted its workspace, which only a connected node can confirm. A paired node that is not
+        connected leaves the teardown pending (the sweep retries)."""
         device_id = _device_id(profile)
+        if not PairedDevice.objects.filter(device_id=device_id, is_node=True).exists():
+            # No longer a node of this gateway (its pairing was removed, its credentials revoked): its
+            # worker can no longer act for this gateway, and nothing is left to prove or release.
+            return
         connection = gateway_selectors.live_node_connection(device_id)
         if connection is None:
             raise WorkerProviderError(not_connected(device_id), code="cleanup_indeterminate")

@@ -119,7 +119,7 @@ class NodeTurn:
         provider_name: str,
         emitter: TurnEmitter,
     ):
-        self.run = run
+        self.record = run
         self.run_id = run.run_id
         self.node_id = node_id
         self.environment = environment
@@ -199,7 +199,7 @@ class NodeTurn:
             if now - beat_at >= HEARTBEAT_INTERVAL_S:
                 beat_at = now
                 lost = not runs.run_heartbeat(run_id=self.run_id)
-            if not self.cancel.is_set() and (lost or runs.abort_requested(self.run)):
+            if not self.cancel.is_set() and (lost or runs.abort_requested(self.record)):
                 self.cancel.set()
         self._drain()
         if lost:

@@ -12,11 +12,12 @@ from django.utils import timezone
 from .. import events
 from .. import scopes as sc
 from ..audit import Actor, audit
+from ..auth import derive_device_id
 from ..conf import gateway_setting
 from ..exceptions import InvalidRequest, NotFound, PermissionDenied
 from ..models import DevicePairingRequest, DeviceToken, GatewayConnection, PairedDevice, PairingStatus
 from ..selectors import EXEC_COMMANDS, node_catalog_changed, node_pairing_request_shape, now_ms, pairing_request_shape
-from . import connections
+from . import connections, tokens
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,44 @@ def node_remove(*, node_id: str, actor: Actor) -> None:
             events.EVENT_NODE_PAIR_RESOLVED,
             {"requestId": "", "nodeId": node_id, "decision": "removed", "ts": now_ms()},
         )
+
+
+def node_enroll(
+    *, public_key: str, display_name: str, commands: list[str], caps: list[str], actor: Actor
+) -> tuple[PairedDevice, str]:
+    """A pre-approved node pairing: the gateway itself starts this node (a ``local`` or ``static-ssh``
+    worker host), so the operator's approval is the provisioning request that led here. Returns the
+    paired device and its node token, handed to the node once (only its hash is kept)."""
+    device_id = derive_device_id(public_key)
+    if device_id is None:
+        raise InvalidRequest("invalid node public key")
+    now = timezone.now()
+    with transaction.atomic():
+        device, _created = PairedDevice.objects.select_for_update(no_key=True).get_or_create(
+            device_id=device_id, defaults={"public_key": public_key, "approved_at": now}
+        )
+        claim = PairingClaim(
+            device_id=device_id,
+            public_key=public_key,
+            role=sc.ROLE_NODE,
+            scopes=[],
+            reason="enrolled",
+            is_repair=False,
+            display_name=display_name,
+            client_id="node-host",
+            client_mode="node",
+            commands=list(commands),
+            caps=list(caps),
+        )
+        _grant(device, claim, role=sc.ROLE_NODE, now=now)
+        device.save()
+        DeviceToken.objects.filter(device=device, role=sc.ROLE_NODE).delete()
+        token, _issued = tokens.device_token_ensure(device=device, role=sc.ROLE_NODE, scopes=[])
+        audit(actor, "node.enroll", "node", device_id, {"displayName": display_name})
+        node_catalog_changed()
+    if token is None:  # the previous token was just deleted: a new one is always minted
+        raise RuntimeError(f"no node token was minted for {device_id}")
+    return device, token
 
 
 def node_rename(*, node_id: str, display_name: str, actor: Actor) -> PairedDevice:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 
 from channels.routing import get_default_application
@@ -20,6 +22,9 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=None, help="Port (OPENCLAW_GATEWAY_PORT); 0 picks one.")
 
     def handle(self, *args, **options):
+        # `kill -USR2 <pid>` writes every thread's stack to the log: how an operator sees where a
+        # gateway that stopped answering is waiting, without stopping it.
+        faulthandler.register(signal.SIGUSR2, all_threads=True)
         # settings.ASGI_APPLICATION: the project's routing, named by the settings rather than imported.
         application = get_default_application()
         host = options["bind"] or gateway_setting("BIND")

@@ -1,0 +1,385 @@
+"""The worker child (``python -m openclaw_client.worker``) as a real subprocess against a local SSE server.
+
+The server plays the gateway's inference endpoint: it checks the turn's bearer token and answers by
+script (an ok stream, an error event, HTTP errors, a stream that stalls until the child hangs up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "run-token-123"
+
+
+def chunk(content: str | None = None, finish: str | None = None, **extra) -> str:
+    delta = {"content": content} if content is not None else {}
+    body = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+    return f"data: {json.dumps(body)}\n\n"
+
+
+OK_STREAM = [
+    chunk("Hel"),
+    chunk("lo"),
+    chunk(None, "stop", usage={"input": 3, "output": 2, "totalTokens": 5}, model="mock-model"),
+    "data: [DONE]\n\n",
+]
+
+
+@dataclass
+class InferenceServer:
+    """Answers ``POST /v1/<script>``; ``requests`` records (path, headers, body) of each call.
+
+    It also serves ``files`` by path on ``GET`` to ``Authorization: Bearer <file_token>`` (a gateway's
+    bundle download), after ``get_delay`` seconds; ``gets`` records the paths asked for.
+    """
+
+    server: ThreadingHTTPServer
+    requests: list[tuple[str, dict, dict]] = field(default_factory=list)
+    hung_up: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    files: dict[str, bytes] = field(default_factory=dict)
+    file_token: str = "device-token"
+    gets: list[str] = field(default_factory=list)
+    get_delay: float = 0.0
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def url(self, script: str) -> str:
+        return f"{self.origin}/v1/{script}"
+
+
+def _handler(state: InferenceServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            state.gets.append(self.path)
+            time.sleep(state.get_delay)
+            if self.headers.get("Authorization") != f"Bearer {state.file_token}":
+                return self._json(401, {"error": {"code": "UNAUTHORIZED", "message": "unauthorized"}})
+            if self.path not in state.files:
+                return self._json(404, {"error": {"code": "NOT_FOUND", "message": "not found"}})
+            self._raw(200, state.files[self.path], "application/gzip")
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            body = json.loads(self.rfile.read(length) or b"{}")
+            state.requests.append((self.path, dict(self.headers), body))
+            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                return self._json(401, {"error": {"kind": "unauthorized", "message": "bad inference token"}})
+            script = self.path.rsplit("/", 1)[-1]
+            if script == "http-500":
+                return self._json(500, {"error": {"message": "provider exploded"}})
+            if script == "http-502-text":
+                return self._raw(502, b"<html>bad gateway</html>", "text/html")
+            if script == "http-429":
+                return self._json(429, {"error": {"message": "slow down"}})
+            events = {
+                "ok": OK_STREAM,
+                "echo": [chunk(body["messages"][-1]["content"], "stop"), "data: [DONE]\n\n"],
+                "error-event": [
+                    chunk("partial"),
+                    'data: {"error": {"kind": "rate_limit", "message": "too many requests"}}\n\n',
+                    "data: [DONE]\n\n",
+                ],
+                "aborted-event": [chunk("so far"), 'data: {"error": {"kind": "aborted", "message": "x"}}\n\n'],
+                "malformed": [chunk("a"), "data: {not json\n\n"],
+                "truncated": [chunk("a")],
+                "no-done": [chunk("all", "stop")],
+                "garbage-line": ["hello there\n\n"],
+            }.get(script)
+            if script == "stall":
+                return self._stall()
+            self._stream(events or [])
+
+        def _json(self, status: int, body: dict) -> None:
+            self._raw(status, json.dumps(body).encode(), "application/json")
+
+        def _raw(self, status: int, data: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _start_stream(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+
+        def _stream(self, events: list[str]) -> None:
+            self._start_stream()
+            for event in events:
+                self.wfile.write(event.encode())
+                self.wfile.flush()
+            self.close_connection = True
+
+        def _stall(self) -> None:
+            """One delta, then nothing until the client hangs up (or the test releases it)."""
+            self._start_stream()
+            self.wfile.write(chunk("first").encode())
+            self.wfile.flush()
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and not state.release.is_set():
+                try:
+                    self.wfile.write(b": keepalive\n\n")
+                    self.wfile.flush()
+                except OSError:
+                    state.hung_up.set()
+                    return
+                time.sleep(0.05)
+            self.close_connection = True
+
+    return Handler
+
+
+class QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client that hangs up mid-answer is what several tests do on purpose
+
+
+@contextmanager
+def inference_server() -> Iterator[InferenceServer]:
+    state = InferenceServer(server=None)  # type: ignore[arg-type]
+    state.server = QuietServer(("127.0.0.1", 0), _handler(state))
+    thread = threading.Thread(target=state.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        state.release.set()
+        state.server.shutdown()
+        state.server.server_close()
+
+
+@pytest.fixture
+def server():
+    with inference_server() as running:
+        yield running
+
+
+class WorkerProcess:
+    """A worker child with its stdout read on a thread (so a test can wait with a timeout)."""
+
+    def __init__(self, cwd: Path = ROOT):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "openclaw_client.worker"],
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        )
+        self.lines: queue.Queue[dict] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(json.loads(line))
+
+    def send(self, job: dict) -> None:
+        self.process.stdin.write(json.dumps(job) + "\n")
+        self.process.stdin.flush()
+
+    def turn(self, run_id: str, url: str, **extra) -> None:
+        job = {
+            "type": "turn",
+            "runId": run_id,
+            "model": "mock-model",
+            "messages": [{"role": "user", "content": "hi"}],
+            "inference": {"url": url, "token": TOKEN},
+            **extra,
+        }
+        self.send(job)
+
+    def next(self, timeout: float = 10.0) -> dict:
+        return self.lines.get(timeout=timeout)
+
+    def until_done(self, timeout: float = 10.0) -> tuple[list[dict], dict]:
+        deltas = []
+        while True:
+            event = self.next(timeout)
+            if event["type"] == "done":
+                return deltas, event
+            deltas.append(event)
+
+    def close(self) -> int:
+        self.process.stdin.close()
+        return self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def worker():
+    child = WorkerProcess()
+    yield child
+    if child.process.poll() is None:
+        child.process.kill()
+    child.process.wait()
+    for pipe in (child.process.stdin, child.process.stdout, child.process.stderr):
+        with contextlib.suppress(OSError):
+            pipe.close()
+
+
+def test_an_ok_stream_gives_deltas_then_the_reply_with_usage_and_model(server, worker):
+    worker.turn("run-1", server.url("ok"))
+    deltas, done = worker.until_done()
+    assert deltas == [
+        {"type": "delta", "runId": "run-1", "delta": "Hel", "text": "Hel"},
+        {"type": "delta", "runId": "run-1", "delta": "lo", "text": "Hello"},
+    ]
+    assert done == {
+        "type": "done",
+        "runId": "run-1",
+        "status": "ok",
+        "text": "Hello",
+        "stopReason": "stop",
+        "usage": {"input": 3, "output": 2, "totalTokens": 5},
+        "model": "mock-model",
+    }
+    path, headers, body = server.requests[0]
+    assert path == "/v1/ok" and headers["Authorization"] == f"Bearer {TOKEN}"
+    assert body == {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def test_the_child_stays_up_for_the_next_job_and_exits_when_stdin_closes(server, worker):
+    worker.turn("run-1", server.url("ok"))
+    assert worker.until_done()[1]["status"] == "ok"
+    worker.turn("run-2", server.url("echo"), messages=[{"role": "user", "content": "again"}])
+    _deltas, done = worker.until_done()
+    assert (done["runId"], done["status"], done["text"]) == ("run-2", "ok", "again")
+    assert worker.close() == 0
+
+
+def test_a_stream_ending_after_the_finish_reason_without_done_is_complete(server, worker):
+    worker.turn("run-1", server.url("no-done"))
+    assert worker.until_done()[1]["text"] == "all"
+
+
+@pytest.mark.parametrize(
+    ("script", "kind", "message"),
+    [
+        ("error-event", "rate_limit", "too many requests"),
+        ("http-500", "http", "inference request failed: HTTP 500: provider exploded"),
+        ("http-429", "rate_limit", "inference request failed: HTTP 429: slow down"),
+        ("http-502-text", "http", "inference request failed: HTTP 502: <html>bad gateway</html>"),
+        ("malformed", "malformed", "inference stream has an event that is not JSON"),
+        ("truncated", "malformed", "inference stream ended before the reply was complete"),
+        ("garbage-line", "malformed", "inference stream has a line that is not a server-sent event"),
+    ],
+)
+def test_failures_end_the_turn_with_an_error_kind_and_message(server, worker, script, kind, message):
+    worker.turn("run-1", server.url(script))
+    _deltas, done = worker.until_done()
+    assert done == {"type": "done", "runId": "run-1", "status": "error", "error": {"kind": kind, "message": message}}
+
+
+def test_a_refused_token_is_an_error_whose_message_does_not_contain_it(server, worker):
+    worker.send(
+        {
+            "type": "turn",
+            "runId": "run-1",
+            "model": "m",
+            "messages": [],
+            "inference": {"url": server.url("ok"), "token": "wrong-secret-token"},
+        }
+    )
+    _deltas, done = worker.until_done()
+    assert done["status"] == "error"
+    assert done["error"]["kind"] == "unauthorized"
+    assert "wrong-secret-token" not in json.dumps(done)
+
+
+def test_an_unreachable_endpoint_is_a_connection_error(worker):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    worker.turn("run-1", f"http://127.0.0.1:{port}/v1/ok")
+    _deltas, done = worker.until_done()
+    assert done["error"] == {"kind": "connection", "message": "inference endpoint unreachable: connection refused"}
+
+
+def test_a_stalled_stream_times_out(server, worker):
+    worker.turn("run-1", server.url("stall"), timeoutMs=300)
+    _deltas, done = worker.until_done()
+    assert done["error"] == {"kind": "timeout", "message": "inference request timed out after 300 ms"}
+
+
+def test_cancel_closes_the_connection_and_the_turn_ends_aborted_with_the_text_so_far(server, worker):
+    worker.turn("run-1", server.url("stall"))
+    assert worker.next()["delta"] == "first"
+    worker.send({"type": "cancel", "runId": "run-1"})
+    done = worker.next()
+    assert done == {"type": "done", "runId": "run-1", "status": "aborted", "text": "first"}
+    assert server.hung_up.wait(5)  # the HTTP connection was really closed
+    worker.turn("run-2", server.url("ok"))  # and the child is still good for the next turn
+    assert worker.until_done()[1]["status"] == "ok"
+
+
+def test_the_gateway_aborting_the_run_ends_the_turn_aborted(server, worker):
+    worker.turn("run-1", server.url("aborted-event"))
+    assert worker.until_done()[1] == {"type": "done", "runId": "run-1", "status": "aborted", "text": "so far"}
+
+
+def test_a_cancel_for_a_waiting_turn_aborts_it_before_it_starts(server, worker):
+    worker.turn("run-1", server.url("stall"))
+    worker.turn("run-2", server.url("ok"))
+    assert worker.next()["runId"] == "run-1"  # run-1's first delta: run-2 waits behind it
+    worker.send({"type": "cancel", "runId": "run-2"})
+    worker.send({"type": "cancel", "runId": "run-1"})
+    done_events = [worker.until_done()[1], worker.until_done()[1]]
+    assert [(event["runId"], event["status"]) for event in done_events] == [("run-1", "aborted"), ("run-2", "aborted")]
+    assert len(server.requests) == 1  # run-2 never called the model
+
+
+def test_closing_stdin_mid_turn_aborts_it_and_ends_the_child(server, worker):
+    worker.turn("run-1", server.url("stall"))
+    worker.next()
+    assert worker.close() == 0
+    assert worker.next()["status"] == "aborted"
+
+
+def test_malformed_jobs_are_answered_or_ignored_without_killing_the_child(server, worker):
+    worker.process.stdin.write("not json\n")
+    worker.send({"type": "turn"})  # no runId: nothing to answer
+    worker.send({"type": "turn", "runId": "bad", "inference": "nope"})
+    assert worker.next() == {
+        "type": "done",
+        "runId": "bad",
+        "status": "error",
+        "error": {"kind": "unknown", "message": "worker received a malformed turn job"},
+    }
+    worker.turn("good", server.url("ok"), cwd=str(ROOT))
+    assert worker.until_done()[1]["status"] == "ok"
+
+
+def test_a_missing_workspace_directory_is_an_error(server, worker, tmp_path):
+    worker.turn("run-1", server.url("ok"), cwd=str(tmp_path / "gone"))
+    assert worker.until_done()[1]["error"] == {
+        "kind": "unknown",
+        "message": "the environment's workspace is not available",
+    }
