@@ -58,6 +58,7 @@ class _ProcessFlags:
     def __init__(self) -> None:
         self.main_loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False
+        self.listen_address: tuple[str, int] | None = None
 
 
 _flags = _ProcessFlags()
@@ -65,6 +66,15 @@ _flags = _ProcessFlags()
 
 def set_main_loop(loop: asyncio.AbstractEventLoop) -> None:
     _flags.main_loop = loop
+
+
+def set_listen_address(host: str, port: int) -> None:
+    _flags.listen_address = (host, port)
+
+
+def listen_address() -> tuple[str, int] | None:
+    """Where this gateway process serves (``manage.py serve``); None in a Celery worker or a shell."""
+    return _flags.listen_address
 
 
 def main_loop() -> asyncio.AbstractEventLoop | None:

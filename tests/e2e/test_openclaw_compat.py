@@ -110,15 +110,29 @@ def test_openclaw_node_host_pairs_connects_and_runs_a_command(gateway):
                     "idempotencyKey": "which-sh",
                 },
             )
+            # It has no worker host: a plain node, which cannot take a session.
+            nodes = (await admin.request("node.list", {}))["nodes"]
+            await admin.request("sessions.create", {"key": "for-openclaw-node"})
+            dispatched = await admin.request_frame(
+                "sessions.dispatch", {"key": "for-openclaw-node", "deviceId": request.device_id}
+            )
             await admin.close()
-            return result
+            return result, nodes, dispatched
 
-        result = asyncio.run(invoke())
+        result, nodes, dispatched = asyncio.run(invoke())
     finally:
         second.terminate()
         second.wait(20)
     assert result["ok"] is True
     assert result["payload"]["bins"]["sh"].endswith("/sh")
+    row = next(n for n in nodes if n["nodeId"] == request.device_id)
+    assert row["connected"] is True and not row.get("sessionHost") and "workerBundle" not in row
+    assert not any(command.startswith("worker.") for command in row.get("commands", []))
+    assert dispatched["ok"] is False
+    assert dispatched["error"]["message"] == (
+        f"device node {request.device_id} is connected but cannot host sessions; enable session hosting "
+        "(nodeHost.workerRuns.enabled), update the node if needed, then reconnect it"
+    )
 
 
 def test_openclaw_cli_drives_a_chat_turn(gateway):

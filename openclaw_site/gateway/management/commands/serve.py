@@ -10,6 +10,7 @@ from channels.routing import get_default_application
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from openclaw_site.gateway import state
 from openclaw_site.gateway.conf import ensure_gateway_token, gateway_setting
 from openclaw_site.gateway.daphne_server import run_gateway_server
 
@@ -29,6 +30,9 @@ class Command(BaseCommand):
         application = get_default_application()
         host = options["bind"] or gateway_setting("BIND")
         port = options["port"] if options["port"] is not None else gateway_setting("PORT")
+        if port:
+            # Where node hosts this process starts (the local worker provider) reach it.
+            state.set_listen_address(host, port)
         token, created = ensure_gateway_token()
         if created:
             self.stdout.write(f"Gateway token (generated): {token}\n  kept in {settings.STATE_DIR / 'gateway-token'}")
