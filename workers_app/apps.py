@@ -15,7 +15,7 @@ class WorkersConfig(AppConfig):
         # Importing the handler module registers sessions.dispatch/move/reclaim and environments.*.
         from . import profiles, rpc  # noqa: F401
         from .guards import placement_barrier
-        from .node_runtime import node_runtime
+        from .node_runtime import node_runtime, ssh_node_runtime
         from .providers import providers
         from .providers.device import DeviceProvider
         from .providers.local import LocalProvider
@@ -38,6 +38,7 @@ class WorkersConfig(AppConfig):
         # Environments leased on a node are brought up by the node host (the one worker runtime).
         worker_runtimes.register("device", node_runtime)
         worker_runtimes.register("local", node_runtime)
+        worker_runtimes.register("static-ssh", ssh_node_runtime)
         profiles.load_profiles()
         # Recovery: at start (what a dead predecessor left half-done), then periodically (embedded
         # profile: the gateway loop; production: Celery beat runs workers.recovery_sweep).

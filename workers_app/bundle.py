@@ -26,7 +26,12 @@ from openclaw_site.gateway.protocol import SERVER_VERSION
 
 PACKAGES = ("openclaw_client",)
 MANIFEST_NAME = "openclaw-worker-bundle.json"
+REQUIREMENTS_NAME = "requirements.txt"
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
+LOCK_FILE = SOURCE_ROOT / "requirements.lock"
+# What openclaw_client needs besides the standard library, with what those need in turn; a host
+# that runs the bundle outside this checkout installs them from the bundle's requirements.txt.
+RUNTIME_PACKAGES = ("websockets", "cryptography", "cffi", "pycparser")
 
 
 @dataclass(frozen=True)
@@ -54,15 +59,41 @@ def _entry(name: str, data: bytes) -> tuple[tarfile.TarInfo, io.BytesIO]:
     return info, io.BytesIO(data)
 
 
+def runtime_requirements(lock: Path = LOCK_FILE) -> str:
+    """The :data:`RUNTIME_PACKAGES` entries of the lock, hashes included (``pip install --require-hashes``)."""
+    blocks: list[list[str]] = []
+    for line in lock.read_text(encoding="utf-8").splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            blocks.append([line])
+        elif blocks and line.strip().startswith("--hash"):
+            blocks[-1].append(line)
+    wanted = [block for block in blocks if block[0].split("==")[0].strip().lower() in RUNTIME_PACKAGES]
+    found = {block[0].split("==")[0].strip().lower() for block in wanted}
+    if found != set(RUNTIME_PACKAGES):
+        raise RuntimeError(f"{lock.name} does not pin {sorted(set(RUNTIME_PACKAGES) - found)}")
+    return "".join(
+        line.rstrip(" \\") + (" \\\n" if i < len(block) - 1 else "\n")
+        for block in wanted
+        for i, line in enumerate(block)
+    )
+
+
 def bundle_bytes(root: Path = SOURCE_ROOT, *, version: str = SERVER_VERSION) -> bytes:
     """The archive of ``root``'s packages; equal sources give equal bytes."""
     files = _sources(root)
     names = [path.relative_to(root).as_posix() for path in files]
-    manifest = {"name": "openclaw-worker", "version": version, "entry": "openclaw_client.node", "files": names}
+    manifest = {
+        "name": "openclaw-worker",
+        "version": version,
+        "entry": "openclaw_client.node",
+        "files": names,
+        "requirements": REQUIREMENTS_NAME,
+    }
     buffer = io.BytesIO()
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0, compresslevel=9) as compressed:
         with tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive:
             archive.addfile(*_entry(MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True).encode()))
+            archive.addfile(*_entry(REQUIREMENTS_NAME, runtime_requirements(root / LOCK_FILE.name).encode()))
             for name, path in zip(names, files, strict=True):
                 archive.addfile(*_entry(name, path.read_bytes()))
     return buffer.getvalue()

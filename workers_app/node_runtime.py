@@ -29,6 +29,7 @@ from .providers import WorkerProviderError
 from .providers.device import not_connected
 from .runtimes import BootstrapReceipt, WorkspaceSync
 from .services import node_hosts
+from .ssh_nodes import ensure_ssh_node
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,9 @@ class NodeWorkerRuntime:
         node_id = node_of(environment)
         bundle = current_bundle()
         if node_hosts.node_bundle_installed(node_id, bundle.sha256):
-            return BootstrapReceipt(bundle.sha256, bundle.version, [WORKER_SUPERVISOR_FEATURE], "existing")
+            return BootstrapReceipt(
+                bundle.sha256, bundle.version, [WORKER_SUPERVISOR_FEATURE], "existing", node_device_id=node_id
+            )
         try:
             receipt = call_node(
                 node_id,
@@ -97,6 +100,7 @@ class NodeWorkerRuntime:
             bundle.version,
             [str(feature) for feature in features] if isinstance(features, list) else [WORKER_SUPERVISOR_FEATURE],
             str(receipt.get("installKind") or "installed")[:16],
+            node_device_id=node_id,
         )
 
     def sync_workspace(self, session: Session, placement: Placement, environment: WorkerEnvironment) -> WorkspaceSync:
@@ -250,4 +254,15 @@ def apply_workspace_changes(
     return changed
 
 
+class SshNodeWorkerRuntime(NodeWorkerRuntime):
+    """static-ssh leases: the host's node host is installed and enrolled first (:mod:`workers_app.ssh_nodes`),
+    then the environment is brought up on that node like any other."""
+
+    def bootstrap(self, environment: WorkerEnvironment) -> BootstrapReceipt:
+        if not environment.node_device_id:
+            environment.node_device_id = ensure_ssh_node(environment)  # recorded with the receipt
+        return super().bootstrap(environment)
+
+
 node_runtime = NodeWorkerRuntime()
+ssh_node_runtime = SshNodeWorkerRuntime()

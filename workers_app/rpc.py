@@ -36,6 +36,7 @@ from .tasks import dispatch_advance, node_retain
 
 method = registry.method
 S = PlacementState
+RETAIN_COMMAND = "worker.workspace.retain.v1"
 SETTLED = (S.ACTIVE, S.FAILED, S.LOCAL, S.RECLAIMED)
 
 
@@ -218,7 +219,7 @@ def node_runner_inventory_update_rpc(ctx: RpcContext, params: RunnerInventoryPar
     if not ctx.node_id:
         raise InvalidRequest("unknown nodeId")
     node_hosts.node_host_declare(node_id=ctx.node_id, conn_id=ctx.conn_id, declaration=declaration)
-    if declaration.hosting and not declaration.update_required:
+    if declaration.hosting and not declaration.update_required and RETAIN_COMMAND in (ctx.commands or []):
         # What the node must keep, and whether it still holds this gateway's bundle (after this answer).
         dispatch_on_commit(node_retain, ctx.node_id, ctx.conn_id)
     if declaration.retired:

@@ -24,6 +24,8 @@ class BootstrapReceipt:
     openclaw_version: str
     protocol_features: list[str]
     install_kind: str
+    # The node the environment runs on, when bootstrapping made one (a static-ssh host's node host).
+    node_device_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -240,6 +240,9 @@ async def invoke_private(
         raise NodeCommandFailed("NOT_CONNECTED", "node not connected")
     if conn_id is not None and target.conn_id != conn_id:
         raise NodeCommandFailed("NOT_CONNECTED", "node connection is no longer current")
+    if command not in target.commands:
+        # Asked of a node that never offered it, the command would wait for its timeout unanswered.
+        raise NodeCommandFailed("UNSUPPORTED", f"node does not offer {command}")
     layer = get_channel_layer()
     # The default prefix: channels_redis reads every process-local channel through one list per process.
     reply_channel = await layer.new_channel()

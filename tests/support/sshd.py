@@ -81,6 +81,8 @@ class SshServer:
             "user": self.user,
             "hostKey": self.host_key,
             "keyRef": {"source": "file", "id": str(self.client_key_path)},
+            # A node host installed there stays in this server's directory, not the login's home.
+            "workDir": str(self.directory / "worker"),
             **overrides,
         }
 
@@ -93,18 +95,23 @@ class SshServer:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start_sshd(*, timeout: float = 15.0, attempts: int = 3) -> SshServer:
-    """sshd on a free 127.0.0.1 port; returns once the port accepts connections."""
+def start_sshd(*, timeout: float = 15.0, attempts: int = 3, login_user: str | None = None) -> SshServer:
+    """sshd on a free 127.0.0.1 port; returns once the port accepts connections. Its key logs in as
+    ``login_user`` (an existing account; sshd running as root) or, by default, as the current user."""
     if not SSHD.exists():
         raise FileNotFoundError(f"{SSHD} not found (Debian's openssh-server)")
     if os.geteuid() == 0:
         PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="sshd-"))
+    if login_user is not None:
+        # sshd reads authorized_keys as the user logging in.
+        directory.chmod(0o755)
     host_key = asyncssh.generate_private_key("ssh-ed25519")
     client_key = asyncssh.generate_private_key("ssh-ed25519", comment="static-ssh-test")
     _write_private(directory / "host_ed25519", host_key.export_private_key("openssh"))
     _write_private(directory / "client_ed25519", client_key.export_private_key("openssh"))
     (directory / "authorized_keys").write_bytes(client_key.export_public_key("openssh"))
+    (directory / "authorized_keys").chmod(0o644)
     host_key_line = host_key.export_public_key("openssh").decode().strip()
     # Another process may take the free port before sshd binds it: then sshd exits and we try another.
     attempt = 0
@@ -136,8 +143,19 @@ def start_sshd(*, timeout: float = 15.0, attempts: int = 3) -> SshServer:
             port=port,
             host_key=host_key_line,
             client_key_path=directory / "client_ed25519",
-            user=getpass.getuser(),
+            user=login_user or getpass.getuser(),
         )
+
+
+def unprivileged_user(name: str) -> str:
+    """An ordinary account (created when missing; needs root): a worker host's login that cannot read
+    what root keeps for itself."""
+    if subprocess.run(["id", name], capture_output=True).returncode != 0:
+        # "*": no password, yet not locked ("!"), which sshd without PAM would refuse for key logins too.
+        subprocess.run(
+            ["useradd", "--create-home", "--shell", "/bin/sh", "--password", "*", name], check=True, capture_output=True
+        )
+    return name
 
 
 class HangingListener:

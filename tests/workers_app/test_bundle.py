@@ -15,7 +15,16 @@ from django.utils import timezone
 from openclaw_site.gateway import scopes as sc
 from openclaw_site.gateway.auth import hash_device_token
 from openclaw_site.gateway.models import DeviceToken, PairedDevice
-from workers_app.bundle import MANIFEST_NAME, SOURCE_ROOT, bundle_bytes, current_bundle
+from workers_app.bundle import (
+    LOCK_FILE,
+    MANIFEST_NAME,
+    REQUIREMENTS_NAME,
+    RUNTIME_PACKAGES,
+    SOURCE_ROOT,
+    bundle_bytes,
+    current_bundle,
+    runtime_requirements,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -38,20 +47,34 @@ def test_the_manifest_names_the_version_entry_point_and_every_file():
     data = bundle_bytes(version="2026.9.6-django")
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
         manifest = json.load(archive.extractfile(MANIFEST_NAME))
-        names = [m.name for m in archive.getmembers() if m.name != MANIFEST_NAME]
-    assert (manifest["name"], manifest["version"], manifest["entry"]) == (
+        requirements = archive.extractfile(REQUIREMENTS_NAME).read().decode()
+        names = [m.name for m in archive.getmembers() if m.name not in (MANIFEST_NAME, REQUIREMENTS_NAME)]
+    assert (manifest["name"], manifest["version"], manifest["entry"], manifest["requirements"]) == (
         "openclaw-worker",
         "2026.9.6-django",
         "openclaw_client.node",
+        REQUIREMENTS_NAME,
     )
     assert manifest["files"] == names
     assert all(name.startswith("openclaw_client/") for name in names)
+    # What the node host needs besides the standard library, pinned with hashes as in the lock.
+    pinned = [line.split("==")[0] for line in requirements.splitlines() if "==" in line]
+    assert sorted(pinned) == sorted(RUNTIME_PACKAGES)
+    assert requirements.count("--hash=sha256:") >= len(RUNTIME_PACKAGES)
+
+
+def test_a_lock_without_a_runtime_package_is_refused(tmp_path):
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("websockets==17.4 \\\n    --hash=sha256:" + "0" * 64 + "\n", encoding="utf-8")
+    with pytest.raises(RuntimeError, match="does not pin"):
+        runtime_requirements(lock)
 
 
 def test_a_changed_source_is_another_bundle(tmp_path):
     shutil.copytree(
         SOURCE_ROOT / "openclaw_client", tmp_path / "openclaw_client", ignore=shutil.ignore_patterns("__pycache__")
     )
+    shutil.copy(LOCK_FILE, tmp_path / LOCK_FILE.name)
     before = hashlib.sha256(bundle_bytes(tmp_path)).hexdigest()
     (tmp_path / "openclaw_client" / "__init__.py").write_text("# changed\n", encoding="utf-8")
     assert hashlib.sha256(bundle_bytes(tmp_path)).hexdigest() != before

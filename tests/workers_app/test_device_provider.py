@@ -10,10 +10,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from openclaw_site.gateway.exceptions import Unavailable
 from openclaw_site.gateway.models import GatewayConnection, PairedDevice
 from workers_app.inventory import Declaration
-from workers_app.models import Placement, PlacementHistory, WorkerEnvironment
+from workers_app.models import Placement, WorkerEnvironment
 from workers_app.providers import WorkerProviderError
 from workers_app.providers.device import DeviceProvider, device_lease_id, device_profile
 from workers_app.runtimes import worker_runtimes
@@ -124,7 +123,9 @@ def test_removing_a_node_fails_the_placements_on_it_before_answering_and_only_th
     assert Placement.objects.values().get(pk=elsewhere.pk) == untouched
 
 
-def test_a_session_on_a_removed_node_continues_on_the_gateway_only_when_asked_for_its_exact_failure():
+def test_a_removed_node_ends_its_environments_and_its_sessions_continue_on_the_gateway_when_asked():
+    """workers.md §5.4: the removed node cannot be told to stop (it is not connected), but its credentials
+    are revoked, so its environments end ``failed`` with that reason and nothing is left pending."""
     paired_node(connected=False)
     session = make_session("agent:main:on-node")
     dispatch_to_active(session)
@@ -134,16 +135,15 @@ def test_a_session_on_a_removed_node_continues_on_the_gateway_only_when_asked_fo
     PairedDevice.objects.filter(device_id=NODE).delete()
     workers_node_removed(NODE)
     failed = Placement.objects.get(pk=session.pk)
+    environment = WorkerEnvironment.objects.get(pk=ENV)
 
-    with pytest.raises(Unavailable, match="Cloud worker teardown failed: environment destroy: device worker node"):
-        reclaim.reclaim(session=session, actor=Actor("operator"))
-    assert Placement.objects.get(pk=session.pk).state == "failed"
+    assert failed.state == "failed"
+    assert failed.terminal_reason.startswith("cloud worker disappeared: Worker provider no longer recognizes the lease")
+    assert f"device worker node is not connected: {NODE}; reconnect it before retrying" in failed.recovery_error
+    assert environment.state == "failed"
+    assert f"environment destroy: device worker node is not connected: {NODE}" in environment.last_error
 
     recovered = reclaim.reclaim(
         session=session, recover_to_gateway_generation=failed.generation, actor=Actor("operator")
     )
-
     assert (recovered.state, recovered.terminal_reason, recovered.recovery_error) == ("local", None, None)
-    history = PlacementHistory.objects.filter(session=session).order_by("-id").first()
-    assert history.reason.startswith("recovered to the gateway; teardown pending: environment destroy: device worker")
-    assert WorkerEnvironment.objects.get(pk=ENV).destroy_requested_at_ms is not None  # the sweep keeps trying

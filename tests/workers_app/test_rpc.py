@@ -30,7 +30,9 @@ from openclaw_site.gateway.protocol import RequestFrame
 from openclaw_site.gateway.services import connections as connection_services
 from sessions_app.models import Session
 from sessions_app.services.sessions import session_patch
+from tests.support.processes import free_port
 from workers_app import profiles, rpc, selectors
+from workers_app.bundle import current_bundle
 from workers_app.models import (
     MoveTargetKind,
     Placement,
@@ -397,23 +399,32 @@ def placement_states(published: list[tuple[str, dict]], session) -> list[str]:
 
 @dispatch_db
 def test_a_dispatch_leases_the_host_over_ssh_then_fails_at_bootstrap_and_releases_it(
-    sshd, use_profiles, in_process, published, monkeypatch
+    sshd, use_profiles, in_process, published, monkeypatch, settings, tmp_path
 ):
-    use_profiles({"dev": {"provider": "static-ssh", "settings": sshd.profile_settings()}})
+    """The host is leased, but its node host cannot reach the gateway for the bundle: the bootstrap fails
+    with the host's own reason, the enrollment made for it is withdrawn and the lease released."""
+    work_dir = tmp_path / "worker-home"
+    use_profiles({"dev": {"provider": "static-ssh", "settings": sshd.profile_settings(workDir=str(work_dir))}})
+    closed_port = free_port()
+    settings.OPENCLAW_WORKERS = {**settings.OPENCLAW_WORKERS, "GATEWAY_URL": f"ws://127.0.0.1:{closed_port}"}
     leases = []
     record_lease = envs.environment_record_lease
     monkeypatch.setattr(envs, "environment_record_lease", lambda **kw: leases.append(record_lease(**kw)) or leases[-1])
     session = make_session()
     environment_id = envs.environment_id_for(envs.dispatch_idempotency_key(session.session_id, 1))
+    bundle = current_bundle()
     message = (
-        "Worker dispatch failed in provisioning: "
-        "this gateway has no worker runtime that can bootstrap static-ssh environments"
+        f"Worker dispatch failed in provisioning: static-ssh host 127.0.0.1:{sshd.port} failed (exit status 1): "
+        f"the gateway's worker bundle could not be fetched from "
+        f"http://127.0.0.1:{closed_port}/api/workers/bundle/{bundle.sha256}: [Errno 111] Connection refused"
     )
 
     with pytest.raises(Unavailable) as failed:
         dispatch(ctx(), session.key, profileId="dev")
 
     assert (failed.value.code, failed.value.message) == ("UNAVAILABLE", message)
+    assert not PairedDevice.objects.exists()  # the enrollment was withdrawn
+    assert (work_dir / "state" / "identity" / "device.json").exists()  # the host keeps its identity for next time
     assert failed.value.details == {"code": "WORKER_DISPATCH_FAILED"}
     assert [(lease.state, lease.lease_id) for lease in leases] == [
         ("bootstrapping", f"static-ssh:provision:{environment_id}")
@@ -982,17 +993,21 @@ def test_stopping_the_worker_after_a_failed_move_drops_the_move_so_a_later_move_
 
 
 @dispatch_db
-def test_a_move_to_a_profile_releases_the_source_then_dispatches_there(sshd, use_profiles, in_process):
+def test_a_move_to_a_profile_releases_the_source_then_dispatches_there(sshd, use_profiles, in_process, settings):
     use_profiles({"dev": {"provider": "static-ssh", "settings": sshd.profile_settings()}})
+    closed_port = free_port()
+    settings.OPENCLAW_WORKERS = {**settings.OPENCLAW_WORKERS, "GATEWAY_URL": f"ws://127.0.0.1:{closed_port}"}
     session = make_session()
     dispatch_to_active(session)
     history_before = PlacementHistory.objects.count()
     message = (
-        "Worker dispatch failed in provisioning: "
-        "this gateway has no worker runtime that can bootstrap static-ssh environments"
+        f"Worker dispatch failed in provisioning: static-ssh host 127.0.0.1:{sshd.port} failed (exit status 1): "
+        f"the gateway's worker bundle could not be fetched from "
+        f"http://127.0.0.1:{closed_port}/api/workers/bundle/{current_bundle().sha256}: [Errno 111] Connection refused"
     )
 
-    # The destination leases its host over real SSH; with no worker runtime yet it fails at bootstrap.
+    # The destination leases its host over real SSH; its node host cannot reach this (test) gateway, so
+    # the dispatch fails at bootstrap.
     with pytest.raises(Unavailable) as failed:
         move(session, target={"kind": "profile", "profileId": "dev"}, context=ctx())
 

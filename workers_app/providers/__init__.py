@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 from .base import (
+    CREDENTIALS_REVOKED,
     INSPECTION_STATUSES,
     Inspection,
     SshEndpoint,
@@ -41,6 +42,7 @@ class ProviderRegistry:
 providers = ProviderRegistry()
 
 __all__ = [
+    "CREDENTIALS_REVOKED",
     "INSPECTION_STATUSES",
     "Inspection",
     "ProviderRegistry",

@@ -14,12 +14,15 @@ from typing import Any, Literal, Protocol
 
 InspectionStatus = Literal["active", "dormant", "destroyed", "unknown"]
 INSPECTION_STATUSES: frozenset[str] = frozenset({"active", "dormant", "destroyed", "unknown"})
+# The code of a destroy that could not reach its worker, whose credentials are revoked (a removed
+# node): the teardown reports it, yet the lease is over.
+CREDENTIALS_REVOKED = "credentials_revoked"
 
 
 class WorkerProviderError(Exception):
     """A provider failure. ``invalid_profile`` is permanent (the profile must change);
     ``cleanup_indeterminate`` keeps cleanup ownership (teardown is retried); ``transient`` may
-    succeed when retried."""
+    succeed when retried; ``credentials_revoked`` (destroy only) ends the lease with its reason."""
 
     def __init__(self, message: str, *, code: str = "transient", field: str | None = None):
         super().__init__(message)

@@ -17,7 +17,7 @@ from openclaw_site.gateway import selectors as gateway_selectors
 from openclaw_site.gateway.models import PairedDevice
 
 from ..node_calls import NodeCommandFailed, call_node
-from .base import Inspection, WorkerLease, WorkerProfile, WorkerProviderError
+from .base import CREDENTIALS_REVOKED, Inspection, WorkerLease, WorkerProfile, WorkerProviderError
 
 PROVIDER_ID = "device"
 STOP_COMMAND = "worker.environment.stop.v1"
@@ -71,11 +71,11 @@ class DeviceProvider:
         deleted its workspace, which only a connected node can confirm. A paired node that is not
         connected leaves the teardown pending (the sweep retries)."""
         device_id = _device_id(profile)
-        if not PairedDevice.objects.filter(device_id=device_id, is_node=True).exists():
-            # No longer a node of this gateway (its pairing was removed, its credentials revoked): its
-            # worker can no longer act for this gateway, and nothing is left to prove or release.
-            return
         connection = gateway_selectors.live_node_connection(device_id)
+        if not PairedDevice.objects.filter(device_id=device_id, is_node=True).exists():
+            # No longer a node of this gateway: its stop cannot be asked for, but its credentials are
+            # revoked, so it can no longer act for this gateway either — the lease is over.
+            raise WorkerProviderError(not_connected(device_id), code=CREDENTIALS_REVOKED)
         if connection is None:
             raise WorkerProviderError(not_connected(device_id), code="cleanup_indeterminate")
         if STOP_COMMAND not in (connection.commands or []):

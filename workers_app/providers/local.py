@@ -29,13 +29,13 @@ from django.conf import settings
 from openclaw_client.identity import IdentityStore
 from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
 from openclaw_site.gateway import selectors as gateway_selectors
-from openclaw_site.gateway import state
 from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import NotFound
 from openclaw_site.gateway.models import PairedDevice
 from openclaw_site.gateway.services import pairing
 
 from ..models import NodeWorkerHost
+from ..node_calls import gateway_url
 from .base import Inspection, WorkerLease, WorkerProfile, WorkerProviderError
 
 PROVIDER_ID = "local"
@@ -43,17 +43,6 @@ SETTINGS = {"capacity": (1, 1024, 2), "capacityWaitMs": (0, 600_000, 10_000)}
 STOP_GRACE_S = 5.0
 PID_FILE = "node-host.pid"
 ACTOR = Actor("provider:local")
-
-
-def gateway_url() -> str:
-    """Where a node host on this machine reaches the gateway: ``OPENCLAW_WORKER_GATEWAY_URL``, else the
-    address this gateway process serves on (a Celery worker: the configured bind address and port)."""
-    configured = settings.OPENCLAW_WORKERS.get("GATEWAY_URL")
-    if configured:
-        return configured
-    bind, port = state.listen_address() or (settings.OPENCLAW_GATEWAY["BIND"], settings.OPENCLAW_GATEWAY["PORT"])
-    host = "127.0.0.1" if bind in ("0.0.0.0", "", "::") else bind
-    return f"ws://{host}:{port}"
 
 
 def lease_key(operation_id: str) -> str:

@@ -21,7 +21,9 @@ from .base import Inspection, SshEndpoint, WorkerLease, WorkerProfile, WorkerPro
 
 PROVIDER_ID = "static-ssh"
 LEASE_PREFIX = f"{PROVIDER_ID}:"
-SETTINGS_FIELDS = ("host", "port", "user", "hostKey", "keyRef", "connectTimeoutMs")
+SETTINGS_FIELDS = ("host", "port", "user", "hostKey", "keyRef", "connectTimeoutMs", "workDir")
+# Where on the host the gateway installs its node host (absolute, or under the SSH user's home).
+DEFAULT_WORK_DIR = "~/.openclaw-worker"
 REQUIRED_FIELDS = ("host", "user", "hostKey", "keyRef")
 KEY_REF_FIELDS = frozenset({"source", "id", "provider"})
 KEY_SOURCES = ("file", "env")
@@ -40,6 +42,7 @@ class _Target:
     host_key: str
     key_ref: dict[str, Any]
     timeout_ms: int
+    work_dir: str = DEFAULT_WORK_DIR
 
     @property
     def address(self) -> str:
@@ -66,6 +69,17 @@ class StaticSshProvider:
             _check_host_key(settings["hostKey"])
         if "keyRef" in settings:
             _check_key_ref(settings["keyRef"])
+        if "workDir" in settings:
+            work_dir = settings["workDir"]
+            if (
+                not isinstance(work_dir, str)
+                or not work_dir.startswith(("/", "~/"))
+                or ".." in work_dir.split("/")
+                or any(ch in work_dir for ch in "\0\n")
+            ):
+                raise WorkerProviderError.invalid_profile(
+                    "must be an absolute path or one under ~/ (no '..')", field="workDir"
+                )
 
     def provision(self, profile: WorkerProfile, operation_id: str) -> WorkerLease:
         if not isinstance(operation_id, str) or not operation_id.strip():
@@ -105,6 +119,7 @@ class StaticSshProvider:
             host_key=settings["hostKey"].strip(),
             key_ref=settings["keyRef"],
             timeout_ms=settings.get("connectTimeoutMs", DEFAULT_CONNECT_TIMEOUT_MS),
+            work_dir=settings.get("workDir", DEFAULT_WORK_DIR),
         )
 
 
@@ -200,6 +215,52 @@ def _probe(target: _Target) -> None:
         raise failure(f"is unreachable: {error.reason}") from None
     except OSError as error:
         raise failure(f"is unreachable: {_os_reason(error)}") from None
+
+
+def ssh_target(profile: WorkerProfile) -> _Target:
+    """The profile's host as the provider reaches it (settings validated again)."""
+    return StaticSshProvider()._target(profile)
+
+
+def ssh_run(target: _Target, command: str, *, stdin: str, timeout_s: float) -> str:
+    """Run ``command`` on the host with ``stdin`` (secrets travel there, never in the command line); its
+    standard output. A failure to connect, or a non-zero exit, is a :class:`WorkerProviderError` that
+    names the host and the command's last line of standard error (never what was sent)."""
+    key = _private_key(target.key_ref)
+    trusted = asyncssh.import_public_key(target.host_key)
+
+    async def run() -> asyncssh.SSHCompletedProcess:
+        async with asyncssh.connect(
+            target.host,
+            target.port,
+            username=target.user,
+            known_hosts=([trusted], [], []),
+            client_keys=[key],
+            agent_path=None,
+            config=None,
+            preferred_auth="publickey",
+        ) as connection:
+            return await connection.run(command, input=stdin, check=False)
+
+    def failure(reason: str) -> WorkerProviderError:
+        return WorkerProviderError(f"{PROVIDER_ID} host {target.address} {reason}", code="transient")
+
+    try:
+        completed = asyncio.run(asyncio.wait_for(run(), timeout_s))
+    except TimeoutError:
+        raise failure(f"did not finish within {int(timeout_s)} s") from None
+    except asyncssh.HostKeyNotVerifiable:
+        raise failure("did not present the host key of the profile's hostKey") from None
+    except asyncssh.PermissionDenied:
+        raise failure(f"refused the keyRef key for user {target.user}") from None
+    except asyncssh.Error as error:
+        raise failure(f"is unreachable: {error.reason}") from None
+    except OSError as error:
+        raise failure(f"is unreachable: {_os_reason(error)}") from None
+    if completed.exit_status != 0:
+        errors = str(completed.stderr or "").strip().splitlines()
+        raise failure(f"failed (exit status {completed.exit_status}): {errors[-1][:300] if errors else 'no output'}")
+    return str(completed.stdout or "")
 
 
 def _os_reason(error: OSError) -> str:

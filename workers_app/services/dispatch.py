@@ -215,6 +215,7 @@ def _advance(session: Session, placement: Placement, actor: Actor) -> Placement:
                 "bootstrap_openclaw_version": receipt.openclaw_version,
                 "bootstrap_protocol_features": receipt.protocol_features,
                 "bootstrap_install_kind": receipt.install_kind,
+                "node_device_id": receipt.node_device_id or environment.node_device_id,
             },
         )
     placement = store.placement_transition(

@@ -156,8 +156,8 @@ def _finish_move(session: Session, *, actor: Actor) -> Placement:
 def _reconcile_source_workspace(session: Session, placement: Placement, intent: PlacementMove) -> str | None:
     """Apply the source worker's workspace changes to the session's worktree; the failure's reason, or None."""
     environment = WorkerEnvironment.objects.filter(pk=intent.source_environment_id).first()
-    if environment is None or environment.state in TERMINAL_ENVIRONMENT_STATES:
-        return None
+    if environment is None or environment.state in TERMINAL_ENVIRONMENT_STATES or not environment.node_device_id:
+        return None  # no worker of ours ever held a workspace there
     runtime = worker_runtimes.for_provider(environment.provider_id)
     if runtime is None:
         return None

@@ -19,7 +19,14 @@ from sessions_app.models import Session
 
 from ..models import TERMINAL_ENVIRONMENT_STATES, EnvironmentState, Placement, PlacementState, WorkerEnvironment
 from ..profiles import profile_for_environment
-from ..providers import INSPECTION_STATUSES, Inspection, WorkerProvider, WorkerProviderError, providers
+from ..providers import (
+    CREDENTIALS_REVOKED,
+    INSPECTION_STATUSES,
+    Inspection,
+    WorkerProvider,
+    WorkerProviderError,
+    providers,
+)
 from . import environments as envs
 from . import placements as store
 from .placements import RECOVERY_ERROR_LIMIT, Actor, bounded_worker_error
@@ -102,6 +109,11 @@ def teardown_environment(environment_id: str | None, *, terminal_state: str, err
             envs.environment_record_error(
                 environment_id=environment_id, error=f"{cause}; {detail}" if cause else detail
             )
+            if failure.code != CREDENTIALS_REVOKED:
+                return [detail]
+            # The worker could not be told to stop, but it no longer holds credentials to act for this
+            # gateway: the lease is over; the reason stays on the record and with the placement.
+            envs.environment_finish_destroy(environment_id=environment_id)
             return [detail]
     envs.environment_finish_destroy(environment_id=environment_id)
     return []
