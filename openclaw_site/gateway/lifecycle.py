@@ -80,6 +80,12 @@ async def startup() -> None:
     """Process start (``serve``): register the process, start the loops, run the apps' startup hooks."""
     ensure_started()
     await ensure_process_registered()
+    # A predecessor killed on this host still looks live for a heartbeat timeout: its connections are
+    # forgotten first, so that the apps' recovery does not take its nodes for connected.
+    try:
+        await _off_the_request_thread(gateway_sweep)
+    except Exception:
+        logger.exception("startup gateway sweep failed")
     for hook in _startup_hooks:
         try:
             await _off_the_request_thread(hook)

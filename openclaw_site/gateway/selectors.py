@@ -65,6 +65,17 @@ def stale_processes() -> QuerySet[GatewayProcess]:
     return GatewayProcess.objects.filter(heartbeat_at__lt=process_stale_before())
 
 
+def dead_process_boot_ids() -> list[str]:
+    """Processes that stopped heartbeating, and those of this host whose pid is gone (killed ones, known
+    dead at once rather than after the heartbeat timeout)."""
+    host = socket.gethostname()
+    dead = {str(boot_id) for boot_id in stale_processes().values_list("boot_id", flat=True)}
+    for boot_id, pid in live_processes().filter(hostname=host).values_list("boot_id", "pid"):
+        if not _pid_exists(pid):
+            dead.add(str(boot_id))
+    return sorted(dead)
+
+
 def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
