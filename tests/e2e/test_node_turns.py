@@ -1,0 +1,130 @@
+"""Turns of a session placed on a node host process, over real WebSockets: the reply streams out as
+``chat`` deltas before the turn ends (the node's progress, passed on by the gateway), an abort stops the
+worker child on the node (``worker.cancel.v1``) and keeps the partial reply, and a model failure is the
+turn's error with the model's kind — the provider's key never reaching the node."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_seed_004_paired_node_worker_lifecycle import (
+    Wire,
+    model_env,
+    node_id_of,
+    publish_workspace,
+    wait_connected,
+)
+from tests.support import mock_openai as mock
+from tests.support.clients import call_once, operator
+from tests.support.processes import start_node_host
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def placed(gateway_factory, mock_openai, tmp_path):
+    """A gateway, a paired node host process, and a worktree session dispatched to it."""
+    workspace_root = tmp_path / "allowed"
+    workspace_root.mkdir()
+    published = publish_workspace(workspace_root)
+    gateway = gateway_factory(extra_env=model_env(mock_openai, workspace_root))
+    node_host = start_node_host(gateway, capacity=1, capacity_wait_ms=500)
+    call_once(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
+    try:
+        yield gateway, node_host, published
+    finally:
+        mock_openai.release()
+        node_host.stop()
+
+
+async def dispatched(gateway, node_host, published: Path, suffix: str):
+    client = operator(gateway)
+    await client.connect()
+    wire = Wire(client, published)
+    node_id = node_id_of(node_host)
+    await wait_connected(wire, node_id)
+    key = await wire.create_session(suffix)
+    await wire.dispatch_node_session(key, node_id)
+    return client, wire, key
+
+
+def test_a_node_turn_streams_deltas_before_it_ends(placed, mock_openai):
+    gateway, node_host, published = placed
+    text = "one two three four five six"
+    mock_openai.script(mock.slow(text, delay_s=0.2))
+
+    async def scenario():
+        client, wire, key = await dispatched(gateway, node_host, published, "streaming")
+        try:
+            run_id = await wire.start_turn(key, "STREAM")
+            deltas, final = [], None
+            while final is None:
+                frame = await client.next_event("chat", timeout=30, predicate=lambda f: f["payload"]["runId"] == run_id)
+                if frame["payload"]["state"] == "delta":
+                    deltas.append(frame["payload"]["message"]["content"][0]["text"])
+                elif frame["payload"]["state"] == "final":
+                    final = frame["payload"]
+            waited = await wire.wait_for_turn(run_id)
+            return deltas, final, waited
+        finally:
+            await client.close()
+
+    deltas, final, waited = asyncio.run(scenario())
+    assert waited["status"] == "ok"
+    assert final["message"]["content"][0]["text"] == text
+    assert len(deltas) >= 2, deltas  # it streamed, it did not arrive in one piece at the end
+    assert all(text.startswith(partial) for partial in deltas)
+    # The model was asked by the gateway (its key), never by the node.
+    assert all(headers.get("authorization") == "Bearer sk-test" for headers in mock_openai.request_headers)
+
+
+def test_an_abort_stops_the_worker_on_the_node(placed, mock_openai):
+    gateway, node_host, published = placed
+    mock_openai.hold("ABORT-ME")
+
+    async def scenario():
+        client, wire, key = await dispatched(gateway, node_host, published, "abort")
+        try:
+            run_id = await wire.start_turn(key, "ABORT-ME")
+            deadline = asyncio.get_running_loop().time() + 30
+            while "ABORT-ME" not in mock_openai.held():
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)
+            aborted = await client.request("chat.abort", {"sessionKey": key, "runId": run_id})
+            waited = await wire.wait_for_turn(run_id)
+            # The slot is free again: the next turn runs (capacity 1).
+            await wire.expect_successful_turn(key, "AFTER-ABORT")
+            return aborted, waited
+        finally:
+            await client.close()
+
+    aborted, waited = asyncio.run(scenario())
+    assert aborted["aborted"] is True
+    assert waited["status"] != "ok"
+    assert node_host.invokes("worker.cancel.v1") >= 1
+    assert "ABORT-ME" not in mock_openai.held()  # the held model call was hung up on
+
+
+def test_a_model_failure_is_the_turns_error_and_the_placement_stays_active(placed, mock_openai):
+    gateway, node_host, published = placed
+    mock_openai.script(mock.error(429, "slow down"))
+
+    async def scenario():
+        client, wire, key = await dispatched(gateway, node_host, published, "model-failure")
+        try:
+            run_id = await wire.start_turn(key, "FAILS")
+            waited = await wire.wait_for_turn(run_id)
+            placement = await wire.describe_placement(key)
+            await wire.expect_successful_turn(key, "WORKS-AGAIN")
+            return waited, placement
+        finally:
+            await client.close()
+
+    waited, placement = asyncio.run(scenario())
+    assert waited["status"] == "error"
+    assert "429" in waited["error"] or "rate" in waited["error"].lower(), waited
+    assert "sk-test" not in str(waited)
+    assert placement["state"] == "active"
