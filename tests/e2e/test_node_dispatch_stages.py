@@ -27,7 +27,8 @@ HOST = {
 
 
 def node_commands(hold: str):
-    """A node host's answers, except for ``hold``, which is never answered."""
+    """A node host's answers up to the held stage; ``hold`` is never answered (the start check,
+    ``worker.status.v1``, is held or never reached)."""
 
     async def handle(command: str, params):
         if command == hold:
@@ -44,9 +45,6 @@ def node_commands(hold: str):
             }
         if command == "worker.workspace.prepare.v1":
             return {"status": "ready", "manifestRef": params["manifestRef"], "remoteWorkspaceDir": "/node/ws"}
-        if command == "worker.status.v1":
-            return {"capacity": {"total": 2, "available": 2, "reclaimableIdle": 0}, "running": [],
-                    "environments": [params.get("environmentId")]}  # fmt: skip
         if command == "worker.environment.stop.v1":
             return {"stopped": True, "environmentIds": []}
         raise AssertionError(f"unexpected command {command}")

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from openclaw_client.client import current_invoke
+from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
+from sessions_app.models import Run
 from tests.e2e.test_seed_004_paired_node_worker_lifecycle import (
     Wire,
     model_env,
@@ -18,10 +21,15 @@ from tests.e2e.test_seed_004_paired_node_worker_lifecycle import (
     wait_connected,
 )
 from tests.support import mock_openai as mock
-from tests.support.clients import call_once, operator
+from tests.support.clients import call_once, operator, paired_node
 from tests.support.processes import start_node_host
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+HOST = {
+    "protocolFeatures": ["node-worker-supervisor-v6"],
+    "workerHost": {"enabled": True, "capacity": {"total": 1, "available": 1}, "capturedExecPolicy": True},
+}
 
 
 @pytest.fixture
@@ -82,6 +90,7 @@ def test_a_node_turn_streams_deltas_before_it_ends(placed, mock_openai):
 
 
 def test_an_abort_stops_the_worker_on_the_node(placed, mock_openai):
+    """The run ends ``aborted`` and its slot is free for the next turn."""
     gateway, node_host, published = placed
     mock_openai.hold("ABORT-ME")
 
@@ -104,7 +113,9 @@ def test_an_abort_stops_the_worker_on_the_node(placed, mock_openai):
     aborted, waited = asyncio.run(scenario())
     assert aborted["aborted"] is True
     assert waited["status"] != "ok"
-    assert node_host.invokes("worker.cancel.v1") >= 1
+    # Stopped on the node: by worker.cancel.v1, or — whichever comes first — by the inference proxy,
+    # which sees the abort too and ends the model call the worker is waiting on.
+    assert Run.objects.get(run_id=aborted["runIds"][0]).status == "aborted"
     assert "ABORT-ME" not in mock_openai.held()  # the held model call was hung up on
 
 
@@ -128,3 +139,65 @@ def test_a_model_failure_is_the_turns_error_and_the_placement_stays_active(place
     assert "429" in waited["error"] or "rate" in waited["error"].lower(), waited
     assert "sk-test" not in str(waited)
     assert placement["state"] == "active"
+
+
+def test_an_abort_reaches_the_node_as_a_cancel_and_keeps_the_partial_reply(gateway_factory):
+    """The gateway's own path, alone: the node (a peer driven by the test) streams part of a reply and
+    then waits; chat.abort makes the gateway send ``worker.cancel.v1``, and the node's ``aborted`` answer
+    ends the run with the partial text in the transcript."""
+    gateway = gateway_factory()
+    cancelled = asyncio.Event()
+    launched = asyncio.Event()
+    prepared: list[str] = []
+
+    async def node_commands(command: str, params):
+        if command == "worker.workspace.retain.v1":
+            return {"applied": True, "deleted": {"environments": [], "bundles": []}, "hasMore": False,
+                    "bundleStatus": "installed"}  # fmt: skip
+        if command == "worker.bundle.install.v1":
+            return {"bundleHash": params["bundleHash"], "openclawVersion": params["openclawVersion"],
+                    "protocolFeatures": ["node-worker-supervisor-v6"], "installKind": "existing"}  # fmt: skip
+        if command == "worker.workspace.prepare.v1":
+            prepared.append(params["environmentId"])
+            return {"status": "ready", "manifestRef": params["manifestRef"], "remoteWorkspaceDir": "/node/ws"}
+        if command == "worker.status.v1":
+            return {"capacity": {"total": 1, "available": 1, "reclaimableIdle": 0}, "running": [],
+                    "environments": prepared}  # fmt: skip
+        if command == "worker.launch.v1":
+            await current_invoke.get().progress({"kind": "delta", "delta": "half a ", "text": "half a "})
+            launched.set()
+            await cancelled.wait()
+            return {"status": "aborted", "text": "half a "}
+        if command == "worker.cancel.v1":
+            cancelled.set()
+            return {"cancelled": True}
+        if command == "worker.environment.stop.v1":
+            return {"stopped": True, "environmentIds": []}
+        raise AssertionError(f"unexpected command {command}")
+
+    async def scenario():
+        admin = operator(gateway)
+        await admin.connect()
+        worker = await paired_node(
+            gateway, admin, commands=list(NODE_HOST_COMMANDS), caps=list(NODE_HOST_CAPS), invoke_handler=node_commands
+        )
+        await worker.request("node.runnerInventory.update", HOST)
+        await admin.request("sessions.create", {"key": "cancel-me"})
+        await admin.request("sessions.dispatch", {"key": "cancel-me", "deviceId": worker.device_id}, timeout=60)
+        started = await admin.request(
+            "chat.send", {"sessionKey": "cancel-me", "message": "go", "idempotencyKey": "cancel-run"}
+        )
+        await asyncio.wait_for(launched.wait(), 30)
+        await admin.request("chat.abort", {"sessionKey": "cancel-me", "runId": started["runId"]})
+        waited = await admin.request("agent.wait", {"runId": started["runId"], "timeoutMs": 30_000}, timeout=35)
+        history = await admin.request("chat.history", {"sessionKey": "cancel-me"})
+        await worker.close()
+        await admin.close()
+        return waited, history
+
+    waited, history = asyncio.run(scenario())
+    assert cancelled.is_set()
+    assert Run.objects.get(run_id="cancel-run").status == "aborted"
+    assert waited["status"] != "ok"
+    assistant = [m for m in history["messages"] if m["role"] == "assistant"]
+    assert [(m["content"][0]["text"], m["stopReason"]) for m in assistant] == [("half a ", "aborted")]
