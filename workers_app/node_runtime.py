@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 WORKER_SUPERVISOR_FEATURE = "node-worker-supervisor-v6"
 INSTALL_TIMEOUT_MS = 600_000
+BUNDLE_PREWARM_VERSION = 1
 SYNC_TIMEOUT_MS = 120_000
 # Raw bytes of blob content per prepare call (base64 makes the frame a third larger).
 SYNC_BATCH_BYTES = 4 * 1024 * 1024
@@ -72,19 +73,18 @@ class NodeWorkerRuntime:
             return BootstrapReceipt(
                 bundle.sha256, bundle.version, [WORKER_SUPERVISOR_FEATURE], "existing", node_device_id=node_id
             )
+        params: dict[str, Any] = {
+            "bundleHash": bundle.sha256,
+            "openclawVersion": bundle.version,
+            "downloadPath": f"/api/workers/bundle/{bundle.sha256}",
+            "sizeBytes": bundle.size,
+            "idempotencyKey": f"default:{bundle.sha256}",
+        }
+        if node_hosts.node_offers(node_id, "bundlePrewarm"):
+            # A worker child started with the install: the session's first turn finds it warm.
+            params["bundlePrewarm"] = BUNDLE_PREWARM_VERSION
         try:
-            receipt = call_node(
-                node_id,
-                "worker.bundle.install.v1",
-                {
-                    "bundleHash": bundle.sha256,
-                    "openclawVersion": bundle.version,
-                    "downloadPath": f"/api/workers/bundle/{bundle.sha256}",
-                    "sizeBytes": bundle.size,
-                    "idempotencyKey": f"default:{bundle.sha256}",
-                },
-                timeout_ms=INSTALL_TIMEOUT_MS,
-            )
+            receipt = call_node(node_id, "worker.bundle.install.v1", params, timeout_ms=INSTALL_TIMEOUT_MS)
         except NodeCommandFailed as failure:
             raise node_failure(node_id, failure, "Device worker bundle installation failed") from None
         if (

@@ -25,13 +25,20 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 PROFILES = {"local-dev": {"provider": "local", "settings": {"capacity": 2, "capacityWaitMs": 500}}}
 
 
-def local_worker_env(mock_openai, workspace_root: Path, port: int) -> dict[str, str]:
-    return {
+@pytest.fixture
+def local_gateway(gateway_factory, mock_openai, tmp_path):
+    """A gateway with a ``local-dev`` profile, and the published checkout its sessions' worktrees come from."""
+    workspace_root = tmp_path / "allowed"
+    workspace_root.mkdir()
+    published = publish_workspace(workspace_root)
+    port = free_port()
+    env = {
         **model_env(mock_openai, workspace_root),
         "OPENCLAW_WORKER_PROFILES": json.dumps(PROFILES),
         # A Celery worker starts the node host: it is told where the gateway listens.
         "OPENCLAW_WORKER_GATEWAY_URL": f"ws://127.0.0.1:{port}",
     }
+    return gateway_factory(extra_env=env, port=port), published
 
 
 def pid_alive(pid: int) -> bool:
@@ -41,12 +48,8 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def test_a_local_profile_runs_a_turn_on_a_started_node_host_and_moves_back(gateway_factory, mock_openai, tmp_path):
-    workspace_root = tmp_path / "allowed"
-    workspace_root.mkdir()
-    published = publish_workspace(workspace_root)
-    port = free_port()
-    gateway = gateway_factory(extra_env=local_worker_env(mock_openai, workspace_root, port), port=port)
+def test_a_local_profile_runs_a_turn_on_a_started_node_host_and_moves_back(local_gateway):
+    gateway, published = local_gateway
 
     async def scenario():
         client = operator(gateway)
@@ -71,20 +74,8 @@ def test_a_local_profile_runs_a_turn_on_a_started_node_host_and_moves_back(gatew
             (remote / "NOTES.md").write_text("written on the worker\n")
             (remote / "README.md").unlink()
             source = await wire.describe_placement(key)
-            moved = await client.request(
-                "sessions.move",
-                {
-                    "key": key,
-                    "expected": {
-                        "generation": source["generation"],
-                        "environmentId": source["environmentId"],
-                        "ownerEpoch": source["activeOwnerEpoch"],
-                    },
-                    "target": {"kind": "gateway"},
-                },
-                timeout=120,
-            )
-            assert moved["placement"]["state"] == "local"
+            moved = await wire.move_to_gateway(key)
+            assert moved["state"] == "local"
             environments = await wire.read_environments()
             environment = next(e for e in environments if e["id"] == source["environmentId"])
             await wire.expect_successful_turn(key, "LOCAL-AFTER-MOVE")
@@ -105,14 +96,10 @@ def test_a_local_profile_runs_a_turn_on_a_started_node_host_and_moves_back(gatew
     assert not (path / "README.md").exists()
 
 
-def test_a_local_node_host_that_dies_is_found_gone_by_its_provider(gateway_factory, mock_openai, tmp_path, settings):
+def test_a_local_node_host_that_dies_is_found_gone_by_its_provider(local_gateway, settings):
     """Its process killed, the lease inspects ``unknown`` (authoritative absence): recovery fails the
     placement with the disappearance reason instead of waiting on a node that will not come back."""
-    workspace_root = tmp_path / "allowed"
-    workspace_root.mkdir()
-    published = publish_workspace(workspace_root)
-    port = free_port()
-    gateway = gateway_factory(extra_env=local_worker_env(mock_openai, workspace_root, port), port=port)
+    gateway, published = local_gateway
 
     async def dispatch():
         client = operator(gateway)

@@ -138,6 +138,25 @@ class Wire:
 
         await eventually(replied)
 
+    async def move_to_gateway(self, key: str) -> dict[str, Any]:
+        """``sessions.move`` back to the gateway with the exact source facts the placement shows."""
+        source = await self.describe_placement(key)
+        assert source["state"] == "active", source
+        moved = await self.client.request(
+            "sessions.move",
+            {
+                "key": key,
+                "expected": {
+                    "generation": source["generation"],
+                    "environmentId": source["environmentId"],
+                    "ownerEpoch": source["activeOwnerEpoch"],
+                },
+                "target": {"kind": "gateway"},
+            },
+            timeout=120,
+        )
+        return moved["placement"]
+
     async def describe_placement(self, key: str) -> dict[str, Any]:
         described = await self.client.request("sessions.describe", {"key": key})
         return described["session"].get("placement") or {}
@@ -210,20 +229,8 @@ async def scenario(gateway: GatewayServer, node_host: NodeHostProcess, mock: Moc
         source = await wire.describe_placement(retained_key)
         assert source["state"] == "active" and source["environmentId"] == retained_placement["environmentId"]
         assert isinstance(source["generation"], int) and isinstance(source["activeOwnerEpoch"], int)
-        moved = await client.request(
-            "sessions.move",
-            {
-                "key": retained_key,
-                "expected": {
-                    "generation": source["generation"],
-                    "environmentId": source["environmentId"],
-                    "ownerEpoch": source["activeOwnerEpoch"],
-                },
-                "target": {"kind": "gateway"},
-            },
-            timeout=120,
-        )
-        assert moved["placement"]["state"] == "local"
+        moved = await wire.move_to_gateway(retained_key)
+        assert moved["state"] == "local"
         assert (await wire.describe_placement(retained_key))["state"] == "local"
         await wire.expect_successful_turn(retained_key, "WIRE-MOVED-LOCAL")
         await wire.dispatch_node_session(retained_key, node_id)

@@ -106,21 +106,8 @@ def test_a_static_ssh_profile_installs_the_node_host_from_the_served_bundle_and_
             remote = Path(placement["remoteWorkspaceDir"])
             assert remote.is_relative_to(home / ".openclaw-worker" / "state")
             (remote / "src" / "app.py").write_text("print('changed on the ssh worker')\n")
-            source = await wire.describe_placement(key)
-            moved = await client.request(
-                "sessions.move",
-                {
-                    "key": key,
-                    "expected": {
-                        "generation": source["generation"],
-                        "environmentId": source["environmentId"],
-                        "ownerEpoch": source["activeOwnerEpoch"],
-                    },
-                    "target": {"kind": "gateway"},
-                },
-                timeout=120,
-            )
-            assert moved["placement"]["state"] == "local"
+            moved = await wire.move_to_gateway(key)
+            assert moved["state"] == "local"
             await wire.expect_successful_turn(key, "SSH-AFTER-MOVE")
             return key
         finally:

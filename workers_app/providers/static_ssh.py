@@ -180,41 +180,15 @@ def _private_key(key_ref: dict[str, Any]) -> asyncssh.SSHKey:
 
 def _probe(target: _Target) -> None:
     """Log in and run ``true``, within ``connectTimeoutMs`` overall; any failure is transient."""
-    key = _private_key(target.key_ref)
-    trusted = asyncssh.import_public_key(target.host_key)
-
-    async def check() -> None:
-        # Trust exactly the profile's key for this one connection; no known_hosts file, ssh config or agent.
-        async with asyncssh.connect(
-            target.host,
-            target.port,
-            username=target.user,
-            known_hosts=([trusted], [], []),
-            client_keys=[key],
-            agent_path=None,
-            config=None,
-            preferred_auth="publickey",
-        ) as connection:
-            await connection.run("true", check=True)
-
-    def failure(reason: str) -> WorkerProviderError:
-        return WorkerProviderError(f"{PROVIDER_ID} host {target.address} {reason}", code="transient")
-
-    # Called from database and Celery threads, never the event loop: a loop of its own per probe.
-    try:
-        asyncio.run(asyncio.wait_for(check(), target.timeout_ms / 1000))
-    except TimeoutError:
-        raise failure(f"is unreachable: no answer within {target.timeout_ms} ms") from None
-    except asyncssh.HostKeyNotVerifiable:
-        raise failure("did not present the host key of the profile's hostKey") from None
-    except asyncssh.PermissionDenied:
-        raise failure(f"refused the keyRef key for user {target.user}") from None
-    except asyncssh.ProcessError as error:
-        raise failure(f"could not run `true` (exit status {error.exit_status})") from None
-    except asyncssh.Error as error:
-        raise failure(f"is unreachable: {error.reason}") from None
-    except OSError as error:
-        raise failure(f"is unreachable: {_os_reason(error)}") from None
+    completed = _ssh(
+        target,
+        "true",
+        stdin=None,
+        timeout_s=target.timeout_ms / 1000,
+        timeout_reason=f"is unreachable: no answer within {target.timeout_ms} ms",
+    )
+    if completed.exit_status != 0:
+        raise _failure(target, f"could not run `true` (exit status {completed.exit_status})")
 
 
 def ssh_target(profile: WorkerProfile) -> _Target:
@@ -226,6 +200,27 @@ def ssh_run(target: _Target, command: str, *, stdin: str, timeout_s: float) -> s
     """Run ``command`` on the host with ``stdin`` (secrets travel there, never in the command line); its
     standard output. A failure to connect, or a non-zero exit, is a :class:`WorkerProviderError` that
     names the host and the command's last line of standard error (never what was sent)."""
+    completed = _ssh(
+        target, command, stdin=stdin, timeout_s=timeout_s, timeout_reason=f"did not finish within {int(timeout_s)} s"
+    )
+    if completed.exit_status != 0:
+        errors = str(completed.stderr or "").strip().splitlines()
+        raise _failure(
+            target, f"failed (exit status {completed.exit_status}): {errors[-1][:300] if errors else 'no output'}"
+        )
+    return str(completed.stdout or "")
+
+
+def _failure(target: _Target, reason: str) -> WorkerProviderError:
+    return WorkerProviderError(f"{PROVIDER_ID} host {target.address} {reason}", code="transient")
+
+
+def _ssh(
+    target: _Target, command: str, *, stdin: str | None, timeout_s: float, timeout_reason: str
+) -> asyncssh.SSHCompletedProcess:
+    """Log in with the profile's key, trusting exactly its host key (no known_hosts file, ssh config or
+    agent), and run ``command``. Called from database and Celery threads, never the event loop: a loop
+    of its own per call."""
     key = _private_key(target.key_ref)
     trusted = asyncssh.import_public_key(target.host_key)
 
@@ -242,25 +237,18 @@ def ssh_run(target: _Target, command: str, *, stdin: str, timeout_s: float) -> s
         ) as connection:
             return await connection.run(command, input=stdin, check=False)
 
-    def failure(reason: str) -> WorkerProviderError:
-        return WorkerProviderError(f"{PROVIDER_ID} host {target.address} {reason}", code="transient")
-
     try:
-        completed = asyncio.run(asyncio.wait_for(run(), timeout_s))
+        return asyncio.run(asyncio.wait_for(run(), timeout_s))
     except TimeoutError:
-        raise failure(f"did not finish within {int(timeout_s)} s") from None
+        raise _failure(target, timeout_reason) from None
     except asyncssh.HostKeyNotVerifiable:
-        raise failure("did not present the host key of the profile's hostKey") from None
+        raise _failure(target, "did not present the host key of the profile's hostKey") from None
     except asyncssh.PermissionDenied:
-        raise failure(f"refused the keyRef key for user {target.user}") from None
+        raise _failure(target, f"refused the keyRef key for user {target.user}") from None
     except asyncssh.Error as error:
-        raise failure(f"is unreachable: {error.reason}") from None
+        raise _failure(target, f"is unreachable: {error.reason}") from None
     except OSError as error:
-        raise failure(f"is unreachable: {_os_reason(error)}") from None
-    if completed.exit_status != 0:
-        errors = str(completed.stderr or "").strip().splitlines()
-        raise failure(f"failed (exit status {completed.exit_status}): {errors[-1][:300] if errors else 'no output'}")
-    return str(completed.stdout or "")
+        raise _failure(target, f"is unreachable: {_os_reason(error)}") from None
 
 
 def _os_reason(error: OSError) -> str:

@@ -52,3 +52,12 @@ def node_bundle_installed(node_id: str, bundle_hash: str) -> bool:
     return NodeWorkerHost.objects.filter(
         node_id=node_id, conn_id=str(connection.conn_id), bundle_hash=bundle_hash, bundle_status="installed"
     ).exists()
+
+
+def node_offers(node_id: str, flag: str) -> bool:
+    """Whether the node's live connection declared the worker-host feature ``flag`` (say, ``bundlePrewarm``)."""
+    connection = gateway_selectors.live_node_connection(node_id)
+    if connection is None:
+        return False
+    host = NodeWorkerHost.objects.filter(node_id=node_id, conn_id=str(connection.conn_id)).first()
+    return bool(host and host.worker_host and host.worker_host.get(flag))
