@@ -12,12 +12,21 @@ import logging
 from collections.abc import Callable
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from openclaw_site.gateway.api import router as gateway_router
-from openclaw_site.gateway.exceptions import GatewayError, InvalidRequest, NotFound, Unauthorized, internal_error
+from openclaw_site.gateway.exceptions import (
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+    internal_error,
+)
 from openclaw_site.gateway.http_auth import OPERATOR_AUTH, TOKEN_HEADER
 from openclaw_site.gateway.protocol import error_path, validation_message
 from sessions_app.api import router as sessions_router
@@ -93,6 +102,12 @@ def http_error(request: HttpRequest, exc: HttpError):
 @api.exception_handler(Http404)
 def not_found(request: HttpRequest, exc: Http404):
     return error_response(NotFound(f"not found: {request.method} {request.path}"))
+
+
+@api.exception_handler(RequestDataTooBig)
+def body_too_large(request: HttpRequest, exc: RequestDataTooBig):
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return error_response(PayloadTooLarge(f"request body too large (at most {limit} bytes)"))
 
 
 @api.exception_handler(Exception)

@@ -21,6 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.core import signing
 
+from openclaw_site.gateway.redaction import redact_secrets
 from sessions_app.model_providers import Aborted, ChatMessage, Delta, Finish, ModelProviderError, get_model_provider
 from sessions_app.models import Run, RunStatus
 from sessions_app.services.runs import abort_requested
@@ -105,7 +106,8 @@ async def completion_stream(run: Run, messages: list[ChatMessage], model: str) -
         except Aborted:
             put("error", {"kind": "aborted", "message": "the turn was aborted"})
         except ModelProviderError as error:
-            put("error", {"kind": error.kind, "message": error.summary})
+            # The worker is told what failed, never a secret an upstream error may quote.
+            put("error", {"kind": error.kind, "message": redact_secrets(error.summary)})
         except Exception:
             error_id = uuid.uuid4().hex[:12]
             logger.exception("inference for run %s failed (errorId=%s)", run.run_id, error_id)

@@ -428,6 +428,19 @@ class NodeWorkerHost(models.Model):
         return f"{self.node_id} ({'hosting' if hosting else 'not hosting'})"
 
 
+class WorkspaceManifest(models.Model):
+    """A synced workspace as it was sent (docs/node-worker-protocol.md), by its content address: the base
+    the node's changes are told apart from when the session comes back. Immutable; kept while a
+    placement names it."""
+
+    ref = models.CharField(max_length=71, primary_key=True)  # sha256:<64 hex>
+    manifest = models.JSONField()
+    created_at_ms = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return self.ref
+
+
 __all__ = [
     "DISPATCH_BARRIER_STATES",
     "ENVIRONMENT_TRANSITIONS",
@@ -445,4 +458,5 @@ __all__ = [
     "TeardownTerminalState",
     "TurnClaimOwner",
     "WorkerEnvironment",
+    "WorkspaceManifest",
 ]

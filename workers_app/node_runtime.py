@@ -23,12 +23,13 @@ from openclaw_client.workspace import WorkspaceError, build_manifest, manifest_r
 from sessions_app.models import Session
 
 from .bundle import current_bundle
-from .models import Placement, WorkerEnvironment
+from .models import Placement, WorkerEnvironment, WorkspaceManifest
 from .node_calls import NodeCommandFailed, call_node
 from .providers import WorkerProviderError
 from .providers.device import not_connected
 from .runtimes import BootstrapReceipt, WorkspaceSync
 from .services import node_hosts
+from .services.placements import now_ms
 from .ssh_nodes import ensure_ssh_node
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ class NodeWorkerRuntime:
                 answer = self._prepare(node_id, {**params, "blobs": batch})
         if answer.get("status") != "ready":
             raise WorkerProviderError("worker node did not confirm the synced workspace")
+        WorkspaceManifest.objects.get_or_create(ref=ref, defaults={"manifest": manifest, "created_at_ms": now_ms()})
         return WorkspaceSync(manifest_ref=ref, remote_workspace_dir=str(answer.get("remoteWorkspaceDir") or ""))
 
     def _prepare(self, node_id: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +183,7 @@ class NodeWorkerRuntime:
             if not answer.get("hasMore"):
                 break
         try:
-            return apply_workspace_changes(root, manifest or [], blobs, base_ref=base_ref)
+            return apply_workspace_changes(root, manifest or [], blobs, base_manifest=base_manifest_for(root, base_ref))
         except WorkspaceError as error:
             raise WorkerProviderError(f"worker node exported an invalid workspace: {error}") from None
         except OSError as error:
@@ -199,7 +201,10 @@ def _blob_batches(root: Path | None, by_digest: dict[str, str], wanted: list[str
     batch: dict[str, str] = {}
     size = 0
     for digest in wanted:
-        data = (root / by_digest[digest]).read_bytes() if root is not None else b""
+        try:
+            data = (root / by_digest[digest]).read_bytes() if root is not None else b""
+        except OSError:
+            data = b""  # deleted or replaced since the manifest was made
         if hashlib.sha256(data).hexdigest() != digest:
             raise WorkerProviderError("session workspace changed while syncing; retry the dispatch")
         if batch and size + len(data) > SYNC_BATCH_BYTES:
@@ -211,47 +216,116 @@ def _blob_batches(root: Path | None, by_digest: dict[str, str], wanted: list[str
         yield batch
 
 
-def apply_workspace_changes(
-    root: Path, remote_manifest: list[dict[str, Any]], blobs: dict[str, bytes], *, base_ref: str
-) -> int:
-    """Make the worktree at ``root`` hold the node's workspace; returns how many paths changed.
+def base_manifest_for(root: Path, base_ref: str) -> list[dict[str, Any]]:
+    """The manifest synced as ``base_ref``; for a placement synced before manifests were kept, the
+    worktree itself if it is still that base, else none (nothing is deleted then)."""
+    stored = WorkspaceManifest.objects.filter(ref=base_ref).values_list("manifest", flat=True).first()
+    if stored is not None:
+        return stored
+    local = build_manifest(root)
+    return local if manifest_ref(local) == base_ref else []
 
-    Files the node changed or added are written (content checked against the digest). Files the
-    node deleted are deleted here only if the worktree still is the synced base: a worktree that was
-    changed on this side meanwhile keeps its files (nothing of the gateway's is destroyed).
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a["sha256"] == b["sha256"] and a["mode"] == b["mode"]
+
+
+def _inside(root: Path, relative: str) -> Path:
+    """``root / relative``, refusing a path that passes through a symbolic link of the worktree (the node
+    never saw those links: writing through one would write outside the worktree)."""
+    current = root
+    for part in relative.split("/")[:-1]:
+        current = current / part
+        if current.is_symlink():
+            raise WorkerProviderError(
+                f"worker node exported a path through a symbolic link of the worktree: {relative}"
+            )
+    target = root / relative
+    return target
+
+
+def apply_workspace_changes(
+    root: Path, remote_manifest: list[dict[str, Any]], blobs: dict[str, bytes], *, base_manifest: list[dict[str, Any]]
+) -> int:
+    """Bring the node's changes since ``base_manifest`` (what was synced) into the worktree at ``root``;
+    returns how many paths changed.
+
+    Only what the node changed moves: a file it left as synced keeps the worktree's copy (changed here or
+    not); a file it changed or added is written (its content from the node's blobs, or from the worktree
+    when the node renamed or copied a file it already had); a file it deleted is deleted only if the
+    worktree still holds it as synced. Where both sides changed a file the node's version wins (the
+    session worked there) and the overwrite is logged. Everything is planned and its content checked
+    before the first write; a path through a symbolic link of the worktree is refused.
     """
     validate_manifest(remote_manifest)
     local = build_manifest(root)
     local_by_path = {entry["path"]: entry for entry in local}
-    remote_paths = set()
-    changed = 0
-    for entry in remote_manifest:
-        remote_paths.add(entry["path"])
-        mine = local_by_path.get(entry["path"])
-        if mine is not None and mine["sha256"] == entry["sha256"] and mine["mode"] == entry["mode"]:
+    base_by_path = {entry["path"]: entry for entry in base_manifest}
+    remote_by_path = {entry["path"]: entry for entry in remote_manifest}
+    local_by_digest = {entry["sha256"]: entry["path"] for entry in local}
+
+    writes: list[tuple[dict[str, Any], bytes | None]] = []  # None: same content, new mode only
+    for path, entry in remote_by_path.items():
+        base, mine = base_by_path.get(path), local_by_path.get(path)
+        if (base is not None and _same(base, entry)) or (mine is not None and _same(mine, entry)):
             continue
+        if mine is not None and base is not None and not _same(mine, base):
+            logger.warning("worktree %s: %s changed on both sides; the worker's version is kept", root, path)
         if mine is not None and mine["sha256"] == entry["sha256"]:
-            (root / entry["path"]).chmod(entry["mode"])
-            changed += 1
+            writes.append((entry, None))
             continue
         data = blobs.get(entry["sha256"])
+        if data is None and entry["sha256"] in local_by_digest:
+            data = (root / local_by_digest[entry["sha256"]]).read_bytes()
         if data is None or hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise WorkerProviderError("worker node exported a workspace without the content of a changed file")
-        target = root / entry["path"]
-        target.parent.mkdir(parents=True, exist_ok=True)
+        writes.append((entry, data))
+    deletes = []
+    for path, base in base_by_path.items():
+        if path in remote_by_path:
+            continue
+        mine = local_by_path.get(path)
+        if mine is not None and _same(mine, base):
+            deletes.append(path)
+        elif mine is not None:
+            logger.warning("worktree %s: %s was deleted on the worker but changed here; kept", root, path)
+    targets = {path: _inside(root, path) for path in [*deletes, *(entry["path"] for entry, _ in writes)]}
+
+    for path in deletes:
+        targets[path].unlink(missing_ok=True)
+        _prune_empty_parents(root, targets[path].parent)
+    for entry, data in writes:
+        target = targets[entry["path"]]
+        if data is None:
+            target.chmod(entry["mode"])
+            continue
+        if target.is_dir() and not target.is_symlink():
+            if any(target.iterdir()):
+                raise WorkerProviderError(
+                    f"worker node turned {entry['path']} into a file, but the worktree holds files under it"
+                )
+            target.rmdir()
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise WorkerProviderError(
+                f"worker node put {entry['path']} under a path the worktree holds as a file"
+            ) from None
         temporary = target.with_name(f".{target.name}.openclaw-sync")
-        temporary.write_bytes(data)
-        temporary.chmod(entry["mode"])
-        temporary.replace(target)
-        changed += 1
-    if manifest_ref(local) == base_ref:
-        for entry in local:
-            if entry["path"] not in remote_paths:
-                (root / entry["path"]).unlink(missing_ok=True)
-                changed += 1
-    elif any(entry["path"] not in remote_paths for entry in local):
-        logger.warning("worktree %s changed on the gateway while placed; files deleted on the worker were kept", root)
-    return changed
+        try:
+            temporary.write_bytes(data)
+            temporary.chmod(entry["mode"])
+            temporary.replace(target)
+        finally:
+            temporary.unlink(missing_ok=True)
+    return len(deletes) + len(writes)
+
+
+def _prune_empty_parents(root: Path, directory: Path) -> None:
+    """Remove directories a deletion left empty, up to (not including) the root."""
+    while directory != root and directory.is_dir() and not directory.is_symlink() and not any(directory.iterdir()):
+        directory.rmdir()
+        directory = directory.parent
 
 
 class SshNodeWorkerRuntime(NodeWorkerRuntime):

@@ -276,6 +276,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def gateway_invoke_result(self, message: dict[str, Any]) -> None:
         invoke.resolve(message)
 
+    async def gateway_invoke_progress(self, message: dict[str, Any]) -> None:
+        """Progress of an operator's ``node.invoke``: the operator gets the result only (nothing streams)."""
+
     # --- teardown -------------------------------------------------------------------------
 
     async def disconnect(self, code: int) -> None:

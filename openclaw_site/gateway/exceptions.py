@@ -54,6 +54,10 @@ class NotFound(InvalidRequest):
     http_status = 404
 
 
+class PayloadTooLarge(InvalidRequest):
+    http_status = 413
+
+
 class Conflict(InvalidRequest):
     """A compare-and-set or idempotency check lost against a concurrent writer."""
 

@@ -8,7 +8,6 @@ changes nothing and gets the exact "changed" error. Every successful change appe
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest
+from openclaw_site.gateway.redaction import redact_secrets
 from sessions_app.models import Session
 
 from ..events import placement_changed_on_commit
@@ -47,12 +47,6 @@ CLAIM_FIELDS = (
     "turn_claim_owner_epoch",
 )
 
-_SECRETS = re.compile(
-    r"(?i)(authorization:\s*(?:bearer\s+|basic\s+)?|bearer\s+|(?:api[_-]?key|token|password|secret)[\"']?\s*[:=]\s*[\"']?)"
-    r"[^\s\"',;]+"
-)
-_OPENAI_KEYS = re.compile(r"\bsk-[A-Za-z0-9_-]{8,}")
-
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -60,7 +54,7 @@ def now_ms() -> int:
 
 def bounded_worker_error(text: str) -> str:
     """An error as the placement keeps it: secrets redacted, whitespace collapsed, at most 1024 UTF-16 units."""
-    redacted = _OPENAI_KEYS.sub("sk-***", _SECRETS.sub(lambda m: f"{m.group(1)}***", text))
+    redacted = redact_secrets(text)
     collapsed = " ".join(redacted.split())
     if len(collapsed.encode("utf-16-le")) <= RECOVERY_ERROR_LIMIT * 2:
         return collapsed

@@ -1,0 +1,515 @@
+"""The inference proxy of node turns (docs/node-worker-protocol.md, ``worker.launch.v1``):
+``POST /api/workers/inference/chat/completions`` with the run's inference token.
+
+A worker child on a node asks the model only through the gateway, so the gateway's provider key
+stays here. The token is good only while its run is running on its session's active placement on
+the token's node; anything else is refused before a model is called. The reply is server-sent
+OpenAI chunks, an ``{"error": {kind, message}}`` event on failure or abort, then ``[DONE]``.
+
+The view is async: the tests drive it with Django's ``AsyncClient`` inside ``async_to_sync`` from
+the test thread, so its ``sync_to_async`` database reads share the test's transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from django.core import signing
+from django.test import AsyncClient
+
+from sessions_app.models import Run, RunStatus, Session
+from sessions_app.services import runs
+from sessions_app.services.runs import TurnOutcome
+from sessions_app.services.sessions import SessionSpec, session_create
+from tests.support.mock_openai import error, partial_then_drop
+from workers_app.inference import INFERENCE_PATH, TOKEN_SALT, inference_token
+from workers_app.models import Placement, PlacementState, WorkerEnvironment
+from workers_app.providers.device import device_profile
+from workers_app.services import placements as store
+
+pytestmark = pytest.mark.django_db
+
+NODE = "a1" * 32
+OTHER_NODE = "b2" * 32
+ENVIRONMENT = "worker:inference"
+API_KEY = "sk-inference-proxy-secret-0123456789abcdef"
+NOT_VALID = "inference token is not valid for a running turn on this node"
+HINT = "send 'Authorization: Bearer <gateway token>' or 'X-OpenClaw-Token: <gateway token>'"
+GOOD_BODY = {"model": "anything", "messages": [{"role": "user", "content": "Reply exactly: hello there world"}]}
+
+
+# --- state -------------------------------------------------------------------------------------
+
+
+def placed_session(node_id: str = NODE, *, key: str = "agent:main:inference") -> Session:
+    """A session whose placement is active on a device environment of ``node_id`` (a finished dispatch)."""
+    session = session_create(spec=SessionSpec(key=key, agent_id="main"))
+    WorkerEnvironment.objects.create(
+        environment_id=ENVIRONMENT,
+        provider_id="device",
+        profile_id=f"device:{node_id}",
+        profile_snapshot=device_profile(node_id).snapshot(),
+        state="attached",
+        lease_id=f"device:{node_id}:op",
+        node_device_id=node_id,
+        owner_epoch=1,
+        attached_session_ids=[session.session_id],
+        created_at_ms=1,
+        updated_at_ms=1,
+        state_changed_at_ms=1,
+    )
+    placement = store.placement_start_dispatch(session=session)
+    for from_state, to_state, patch in [
+        ("requested", "provisioning", {"environment_id": ENVIRONMENT}),
+        ("provisioning", "syncing", {"worker_bundle_hash": "a" * 64}),
+        ("syncing", "starting", {"workspace_base_manifest_ref": "sha256:" + "b" * 64, "remote_workspace_dir": "/w"}),
+        ("starting", "active", {"active_owner_epoch": 1}),
+    ]:
+        placement = store.placement_transition(
+            session=session,
+            from_state=from_state,
+            to_state=to_state,
+            expected_generation=placement.generation,
+            patch=patch,
+        )
+    return session
+
+
+def submitted(session: Session, message: str = "Reply exactly: hello there world") -> Run:
+    return runs.run_submit(session_key=session.key, message=message, idempotency_key=str(uuid.uuid4())).run
+
+
+def running(session: Session, message: str = "Reply exactly: hello there world") -> Run:
+    """A turn of ``session`` claimed the way the worker-turn task claims it: queued → running."""
+    claim = runs.run_claim(run_id=submitted(session, message).run_id, executor="test")
+    assert claim is not None and claim.run.status == RunStatus.RUNNING
+    return claim.run
+
+
+def minted_seconds_ago(seconds: int, run_id: str, node_id: str = NODE) -> str:
+    """An inference token as it was minted ``seconds`` ago (the signer's clock moved back)."""
+    real = signing.TimestampSigner.timestamp
+    try:
+        signing.TimestampSigner.timestamp = lambda self: signing.b62_encode(int(time.time()) - seconds)
+        return inference_token(run_id, node_id)
+    finally:
+        signing.TimestampSigner.timestamp = real
+
+
+# --- HTTP --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def events(self) -> list[Any]:
+        """The ``data:`` payloads of the event stream, decoded (``[DONE]`` stays a string)."""
+        frames = self.text.split("\n\n")
+        assert frames[-1] == "", f"the stream must end with a complete event: {self.text[-200:]!r}"
+        decoded = []
+        for frame in frames[:-1]:
+            assert frame.startswith("data: ") and "\n" not in frame, frame
+            data = frame.removeprefix("data: ")
+            decoded.append(data if data == "[DONE]" else json.loads(data))
+        return decoded
+
+
+def headers_for(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token is not None else {}
+
+
+async def _post(token: str | None, body: Any, *, raw: bytes | None = None):
+    data = raw if raw is not None else json.dumps(body)
+    return await AsyncClient().post(
+        INFERENCE_PATH, data=data, content_type="application/json", headers=headers_for(token)
+    )
+
+
+async def _read(response) -> Answer:
+    if response.streaming:
+        body = b"".join([chunk async for chunk in response.streaming_content])
+    else:
+        body = response.content
+    return Answer(response.status_code, dict(response.headers), body)
+
+
+def post(token: str | None, body: Any = None, *, raw: bytes | None = None) -> Answer:
+    """The whole answer to one request (the stream read to its end)."""
+
+    async def exchange() -> Answer:
+        return await _read(await _post(token, body, raw=raw))
+
+    return async_to_sync(exchange)()
+
+
+def content_of(events: list[Any]) -> str:
+    return "".join(
+        event["choices"][0]["delta"].get("content", "")
+        for event in events
+        if isinstance(event, dict) and "choices" in event
+    )
+
+
+# --- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def echo_model(settings):
+    settings.OPENCLAW_MODEL = {**settings.OPENCLAW_MODEL, "PROVIDER": "echo", "BASE_URL": "", "MODEL": "echo"}
+
+
+@pytest.fixture
+def mock_model(settings, mock_openai):
+    """The gateway's provider is the in-process mock OpenAI server, with a key the node must never see."""
+    settings.OPENCLAW_MODEL = {
+        **settings.OPENCLAW_MODEL,
+        "PROVIDER": "openai",
+        "BASE_URL": mock_openai.base_url,
+        "API_KEY": API_KEY,
+        "MODEL": "mock-model",
+        "CONNECT_TIMEOUT_S": 5,
+        "READ_TIMEOUT_S": 10,
+        "TOTAL_TIMEOUT_S": 30,
+    }
+    return mock_openai
+
+
+# --- a running turn ----------------------------------------------------------------------------
+
+
+def test_a_running_turn_streams_the_models_reply_as_openai_chunks_then_done(echo_model):
+    run = running(placed_session())
+
+    answer = post(inference_token(run.run_id, NODE), GOOD_BODY)
+
+    assert answer.status == 200
+    assert answer.headers["Content-Type"] == "text/event-stream"
+    assert answer.headers["Cache-Control"] == "no-cache"
+    events = answer.events()
+    assert events[-1] == "[DONE]" and "[DONE]" not in events[:-1]
+    chunks = events[:-1]
+    assert content_of(chunks) == "hello there world"
+    assert len({chunk["id"] for chunk in chunks}) == 1 and chunks[0]["id"].startswith("chatcmpl-")
+    assert all(chunk["object"] == "chat.completion.chunk" and chunk["model"] == "echo" for chunk in chunks)
+    assert [chunk["choices"][0]["finish_reason"] for chunk in chunks] == [None] * (len(chunks) - 1) + ["stop"]
+    assert chunks[-1]["choices"][0]["delta"] == {}
+    assert chunks[-1]["usage"] == {"input": 5, "output": 3, "totalTokens": 8}
+
+
+def test_the_provider_gets_the_workers_messages_with_the_gateways_model_and_key(mock_model):
+    """The worker names the history; the gateway names the model (the session's) and holds the key."""
+    run = running(placed_session())
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "Reply exactly: from the mock"},
+    ]
+
+    answer = post(inference_token(run.run_id, NODE), {"model": "the-worker-wants-this", "messages": messages})
+
+    events = answer.events()
+    assert answer.status == 200 and events[-1] == "[DONE]"
+    assert content_of(events[:-1]) == "from the mock"
+    assert events[-2]["choices"][0]["finish_reason"] == "stop" and events[-2]["model"] == "mock-model"
+    [sent] = mock_model.requests
+    assert (sent["model"], sent["messages"], sent["stream"]) == ("mock-model", messages, True)
+    assert mock_model.request_headers[0]["authorization"] == f"Bearer {API_KEY}"
+    assert API_KEY not in answer.text
+
+
+# --- who may ask -------------------------------------------------------------------------------
+
+
+def _unauthorized(message: str, code: str) -> dict:
+    return {"error": {"code": "INVALID_REQUEST", "message": message, "details": {"code": code, "hint": HINT}}}
+
+
+REFUSED = _unauthorized("gateway token refused", "AUTH_TOKEN_MISMATCH")
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("no Authorization header", _unauthorized("gateway token required", "AUTH_TOKEN_MISSING")),
+        ("garbage", REFUSED),
+        ("tampered signature", REFUSED),
+        ("signed with another salt", REFUSED),
+        ("no node in the grant", REFUSED),
+        ("a run id that is not a string", REFUSED),
+        ("expired", REFUSED),
+    ],
+)
+def test_a_missing_forged_or_expired_token_is_401_and_calls_no_model(mock_model, case, expected):
+    run = running(placed_session())
+    good = inference_token(run.run_id, NODE)
+    token = {
+        "no Authorization header": None,
+        "garbage": "garbage",
+        "tampered signature": good[:-1] + ("A" if good[-1] != "A" else "B"),
+        "signed with another salt": signing.dumps({"r": run.run_id, "n": NODE}, salt="another.salt", compress=True),
+        "no node in the grant": signing.dumps({"r": run.run_id}, salt=TOKEN_SALT, compress=True),
+        "a run id that is not a string": signing.dumps({"r": 1, "n": NODE}, salt=TOKEN_SALT, compress=True),
+        "expired": minted_seconds_ago(370, run.run_id),
+    }[case]
+
+    answer = post(token, GOOD_BODY)
+
+    assert (answer.status, answer.json()) == (401, expected)
+    assert mock_model.requests == []
+
+
+def test_a_token_lives_for_the_turns_time_limit_plus_a_minute(echo_model, settings):
+    """300 s turn limit: 360 s of life. A token minted 350 s ago still works, one minted 370 s ago does
+    not (margins: the signer's timestamp has whole seconds); the lifetime follows
+    ``CELERY_TASK_SOFT_TIME_LIMIT``."""
+    run = running(placed_session())
+
+    assert post(minted_seconds_ago(350, run.run_id), GOOD_BODY).status == 200
+    assert post(minted_seconds_ago(370, run.run_id), GOOD_BODY).json() == REFUSED
+
+    settings.CELERY_TASK_SOFT_TIME_LIMIT = 10
+    assert post(minted_seconds_ago(60, run.run_id), GOOD_BODY).status == 200
+    assert post(minted_seconds_ago(80, run.run_id), GOOD_BODY).json() == REFUSED
+
+
+def _finish(run: Run) -> None:
+    finished = runs.run_finish(run_id=run.run_id, outcome=TurnOutcome(status=RunStatus.OK, text="done"))
+    assert finished is not None and finished.status == RunStatus.OK
+
+
+def _drain(session: Session) -> None:
+    placement = Placement.objects.get(pk=session.pk)
+    store.placement_transition(
+        session=session,
+        from_state=PlacementState.ACTIVE,
+        to_state=PlacementState.DRAINING,
+        expected_generation=placement.generation,
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "the run is still queued",
+        "the run has finished",
+        "no such run",
+        "the token was minted for another node",
+        "the placement is draining",
+        "the environment is on another node",
+        "the session was never placed",
+    ],
+)
+def test_a_token_outside_a_running_turn_on_its_node_is_409_and_calls_no_model(mock_model, case):
+    if case == "the session was never placed":
+        session = session_create(spec=SessionSpec(key="agent:main:gateway-only", agent_id="main"))
+    else:
+        session = placed_session(OTHER_NODE if case == "the environment is on another node" else NODE)
+    if case == "the run is still queued":
+        run_id = submitted(session).run_id
+    else:
+        run_id = running(session).run_id
+    if case == "the run has finished":
+        _finish(Run.objects.get(pk=run_id))
+    if case == "the placement is draining":
+        _drain(session)
+    token = inference_token(
+        "run-that-never-was" if case == "no such run" else run_id,
+        OTHER_NODE if case == "the token was minted for another node" else NODE,
+    )
+
+    answer = post(token, GOOD_BODY)
+
+    assert (answer.status, answer.json()) == (409, {"error": {"code": "INVALID_REQUEST", "message": NOT_VALID}})
+    assert mock_model.requests == []
+
+
+# --- what may be asked -------------------------------------------------------------------------
+
+
+def _invalid(path: str, message: str) -> dict:
+    return {
+        "error": {
+            "code": "INVALID_REQUEST",
+            "message": f"invalid request: at {path} (body): {message}",
+            "details": {"errors": [{"in": "body", "path": path, "message": message}]},
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param(
+            {"messages": []},
+            _invalid("/messages", "List should have at least 1 item after validation, not 0"),
+            id="no messages",
+        ),
+        pytest.param({}, _invalid("/messages", "must have required property"), id="messages missing"),
+        pytest.param(
+            {"messages": [{"role": "tool", "content": "x"}]},
+            _invalid("/messages/0/role", "Input should be 'system', 'user' or 'assistant'"),
+            id="a role outside system, user, assistant",
+        ),
+        pytest.param(
+            {"messages": [{"role": "user", "content": 7}]},
+            _invalid("/messages/0/content", "Input should be a valid string"),
+            id="content not a string",
+        ),
+        pytest.param(
+            {"messages": [{"role": "user", "content": "x" * 1_000_001}]},
+            _invalid("/messages/0/content", "String should have at most 1000000 characters"),
+            id="content over a million characters",
+        ),
+        pytest.param(
+            {"messages": [{"role": "user", "content": ""}] * 10_001},
+            _invalid("/messages", "List should have at most 10000 items after validation, not 10001"),
+            id="more than 10000 messages",
+        ),
+        pytest.param(
+            {"model": "m" * 201, "messages": [{"role": "user", "content": "x"}]},
+            _invalid("/model", "String should have at most 200 characters"),
+            id="model name over 200 characters",
+        ),
+    ],
+)
+def test_a_body_outside_the_schema_is_400_and_calls_no_model(mock_model, body, expected):
+    run = running(placed_session())
+
+    answer = post(inference_token(run.run_id, NODE), body)
+
+    assert (answer.status, answer.json()) == (400, expected)
+    assert mock_model.requests == []
+
+
+def test_a_body_that_is_not_json_is_400(mock_model):
+    run = running(placed_session())
+
+    answer = post(inference_token(run.run_id, NODE), raw=b"{not json")
+
+    assert (answer.status, answer.json()) == (
+        400,
+        {"error": {"code": "INVALID_REQUEST", "message": "invalid request: the body is not valid JSON"}},
+    )
+    assert mock_model.requests == []
+
+
+def test_a_history_within_the_schemas_limits_but_over_2_5_mib_is_served(echo_model):
+    run = running(placed_session())
+    history = [{"role": "user", "content": "x" * 900_000}] * 3 + [{"role": "user", "content": "Reply exactly: ok"}]
+
+    answer = post(inference_token(run.run_id, NODE), {"messages": history})
+
+    assert answer.status == 200, answer.text
+    assert content_of(answer.events()[:-1]) == "ok"
+
+
+# --- failures and aborts -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "expected"),
+    [
+        (error(500), {"kind": "http", "message": "model provider returned HTTP 500: mock error"}),
+        (
+            error(429, "slow down"),
+            {"kind": "rate_limit", "message": "model provider returned HTTP 429: slow down"},
+        ),
+        (
+            error(400, "maximum context length exceeded", "context_length_exceeded"),
+            {
+                "kind": "context_length",
+                "message": "model provider returned HTTP 400: maximum context length exceeded",
+            },
+        ),
+    ],
+)
+def test_a_failing_model_ends_the_stream_with_one_error_event_then_done(mock_model, behaviour, expected):
+    run = running(placed_session())
+    mock_model.script(behaviour)
+
+    answer = post(inference_token(run.run_id, NODE), GOOD_BODY)
+
+    assert answer.status == 200
+    assert answer.events() == [{"error": expected}, "[DONE]"]
+    assert len(mock_model.requests) == 1
+    assert API_KEY not in answer.text
+
+
+def test_a_stream_that_fails_midway_keeps_what_was_sent_then_errors(mock_model):
+    """The worker sees the chunks it got, then the error (it does not have to guess the stream ended)."""
+    run = running(placed_session())
+    mock_model.script(partial_then_drop("Hello "))
+
+    events = post(inference_token(run.run_id, NODE), GOOD_BODY).events()
+
+    assert content_of(events[:-2]) == "Hello "
+    assert events[-2]["error"]["kind"] == "connection"
+    assert events[-2]["error"]["message"].startswith("model provider connection dropped mid-stream: ")
+    assert events[-1] == "[DONE]"
+
+
+def test_a_provider_error_quoting_the_api_key_does_not_leak_it_to_the_node(mock_model):
+    run = running(placed_session())
+    mock_model.script(error(401, f"Incorrect API key provided: {API_KEY}", "invalid_api_key"))
+
+    answer = post(inference_token(run.run_id, NODE), GOOD_BODY)
+
+    [failure, done] = answer.events()
+    assert (failure["error"]["kind"], done) == ("http", "[DONE]")
+    assert API_KEY not in answer.text
+
+
+async def _eventually(check, *, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+def test_an_abort_of_the_run_ends_a_waiting_stream_with_an_aborted_error(
+    mock_model, django_capture_on_commit_callbacks
+):
+    """The provider is held mid-call; ``chat.abort``'s service sets the run's abort flag and the proxy
+    stops the model call and tells the worker, instead of waiting for the provider."""
+    session = placed_session()
+    run = running(session, "Reply exactly: HOLD-INFERENCE")
+    held = {"messages": [{"role": "user", "content": "Reply exactly: HOLD-INFERENCE"}]}
+    mock_model.hold("HOLD-INFERENCE")
+
+    def abort() -> None:
+        with django_capture_on_commit_callbacks(execute=True):
+            assert runs.run_abort(session_key=session.key, run_id=run.run_id) == [run.run_id]
+
+    async def scenario() -> tuple[Answer, float]:
+        response = await _post(inference_token(run.run_id, NODE), held)
+        reading = asyncio.ensure_future(_read(response))
+        await _eventually(lambda: mock_model.held() == ["HOLD-INFERENCE"])
+        await sync_to_async(abort)()
+        aborted_at = time.monotonic()
+        answer = await asyncio.wait_for(reading, 10)
+        return answer, time.monotonic() - aborted_at
+
+    answer, waited = async_to_sync(scenario)()
+
+    assert answer.status == 200
+    assert answer.events() == [{"error": {"kind": "aborted", "message": "the turn was aborted"}}, "[DONE]"]
+    assert waited < 5  # the abort ended it, not a provider timeout
+    assert Run.objects.get(pk=run.run_id).abort_requested_at is not None
