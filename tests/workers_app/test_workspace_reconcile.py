@@ -22,9 +22,14 @@ from pathlib import Path
 import pytest
 
 from openclaw_client.workspace import InvalidManifest, WorkspaceError, build_manifest
+from sessions_app.services.sessions import SessionSpec, session_create
 from workers_app import node_runtime
+from workers_app.models import WorkspaceManifest
 from workers_app.node_runtime import _blob_batches, apply_workspace_changes
 from workers_app.providers import WorkerProviderError
+from workers_app.services import placements as store
+from workers_app.services.placements import now_ms
+from workers_app.services.retention import MANIFEST_GRACE_MS, workspace_manifests_prune
 
 NO_CONTENT = "worker node exported a workspace without the content of a changed file"
 CHANGED_WHILE_SYNCING = "session workspace changed while syncing; retry the dispatch"
@@ -404,3 +409,34 @@ def test_a_file_gone_between_manifest_and_read_stops_the_sync_with_the_same_mess
         list(_blob_batches(tmp_path, {manifest[0]["sha256"]: "a.txt"}, [manifest[0]["sha256"]]))
 
     assert str(changed.value) == CHANGED_WHILE_SYNCING
+
+
+@pytest.mark.django_db
+def test_synced_manifests_are_kept_while_a_placement_names_them_and_pruned_after():
+    """The base of a reconcile stays while a placement names it (or while it is fresh: a sync stores it
+    before the placement records its ref); the sweep forgets the rest."""
+    old = now_ms() - MANIFEST_GRACE_MS - 1
+    WorkspaceManifest.objects.create(ref="sha256:" + "1" * 64, manifest=[], created_at_ms=old)
+    WorkspaceManifest.objects.create(ref="sha256:" + "2" * 64, manifest=[], created_at_ms=now_ms())
+    named = WorkspaceManifest.objects.create(ref="sha256:" + "3" * 64, manifest=[], created_at_ms=old)
+    session = session_create(spec=SessionSpec(key="agent:main:manifest-kept", agent_id="main"))
+    placement = store.placement_start_dispatch(session=session)
+    steps = [
+        ("requested", "provisioning", {"environment_id": "worker:manifest-kept"}),
+        ("provisioning", "syncing", {"worker_bundle_hash": "a" * 64}),
+        ("syncing", "starting", {"workspace_base_manifest_ref": named.ref, "remote_workspace_dir": "/node/ws"}),
+    ]
+    for from_state, to_state, patch in steps:
+        placement = store.placement_transition(
+            session=session,
+            from_state=from_state,
+            to_state=to_state,
+            expected_generation=placement.generation,
+            patch=patch,
+        )
+
+    assert workspace_manifests_prune() == 1
+    assert sorted(WorkspaceManifest.objects.values_list("ref", flat=True)) == [
+        "sha256:" + "2" * 64,
+        "sha256:" + "3" * 64,
+    ]

@@ -34,6 +34,7 @@ from . import environments as envs
 from . import moves
 from . import placements as store
 from .placements import FORCED_WORKER_ABANDONMENT_ERROR, Actor, now_ms
+from .retention import workspace_manifests_prune
 from .teardown import (
     DESTROY_ERROR_SEPARATOR,
     UNAVAILABLE_STATES,
@@ -275,6 +276,9 @@ def _recover(*, startup: bool) -> RecoveryReport:
     report = RecoveryReport()
     reconcile_environments(report)
     recover_placements(report, startup=startup, actor=_actor("startup" if startup else "sweep"))
+    pruned = workspace_manifests_prune()
+    if pruned:
+        report.outcomes["manifests:pruned"] += pruned
     changed = {k: v for k, v in report.outcomes.items() if not k.endswith((":healthy", ":terminal", ":settled"))}
     if changed:
         logger.info(

@@ -1,6 +1,7 @@
-"""What a node must keep (workers.md §5.3): after every (re)connect the gateway tells the node which
-workspaces and bundles are still needed, and learns from the answer whether the node still holds
-this gateway's bundle — the source of the public ``workerBundle`` status.
+"""What is kept (workers.md §5.3): after every (re)connect the gateway tells the node which workspaces and
+bundles are still needed, and learns from the answer whether the node still holds this gateway's bundle
+— the source of the public ``workerBundle`` status. On the gateway's side, synced manifests are kept
+while a placement names them.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import uuid
 from openclaw_site.gateway import selectors as gateway_selectors
 
 from ..bundle import current_bundle
-from ..models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementState, WorkerEnvironment
+from ..models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementState, WorkerEnvironment, WorkspaceManifest
 from ..node_calls import NodeCommandFailed, call_node
 from .node_hosts import node_bundle_record
+from .placements import now_ms
 
 logger = logging.getLogger(__name__)
 
@@ -76,3 +78,16 @@ def node_retain(*, node_id: str, conn_id: str) -> str | None:
         return None
     node_bundle_record(node_id=node_id, bundle_hash=bundle.sha256, status=status, conn_id=conn_id)
     return status
+
+
+# A manifest stored by a sync whose placement has not recorded its ref yet must survive the sweep.
+MANIFEST_GRACE_MS = 3_600_000
+
+
+def workspace_manifests_prune() -> int:
+    """Forget synced manifests no placement names any more (older than the grace period); returns how many."""
+    named = Placement.objects.exclude(workspace_base_manifest_ref__isnull=True).values("workspace_base_manifest_ref")
+    deleted, _ = (
+        WorkspaceManifest.objects.filter(created_at_ms__lt=now_ms() - MANIFEST_GRACE_MS).exclude(ref__in=named).delete()
+    )
+    return deleted
