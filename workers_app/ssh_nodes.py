@@ -142,7 +142,7 @@ except (OSError, ValueError):
     pass
 
 log = open(os.path.join(base, "node-host.log"), "ab")
-environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.path.expanduser("~"),
+environment = {"PATH": os.defpath, "HOME": os.path.expanduser("~"),
                "PYTHONPATH": runtime, "PYTHONUNBUFFERED": "1"}
 process = subprocess.Popen(
     [python, "-m", "openclaw_client.node", "--gateway", params["gatewayUrl"], "--state-dir", state,

@@ -139,7 +139,7 @@ class LocalProvider:
             f"local-worker-{state_dir.name[:8]}",
         ]
         # Its own session (it outlives the process that started it), and no secret of the gateway's.
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(source_root), "HOME": str(state_dir)}
+        env = {"PATH": os.defpath, "PYTHONPATH": str(source_root), "HOME": str(state_dir)}
         with open(state_dir / "node-host.log", "ab") as log:
             process = subprocess.Popen(
                 argv,
