@@ -39,6 +39,8 @@ REQUEST_MESSAGE = "gateway.invoke.request"
 RESULT_MESSAGE = "gateway.invoke.result"
 PROGRESS_MESSAGE = "gateway.invoke.progress"
 PROGRESS_EVENT = "node.invoke.progress"
+# While the gateway's own invoke waits, how often it checks that the node's connection still exists.
+LIVENESS_CHECK_S = 2.0
 # Commands a plain node.invoke must not reach, with the error OpenClaw answers.
 RESERVED_COMMANDS = ("system.execApprovals.get", "system.execApprovals.set")
 
@@ -262,13 +264,24 @@ async def invoke_private(
         },
     )
     last_seq = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_ms / 1000
     while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise NodeCommandFailed("TIMEOUT", f"node did not answer {command} within {timeout_ms} ms")
         try:
-            message = await asyncio.wait_for(layer.receive(reply_channel), timeout_ms / 1000)
+            message = await asyncio.wait_for(layer.receive(reply_channel), min(remaining, LIVENESS_CHECK_S))
         except TimeoutError:
-            raise NodeCommandFailed("TIMEOUT", f"node did not answer {command} within {timeout_ms} ms") from None
+            # A connection that closed before it took the request (or whose process died) answers nothing:
+            # the wait ends when the connection is gone, not at the timeout.
+            current = await database_sync_to_async(_target)(node_id)
+            if current is None or current.conn_id != target.conn_id:
+                raise NodeCommandFailed("NOT_CONNECTED", f"node disconnected ({command})") from None
+            continue
         if message.get("id") != invoke_id:
             continue
+        deadline = loop.time() + timeout_ms / 1000  # an idle timeout: any word from the node resets it
         if message.get("type") == PROGRESS_MESSAGE:
             seq = message.get("seq")
             if isinstance(seq, int) and seq > last_seq:
