@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import multiprocessing
+import re
 import resource
 import shutil
 import signal
@@ -89,7 +90,12 @@ RETAIN_SETTLE_S = 0.5  # after the node host answered the gateway's retain (sent
 FLEET_JOIN_TIMEOUT_S = 3600.0
 RECONNECT_DELAY_S = 1.0  # the node host's first reconnect backoff
 FLEET_SETTLE_S = 3.0
+SETTLE_SAMPLE_S = 2.0
+SETTLE_QUIET_SHARE = 0.2  # of one core
+SETTLE_BUSY_SHARE = 0.8
+SETTLE_MAX_S = 180.0
 FLEET_DRAIN_INTERVAL_S = 0.5
+FAILURE_SAMPLES = 20
 IDLE_WARMUP_NODES = 10  # paired, connected and closed before the baseline: one-time costs are not per connection
 GIT = ["git", "-c", "user.email=bench@example.com", "-c", "user.name=bench", "-c", "commit.gpgsign=false"]
 
@@ -439,11 +445,16 @@ class FleetCounters:
     ticks: int = 0
     closes: int = 0
     reconnects: int = 0
+    skipped: int = 0  # not tried: the join budget was spent
     connect_seconds: list[float] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # the first FAILURE_SAMPLES, for the report
+    failure_kinds: dict[str, int] = field(default_factory=dict)
 
     def fail(self, what: str, exc: BaseException) -> None:
-        self.failures.append(f"{what}: {type(exc).__name__}: {exc}")
+        if len(self.failures) < FAILURE_SAMPLES:
+            self.failures.append(f"{what}: {type(exc).__name__}: {exc}")
+        kind = f"{what}: {type(exc).__name__}"
+        self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + 1
 
 
 def node_options(url: str, token: str, identity: DeviceIdentity, name: str) -> ClientOptions:
@@ -534,9 +545,13 @@ class IdleNode:
             return {"capacity": capacity, "running": [], "environments": []}
         raise NodeCommandError("UNAVAILABLE", f"this bench node does not run {command}")
 
-    async def join(self, admin: AdminLink, gate: asyncio.Semaphore) -> bool:
-        """Pair, connect, declare and wait for the retain, at most ``gate`` nodes at a time; False if it failed."""
+    async def join(self, admin: AdminLink, gate: asyncio.Semaphore, deadline: float) -> bool:
+        """Pair, connect, declare and wait for the retain, at most ``gate`` nodes at a time; False if it failed or
+        was not tried (``deadline``, a ``time.monotonic()``, passed first)."""
         async with gate:
+            if time.monotonic() >= deadline:
+                self.counters.skipped += 1
+                return False
             started = time.perf_counter()
             try:
                 await self.pair(admin)
@@ -590,18 +605,23 @@ class NodeGroup:
         self.tag = tag
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def join(self, concurrency: int) -> None:
-        """Every node joins (at most ``concurrency`` at a time); returns once all have, or failed to."""
+    async def join(self, concurrency: int, budget_s: float) -> None:
+        """Every node joins (at most ``concurrency`` at a time, none started after ``budget_s``); returns once all
+        have, failed to, or were skipped."""
         gate = asyncio.Semaphore(concurrency)
+        deadline = time.monotonic() + budget_s
         joined = [asyncio.Event() for _ in self.nodes]
-        self._tasks = [asyncio.create_task(self._life(n, gate, e)) for n, e in zip(self.nodes, joined, strict=True)]
+        self._tasks = [
+            asyncio.create_task(self._life(node, gate, deadline, event))
+            for node, event in zip(self.nodes, joined, strict=True)
+        ]
         self._tasks.append(asyncio.create_task(self._drain_ticks()))
         await asyncio.gather(*(event.wait() for event in joined))
         await self.admin.close()
 
-    async def _life(self, node: IdleNode, gate: asyncio.Semaphore, joined: asyncio.Event) -> None:
+    async def _life(self, node: IdleNode, gate: asyncio.Semaphore, deadline: float, joined: asyncio.Event) -> None:
         try:
-            ok = await node.join(self.admin, gate)
+            ok = await node.join(self.admin, gate, deadline)
         finally:
             joined.set()
         if self.counters.connected % 100 == 0 and ok:
@@ -640,11 +660,14 @@ def raise_fd_limit(wanted: int) -> int:
     return soft
 
 
-async def fleet_session(url: str, token: str, count: int, tag: str, concurrency: int, pipe: Connection) -> None:
-    """One client process: join its share, report, then answer the parent's commands until ``stop``."""
+async def fleet_session(
+    url: str, token: str, count: int, tag: str, pacing: tuple[int, float], pipe: Connection
+) -> None:
+    """One client process: join its share (``pacing``: concurrency, budget), report, then answer the parent's
+    commands until ``stop``."""
     group = NodeGroup(url, token, count, tag)
     started = time.perf_counter()
-    await group.join(concurrency)
+    await group.join(*pacing)
     counters = group.counters
     pipe.send(
         {
@@ -653,7 +676,8 @@ async def fleet_session(url: str, token: str, count: int, tag: str, concurrency:
             "seconds": time.perf_counter() - started,
             "connectSeconds": counters.connect_seconds,
             "failures": counters.failures[:5],
-            "failureCount": len(counters.failures),
+            "failureCount": sum(counters.failure_kinds.values()),
+            "skipped": counters.skipped,
         }
     )
     while (command := await asyncio.to_thread(pipe.recv)) != "stop":
@@ -664,19 +688,22 @@ async def fleet_session(url: str, token: str, count: int, tag: str, concurrency:
                 "closes": counters.closes,
                 "reconnects": counters.reconnects,
                 "open": group.open_connections(),
+                "failureKinds": counters.failure_kinds,
             }
         )
     await group.close()
     pipe.send({"stopped": True})
 
 
-def _fleet_process_main(url: str, token: str, count: int, tag: str, concurrency: int, pipe: Connection) -> None:
+def _fleet_process_main(
+    url: str, token: str, count: int, tag: str, pacing: tuple[int, float], pipe: Connection
+) -> None:
     """Entry point of a client process of the idle-node fleet."""
     raise_fd_limit(count * 2 + 256)
     # The tick watchdog's "no tick; closing" warnings are counted (closes), not printed one by one.
     logging.getLogger("openclaw_client").setLevel(logging.ERROR)
     try:
-        asyncio.run(fleet_session(url, token, count, tag, concurrency, pipe))
+        asyncio.run(fleet_session(url, token, count, tag, pacing, pipe))
     except BaseException as exc:
         pipe.send({"failure": f"{type(exc).__name__}: {exc}"})
 
@@ -684,7 +711,8 @@ def _fleet_process_main(url: str, token: str, count: int, tag: str, concurrency:
 class Fleet:
     """The idle nodes, spread over client processes (their memory is not the gateway's)."""
 
-    def __init__(self, url: str, token: str, count: int, procs: int, concurrency: int):
+    def __init__(self, url: str, token: str, count: int, procs: int, pacing: tuple[int, float]):
+        """``pacing``: nodes joining at a time per process, and the seconds after which no new join starts."""
         context = multiprocessing.get_context("spawn")
         shares = [n for n in split_evenly(count, procs) if n > 0]
         self.pipes: list[Connection] = []
@@ -692,7 +720,7 @@ class Fleet:
         for index, share in enumerate(shares):
             parent, child = context.Pipe()
             process = context.Process(
-                target=_fleet_process_main, args=(url, token, share, str(index), concurrency, child), daemon=True
+                target=_fleet_process_main, args=(url, token, share, str(index), pacing, child), daemon=True
             )
             self.pipes.append(parent)
             self.processes.append(process)
@@ -710,6 +738,7 @@ class Fleet:
             "connectSeconds": [s for a in answers for s in a["connectSeconds"]],
             "failureCount": sum(a["failureCount"] for a in answers),
             "failureSamples": failures[:5],
+            "skipped": sum(a["skipped"] for a in answers),
         }
 
     def counts(self) -> dict[str, int]:
@@ -717,7 +746,15 @@ class Fleet:
         for pipe in self.pipes:
             pipe.send("count")
         answers = [self._receive(pipe, 60) for pipe in self.pipes]
-        return {key: sum(a[key] for a in answers) for key in ("ticks", "closes", "reconnects", "open")}
+        counts: dict[str, Any] = {
+            key: sum(a[key] for a in answers) for key in ("ticks", "closes", "reconnects", "open")
+        }
+        kinds: dict[str, int] = {}
+        for answer in answers:
+            for kind, count in answer["failureKinds"].items():
+                kinds[kind] = kinds.get(kind, 0) + count
+        counts["failureKinds"] = kinds
+        return counts
 
     def stop(self) -> None:
         for pipe in self.pipes:
@@ -755,7 +792,7 @@ async def warm_up_nodes(url: str, token: str, count: int) -> None:
     """Pair, connect, declare and close a few nodes: imports, caches and pools the first ones warm up are not
     a cost of each connection."""
     group = NodeGroup(url, token, count, "warmup")
-    await group.join(count)
+    await group.join(count, WAIT_S)
     await group.close()
     if group.counters.failures:
         raise RuntimeError(f"warm-up nodes failed: {group.counters.failures[:3]}")
@@ -785,14 +822,31 @@ def join_summary(joined: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def settle(pid: int) -> dict[str, float]:
+    """Wait until the gateway has worked off what the joins left (presence broadcasts, retains): its CPU over
+    SETTLE_SAMPLE_S is under SETTLE_QUIET_SHARE of a core, or no longer falling (then it is the steady cost of the
+    connections themselves; a saturated core is a backlog still draining, not that), or SETTLE_MAX_S passed.
+    Returns how long that took and the last share."""
+    started = time.monotonic()
+    shares: list[float] = []
+    while time.monotonic() - started < SETTLE_MAX_S:
+        shares.append(cpu_window(pid, SETTLE_SAMPLE_S) / SETTLE_SAMPLE_S)
+        flat = len(shares) >= 4 and shares[-1] >= 0.9 * max(shares[-4:-1]) and shares[-1] < SETTLE_BUSY_SHARE
+        if shares[-1] < SETTLE_QUIET_SHARE or flat:
+            break
+    return {"settleSeconds": time.monotonic() - started, "settleLastCpuShare": shares[-1] if shares else 0.0}
+
+
 def measure_with_fleet(fleet: Fleet, pid: int, seconds: float) -> dict[str, Any]:
-    """Gateway RSS once the nodes are connected and settled, then its CPU over ``seconds`` (with what the nodes
-    saw in that window: ticks, connections that ended, reconnects)."""
-    rss_with = settled_rss(pid, FLEET_SETTLE_S)
-    before = fleet.counts()
+    """Gateway RSS once the nodes are connected and settled (with how many were open then), then its CPU over
+    ``seconds`` (with what the nodes saw in that window: ticks, connections that ended, reconnects)."""
+    settled = settle(pid)
+    progress(f"settled after {settled['settleSeconds']:.0f} s; measuring")
+    rss_with, before = rss_mib(pid), fleet.counts()
     cpu = cpu_window(pid, seconds)
     after = fleet.counts()
     return {
+        **settled,
         "rssWithNodesMiB": rss_with,
         "openAtWindowStart": before["open"],
         "openAtWindowEnd": after["open"],
@@ -801,6 +855,7 @@ def measure_with_fleet(fleet: Fleet, pid: int, seconds: float) -> dict[str, Any]
         "closesInWindow": after["closes"] - before["closes"],
         "closesBeforeWindow": before["closes"],
         "reconnectsInWindow": after["reconnects"] - before["reconnects"],
+        "failureKinds": after["failureKinds"],
     }
 
 
@@ -826,7 +881,9 @@ def run_idle_nodes(args: argparse.Namespace, cleanups: contextlib.ExitStack, rep
         f"idle-nodes gateway: pairing and connecting {args.nodes} nodes from {args.node_procs} client process(es), "
         f"{args.join_concurrency} at a time each"
     )
-    fleet = Fleet(deployment.url, deployment.token, args.nodes, args.node_procs, args.join_concurrency)
+    fleet = Fleet(
+        deployment.url, deployment.token, args.nodes, args.node_procs, (args.join_concurrency, args.join_budget)
+    )
     cleanups.callback(fleet.kill)
     joined = join_summary(fleet.start())
     progress(f"idle-nodes gateway: {args.tick_seconds:g} s with {joined['connected']} idle nodes")
@@ -836,6 +893,7 @@ def run_idle_nodes(args: argparse.Namespace, cleanups: contextlib.ExitStack, rep
     report["idleNodes"] = {
         "nodes": joined,
         "joinConcurrency": args.join_concurrency * len(fleet.processes),
+        "joinBudgetSeconds": args.join_budget,
         "tickIntervalMs": args.tick_interval_ms,
         "windowSeconds": args.tick_seconds,
         "ticksPerWindow": args.tick_seconds * 1000 / args.tick_interval_ms,
@@ -965,17 +1023,25 @@ def render_idle_nodes(part: dict[str, Any]) -> list[str]:
         "",
         f"idle node connections on one gateway process (tick every {part['tickIntervalMs']} ms)",
         f"  joined: {nodes['connected']} nodes paired, connected, declared and retained in {nodes['seconds']:.1f} s, "
-        f"{part['joinConcurrency']} at a time ({nodes['failureCount']} failures)",
+        f"{part['joinConcurrency']} at a time ({nodes['failureCount']} failures"
+        + (
+            f"; {nodes['skipped']} not tried: the {part['joinBudgetSeconds']:g} s join budget was spent"
+            if nodes["skipped"]
+            else ""
+        )
+        + ")",
         *(f"    failure: {sample}" for sample in nodes["failureSamples"]),
         latency_header("  join time per node (ms)", 46),
         latency_row("    first tenth", nodes["joinFirstTenth"], 46),
         latency_row("    last tenth", nodes["joinLastTenth"], 46),
-        f"  connections open at the window's start / end: {count} / {part['openAtWindowEnd']}; ended before the "
+        f"  settled {part['settleSeconds']:.0f} s after the join (gateway CPU then "
+        f"{100 * part['settleLastCpuShare']:.0f} % of one core); "
+        f"connections open at the window's start / end: {count} / {part['openAtWindowEnd']}; ended before the "
         f"window: {part['closesBeforeWindow']}, in it: {part['closesInWindow']} (reconnected in it: "
         f"{part['reconnectsInWindow']})",
         f"  gateway RSS before / with nodes / after they closed: {part['rssBeforeMiB']:.1f} / "
         f"{part['rssWithNodesMiB']:.1f} / {part['rssAfterCloseMiB']:.1f} MiB",
-        f"  memory per connection: {part['kibPerConnection']:.1f} KiB (goal < 100 KiB)",
+        f"  memory per open connection: {_number(part['kibPerConnection'], '.1f')} KiB (goal < 100 KiB)",
         f"  gateway CPU over {window:g} s: {part['cpuNoneS'] * 1000:.0f} ms without nodes, "
         f"{part['cpuNodesS'] * 1000:.0f} ms with them ({100 * part['cpuNoneS'] / window:.1f} / "
         f"{100 * part['cpuNodesS'] / window:.1f} % of one core)",
@@ -983,8 +1049,29 @@ def render_idle_nodes(part: dict[str, Any]) -> list[str]:
         f"{per_tick_nodes - per_tick_none:.1f} ms for the nodes "
         f"({(per_tick_nodes - per_tick_none) / count * 1000 if count else 0:.1f} µs per node)",
         f"  ticks the nodes received in the window: {part['ticksReceived']} (expected ~{expected_ticks:.0f})",
+        "  client-side failures by kind: "
+        + (", ".join(f"{kind} {count}" for kind, count in part["failureKinds"].items()) or "none"),
         *_log_lines("idle-nodes gateway", part["logs"]),
     ]
+
+
+# Per-record ids (error ids, connection and task UUIDs, channel names) would make every record a group of its own.
+RECORD_IDS = re.compile(
+    r"\(errorId=[0-9a-f]+\)|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|specific\.\S+"
+)
+
+
+def _grouped(errors: dict[str, int]) -> dict[str, int]:
+    """Error records by message, their per-record ids replaced by ``<id>``."""
+    grouped: dict[str, int] = {}
+    for message, count in errors.items():
+        key = RECORD_IDS.sub("<id>", message)
+        grouped[key] = grouped.get(key, 0) + count
+    return grouped
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _log_lines(name: str, logs: dict[str, Any]) -> list[str]:
@@ -998,7 +1085,8 @@ def _log_lines(name: str, logs: dict[str, Any]) -> list[str]:
         )
     lines = [f"{name} stop: " + "; ".join(parts)]
     for key in ("gatewayErrorsByMessage", "workerErrorsByMessage"):
-        lines += [f"  {count:>5} x {message}" for message, count in list(logs.get(key, {}).items())[:10]]
+        grouped = sorted(_grouped(logs.get(key, {})).items(), key=lambda item: -item[1])
+        lines += [f"  {count:>5} x {message}" for message, count in grouped[:10]]
     return lines
 
 
@@ -1039,6 +1127,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--join-concurrency", type=int, default=2, help="nodes pairing/connecting at a time per client process"
     )
+    parser.add_argument(
+        "--join-budget", type=float, default=300.0, help="seconds after which no further node starts joining"
+    )
     parser.add_argument("--tick-interval-ms", type=int, default=1000, help="the idle-nodes gateway's tick interval")
     parser.add_argument("--tick-seconds", type=float, default=20.0, help="length of each CPU window of the idle part")
     parser.add_argument("--skip-turns", action="store_true", help="leave out the turn round trips and cold starts")
@@ -1066,10 +1157,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, _interrupt)
     with contextlib.ExitStack() as cleanups:
         report = run(args, cleanups)
-    print(render(report, args))
-    if args.json:
+    if args.json:  # first: a figure the table cannot show must not lose the run
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         progress(f"results written to {args.json}")
+    print(render(report, args))
     return 0
 
 

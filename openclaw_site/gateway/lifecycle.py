@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from channels.db import DatabaseSyncToAsync, database_sync_to_async
@@ -93,10 +94,23 @@ async def startup() -> None:
             logger.exception("startup hook %s failed", hook)
 
 
+# Threads of their own: in-process tasks (turns, node calls waiting on nodes) fill the default pool;
+# recovery and sweeps must still run.
+_recovery_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gateway-recovery")
+
+
 async def _off_the_request_thread(fn: Callable[[], Any]) -> Any:
-    """Recovery work in a pool thread of its own: a long sweep (or a provider it waits on) must not hold
-    the one thread that every request's database work goes through."""
-    return await DatabaseSyncToAsync(fn, thread_sensitive=False)()
+    """Recovery work in a pool of its own: a long sweep (or a provider it waits on) must not hold the one
+    thread that every request's database work goes through, nor wait behind in-process tasks."""
+    return await DatabaseSyncToAsync(fn, thread_sensitive=False, executor=_recovery_pool)()
+
+
+async def _run_sweeps() -> None:
+    for sweep in (gateway_sweep, *_sweeps):
+        try:
+            await _off_the_request_thread(sweep)
+        except Exception:
+            logger.exception("sweep %s failed", getattr(sweep, "__name__", sweep))
 
 
 async def _process_listener() -> None:
@@ -129,6 +143,7 @@ async def _background_loop() -> None:
     sweep_s = gateway_setting("SWEEP_INTERVAL_MS") / 1000
     now = time.monotonic()
     next_tick, next_heartbeat, next_sweep = now + tick_s, now + heartbeat_s, now + sweep_s
+    sweeping: asyncio.Task | None = None  # a sweep runs beside the ticks, never in their way
     while not state.is_stopping():
         await asyncio.sleep(max(0.05, min(next_tick, next_heartbeat, next_sweep) - time.monotonic()))
         now = time.monotonic()
@@ -143,9 +158,8 @@ async def _background_loop() -> None:
                 await database_sync_to_async(connection_services.process_heartbeat)(boot_id=state.BOOT_ID)
             if run_sweeps_here and now >= next_sweep:
                 next_sweep = now + sweep_s
-                await _off_the_request_thread(gateway_sweep)
-                for sweep in _sweeps:
-                    await _off_the_request_thread(sweep)
+                if sweeping is None or sweeping.done():
+                    sweeping = asyncio.create_task(_run_sweeps())
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -33,6 +33,7 @@ from sessions_app.model_providers import default_model, get_model_provider
 from sessions_app.models import Run, RunStatus
 from sessions_app.services import runs
 from sessions_app.services.runs import TurnOutcome
+from sessions_app.turns import ABORT_POLL_INTERVAL_S
 
 from ..inference import INFERENCE_PATH, inference_token
 from ..models import Placement, PlacementState, WorkerEnvironment
@@ -130,6 +131,7 @@ class NodeTurn:
         self.progress: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self.cancel = threading.Event()
         self.text = ""
+        self.abort_checked_at: float | None = None
 
     def launch_params(self) -> dict[str, Any]:
         return {
@@ -199,12 +201,19 @@ class NodeTurn:
             if now - beat_at >= HEARTBEAT_INTERVAL_S:
                 beat_at = now
                 lost = not runs.run_heartbeat(run_id=self.run_id)
-            if not self.cancel.is_set() and (lost or runs.abort_requested(self.record)):
+            if not self.cancel.is_set() and (lost or self._abort_requested(now)):
                 self.cancel.set()
         self._drain()
         if lost:
             return None
         return self._outcome(result)
+
+    def _abort_requested(self, now: float) -> bool:
+        """The run's abort flag, read at most every :data:`ABORT_POLL_INTERVAL_S` (as a local turn reads it)."""
+        if self.abort_checked_at is not None and now - self.abort_checked_at < ABORT_POLL_INTERVAL_S:
+            return False
+        self.abort_checked_at = now
+        return runs.abort_requested(self.record)
 
     def _drain(self) -> None:
         while True:
