@@ -11,8 +11,25 @@ from django.utils import timezone
 
 from .. import events
 from .. import scopes as sc
+from ..exceptions import NotPaired
 from ..models import GatewayConnection, GatewayProcess, PairedDevice
 from ..selectors import node_catalog_changed
+
+
+def _lock_devices_first(device_ids: list[str]) -> dict[str, PairedDevice]:
+    """Every write that touches a device's connection rows and its device row locks the device row
+    first (in device id order): ``node_remove`` must, to hold off a concurrent approval, so the
+    connection writes do too, or a node disconnecting while its role is removed deadlocks."""
+    ids = sorted({d for d in device_ids if d})
+    if not ids:
+        return {}
+    locked = (
+        PairedDevice.objects.select_for_update(no_key=True)
+        .filter(device_id__in=ids)
+        .order_by("device_id")
+        .only("device_id", "roles")
+    )
+    return {device.device_id: device for device in locked}
 
 
 def connections_close(connections: list[GatewayConnection], *, reason: str, code: int = 1008) -> None:
@@ -43,6 +60,7 @@ def process_unregister(*, boot_id: str) -> None:
             .exclude(device_id="")
             .values_list("device_id", flat=True)
         )
+        _lock_devices_first(device_ids)
         GatewayProcess.objects.filter(boot_id=boot_id).delete()
         node_catalog_changed()
         if device_ids:
@@ -94,6 +112,11 @@ def _connection_insert(record: ConnectionRecord) -> None:
             # WAL flush (pairing decisions and tokens keep full durability).
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        if record.device_id:
+            device = _lock_devices_first([record.device_id]).get(record.device_id)
+            if device is None or not device.has_role(record.role):
+                # Removed between this connect's pairing check and here: not routable after all.
+                raise NotPaired("pairing removed while connecting")
         if record.role == sc.ROLE_NODE and record.node_id:
             replaced = list(GatewayConnection.objects.filter(role=sc.ROLE_NODE, node_id=record.node_id))
             connections_close(replaced, reason="replaced by a newer connection")
@@ -134,6 +157,7 @@ def connection_unregister(*, conn_id: str) -> bool:
         conn = GatewayConnection.objects.filter(conn_id=conn_id).first()
         if conn is None:
             return False
+        _lock_devices_first([conn.device_id])
         conn.delete()
         if conn.role == sc.ROLE_NODE:
             node_catalog_changed()

@@ -1,0 +1,143 @@
+"""Connection rows: writes that race with pairing changes take their locks in one order."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from openclaw_site.gateway.audit import Actor
+from openclaw_site.gateway.exceptions import NotPaired
+from openclaw_site.gateway.models import GatewayConnection, PairedDevice
+from openclaw_site.gateway.services import connections, pairing
+
+NODE_ID = "n" * 64
+BOOT_ID = str(uuid.uuid4())
+CONN_IDS = {name: str(uuid.uuid4()) for name in ("conn-1", "conn-2", "conn-3")}
+
+
+def register_node_connection(conn_id: str) -> None:
+    connections.connection_register(
+        record=connections.ConnectionRecord(
+            conn_id=CONN_IDS[conn_id],
+            boot_id=BOOT_ID,
+            channel_name=f"channel.{conn_id}",
+            role="node",
+            scopes=[],
+            auth_method="device-token",
+            device_id=NODE_ID,
+            node_id=NODE_ID,
+            client_id="node-host",
+            client_mode="node",
+            client_version="1",
+            display_name="worker",
+            platform="linux",
+            device_family="",
+            model_identifier="",
+            instance_id="",
+            remote_ip="127.0.0.1",
+            caps=[],
+            commands=[],
+            permissions={},
+            path_env="",
+        )
+    )
+
+
+@pytest.fixture
+def connected_node():
+    connections.process_register(boot_id=BOOT_ID)
+    PairedDevice.objects.create(device_id=NODE_ID, public_key="pk", roles=["node"], approved_at=timezone.now())
+    register_node_connection("conn-1")
+
+
+def in_thread(target) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as error:  # reported to the test, which asserts there were none
+            errors.append(error)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_node_disconnecting_while_its_role_is_removed_waits_instead_of_deadlocking(connected_node):
+    """``node_remove`` locks the device row, then deletes the node's connection rows. A disconnect of
+    that node in between must wait on the device row too; had it deleted its connection row first,
+    the two transactions would each hold what the other needs (PostgreSQL: deadlock detected)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite serializes whole transactions")
+    device_locked, disconnect_started = threading.Event(), threading.Event()
+
+    def remove_role_slowly() -> None:
+        with transaction.atomic():
+            list(PairedDevice.objects.select_for_update(no_key=True).filter(device_id=NODE_ID))
+            device_locked.set()
+            disconnect_started.wait(5)
+            time.sleep(0.3)  # lets the disconnect reach whatever lock it blocks on
+            pairing.node_remove(node_id=NODE_ID, actor=Actor.system("test"))
+
+    remover, remover_errors = in_thread(remove_role_slowly)
+    assert device_locked.wait(5)
+
+    def disconnect() -> None:
+        disconnect_started.set()
+        connections.connection_unregister(conn_id=CONN_IDS["conn-1"])
+
+    disconnecting, disconnect_errors = in_thread(disconnect)
+    remover.join(15)
+    disconnecting.join(15)
+    assert remover_errors == [] and disconnect_errors == []
+    assert not GatewayConnection.objects.exists()
+    assert not PairedDevice.objects.filter(device_id=NODE_ID).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_node_reconnecting_while_its_role_is_removed_is_refused_not_left_routable(connected_node):
+    """A reconnect that passed its pairing check just before the removal waits for it on the device
+    row, then finds the pairing gone: refused, and no connection row of the removed node is left."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite serializes whole transactions")
+    device_locked, reconnect_started = threading.Event(), threading.Event()
+
+    def remove_role_slowly() -> None:
+        with transaction.atomic():
+            list(PairedDevice.objects.select_for_update(no_key=True).filter(device_id=NODE_ID))
+            device_locked.set()
+            reconnect_started.wait(5)
+            time.sleep(0.3)
+            pairing.node_remove(node_id=NODE_ID, actor=Actor.system("test"))
+
+    remover, remover_errors = in_thread(remove_role_slowly)
+    assert device_locked.wait(5)
+
+    def reconnect() -> None:
+        reconnect_started.set()
+        register_node_connection("conn-2")
+
+    reconnecting, reconnect_errors = in_thread(reconnect)
+    remover.join(15)
+    reconnecting.join(15)
+    assert remover_errors == []
+    assert [type(error) for error in reconnect_errors] == [NotPaired]
+    assert "pairing removed" in str(reconnect_errors[0])
+    assert not GatewayConnection.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_connection_of_a_device_without_the_role_is_refused(connected_node):
+    pairing.node_remove(node_id=NODE_ID, actor=Actor.system("test"))
+    with pytest.raises(NotPaired, match="pairing removed while connecting"):
+        register_node_connection("conn-3")
+    assert not GatewayConnection.objects.exists()
