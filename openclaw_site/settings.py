@@ -164,7 +164,9 @@ if REDIS_URL:
             "CONFIG": {
                 # channels_redis blocks in BRPOP for 5 s; redis-py 8 gives up reading after 5 s by
                 # default, which killed idle consumers (close 1011). Wait longer than the BRPOP.
-                "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+                # redis-py's pool holds 100 connections by default and refuses the 101st call at once
+                # (MaxConnectionsError); a burst of disconnects (each leaving its groups) exceeded it.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 15, "max_connections": 1000}],
                 "prefix": f"{REDIS_PREFIX}:asgi",
                 "capacity": 1000,
             },

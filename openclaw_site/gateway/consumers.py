@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -21,7 +22,7 @@ from . import invoke, lifecycle, state
 from .conf import gateway_setting
 from .context import RpcContext
 from .dispatch import error_response, parse_frame, run_request
-from .events import BROADCAST_GROUP, subscription_group
+from .events import subscription_group
 from .exceptions import (
     FrameRejected,
     GatewayError,
@@ -32,7 +33,7 @@ from .exceptions import (
 )
 from .handshake import ConnectContext, FirstFrameInvalid, parse_connect
 from .hello import accept_connect, presence_changed
-from .protocol import decode_frame, encode_frame
+from .protocol import EncodedEvent, decode_frame, encode_frame
 from .registry import registry
 from .services import connections
 from .visibility import event_visible
@@ -42,6 +43,12 @@ logger = logging.getLogger(__name__)
 MAX_IN_FLIGHT_REQUESTS = 64
 # A server fault ends a connection with 1011 and a reason naming the log entry, never silently.
 INTERNAL_ERROR_CLOSE = 1011
+# Channel-layer messages whose handlers do no database work. Channels closes stale database
+# connections (a hop through the one database thread) before every handler; for these that hop is
+# pure cost, paid once per connection for every event.
+NO_DATABASE_MESSAGE_TYPES = frozenset(
+    {"gateway.event", "gateway.close", "gateway.invoke.result", "gateway.invoke.progress"}
+)
 
 
 def _utf8_len_exceeds(text: str, limit: int) -> bool:
@@ -107,12 +114,15 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             except (TypeError, ValueError):
                 await self._close_for_internal_error(error)
                 return
+        await self._send_text(text, frame.get("type"))
+
+    async def _send_text(self, text: str, frame_type: Any) -> None:
         try:
             await self.send(text_data=text)
         except Exception:
             # Daphne drops frames for sockets that already went away, so this is a transport that
             # refused the frame: close with a reason rather than keep a socket that stopped answering.
-            await self._close_for_internal_error(internal_error(logger, f"sending a {frame.get('type')} frame"))
+            await self._close_for_internal_error(internal_error(logger, f"sending a {frame_type} frame"))
 
     async def _close_for_internal_error(self, error: GatewayError) -> None:
         was_handshake = self.phase == "handshake"
@@ -131,6 +141,29 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if state_version is not None:
             frame["stateVersion"] = state_version
         await self._send_frame(frame)
+
+    async def send_encoded_event(self, encoded: EncodedEvent) -> None:
+        """An event encoded once for every local connection (ticks, broadcasts): stamped with this
+        connection's next ``seq`` like :meth:`send_event`, without encoding it again."""
+        if self.phase != "open":
+            return
+        if encoded.body is None:
+            await self.send_event(encoded.event, encoded.payload, state_version=encoded.state_version)
+            return
+        self.seq += 1
+        await self._send_text(encoded.frame_text(self.seq), "event")
+
+    async def send_broadcast(self, encoded: EncodedEvent) -> None:
+        """A broadcast-group event this process fans out to its connections (``broadcast.py``): the
+        same gate as :meth:`gateway_event` applies to a copy that came through the channel layer."""
+        ctx = self.ctx
+        if self.phase != "open" or ctx is None:
+            return
+        if not event_visible(
+            registry.events.get(encoded.event), role=ctx.role, scopes=ctx.scopes, subscriptions=ctx.subscriptions
+        ):
+            return
+        await self.send_encoded_event(encoded)
 
     # --- inbound frames -------------------------------------------------------------------
 
@@ -188,12 +221,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             error = internal_error(logger, "connect")
             await self._reject_handshake(request_id, HandshakeRejected(error, close_code=INTERNAL_ERROR_CLOSE))
             return
-        await self.channel_layer.group_add(BROADCAST_GROUP, self.channel_name)
+        # Broadcasts reach this connection through the process's channel (broadcast.py): it must be
+        # subscribed before the connection counts as open, or a broadcast right after could miss it.
+        await lifecycle.ensure_broadcast_subscribed()
         self.phase = "open"
         lifecycle.ensure_started()
         state.local_connections.add(self)
         await self._send_frame({"type": "res", "id": request_id, "ok": True, "payload": hello})
-        await presence_changed(presence)
+        presence_changed(presence)
 
     async def _reject_handshake(self, request_id: str, rejected: HandshakeRejected) -> None:
         await self._send_frame(error_response(request_id, rejected.error))
@@ -251,6 +286,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     # --- channel-layer messages -----------------------------------------------------------
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        if message["type"] in NO_DATABASE_MESSAGE_TYPES:
+            await getattr(self, get_handler_name(message))(message)
+            return
+        await super().dispatch(message)
+
     async def gateway_event(self, message: dict[str, Any]) -> None:
         ctx = self.ctx
         if self.phase != "open" or ctx is None:
@@ -298,17 +339,24 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if not was_open:
             return
         state.local_connections.discard(self)
-        try:
-            await self.channel_layer.group_discard(BROADCAST_GROUP, self.channel_name)
-            for subscription in list(self.ctx.subscriptions):
+        # Each step on its own: a channel layer that fails (Redis out of connections in a burst of
+        # disconnects) must not keep the connection registered, or it stays routable and in presence.
+        for subscription in list(self.ctx.subscriptions):
+            try:
                 await self.channel_layer.group_discard(subscription_group(subscription), self.channel_name)
+            except Exception:
+                logger.exception("connection %s: failed to leave %s", self.conn_id, subscription_group(subscription))
+        try:
             await invoke.fail_pending(self.ctx)
-            if state.is_stopping():
-                return
-            if await database_sync_to_async(connections.connection_unregister)(conn_id=self.conn_id):
-                await presence_changed(None)
         except Exception:
-            logger.exception("failed to clean up connection %s", self.conn_id)
+            logger.exception("connection %s: failed to fail its pending invokes", self.conn_id)
+        if state.is_stopping():
+            return
+        try:
+            if await database_sync_to_async(connections.connection_unregister)(conn_id=self.conn_id):
+                presence_changed(None)
+        except Exception:
+            logger.exception("failed to unregister connection %s", self.conn_id)
 
 
 def _frame_id(raw: Any) -> str:

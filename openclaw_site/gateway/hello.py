@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -18,6 +22,8 @@ from .protocol import SERVER_VERSION, ConnectParams
 from .registry import EVENT_PRESENCE, registry
 from .selectors import presence_entries
 
+logger = logging.getLogger(__name__)
+
 PRESENCE_VERSION_KEY = "gateway:state:presence"
 HEALTH_VERSION_KEY = "gateway:state:health"
 
@@ -32,8 +38,10 @@ def state_version(*, presence: int | None = None) -> dict[str, int]:
 
 
 def presence_snapshot(*, bump: bool) -> tuple[list[dict], dict[str, int]]:
-    presence_version = counters.bump(PRESENCE_VERSION_KEY) if bump else None
-    return presence_entries(), state_version(presence=presence_version)
+    # The version is taken before the entries: a change after this read bumps it again, so a newer
+    # list never goes out under an older or equal version (clients keep the highest).
+    version = state_version(presence=counters.bump(PRESENCE_VERSION_KEY) if bump else None)
+    return presence_entries(), version
 
 
 def accept_connect(
@@ -90,11 +98,101 @@ def build_hello(ctx: RpcContext, outcome: ConnectOutcome, protocol: int) -> tupl
     return hello, (presence, version)
 
 
-async def presence_changed(snapshot: tuple[list, dict] | None) -> None:
-    """Broadcast presence to every connection of every process."""
-    if snapshot is None:
-        snapshot = await database_sync_to_async(presence_snapshot)(bump=True)
+Snapshot = tuple[list, dict]
+
+# How often one process broadcasts presence at most. A join storm of N connections would otherwise
+# send N full lists to every connection (O(N²) frames); coalesced, the latest list wins. Each
+# broadcast is a frame of up to 100 entries (~35 KB) per local connection, for the gateway to write
+# and every client to parse, so the interval grows by 1 ms per local connection (1.25 s at 1,000):
+# about 1,000 frames a second at most, whatever the number of connections (up to 2,000).
+PRESENCE_BROADCAST_MIN_INTERVAL_S = 0.25
+PRESENCE_BROADCAST_INTERVAL_PER_CONNECTION_S = 0.001
+PRESENCE_BROADCAST_MAX_INTERVAL_S = 2.25
+
+
+def presence_broadcast_interval_s() -> float:
+    return min(
+        PRESENCE_BROADCAST_MAX_INTERVAL_S,
+        PRESENCE_BROADCAST_MIN_INTERVAL_S + PRESENCE_BROADCAST_INTERVAL_PER_CONNECTION_S * len(state.local_connections),
+    )
+
+
+class PresenceBroadcaster:
+    """Coalesces this process's presence changes into at most one broadcast per interval.
+
+    1. The first change after a quiet interval goes out at once (a connect's with the snapshot
+       its ``hello-ok`` carried, so no extra database hop).
+    2. Changes while a broadcast is in flight or within the interval after it only mark presence
+       dirty; one broadcast follows at the end of the interval with a snapshot read then — the
+       final list and version once the changes stop, so every connection converges.
+    3. One broadcast is in flight at a time. A disconnect bumps the presence version when its
+       broadcast reads the snapshot (a connect bumped it in its ``hello-ok`` already).
+    """
+
+    def __init__(
+        self,
+        *,
+        interval_s: Callable[[], float],
+        read_snapshot: Callable[[bool], Awaitable[Snapshot]],
+        publish: Callable[[Snapshot], Awaitable[None]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval_s = interval_s
+        self._read_snapshot = read_snapshot
+        self._publish = publish
+        self._clock = clock
+        self._dirty = False
+        self._needs_bump = False
+        self._snapshot: Snapshot | None = None
+        self._last_broadcast_at: float | None = None
+        self._task: asyncio.Task | None = None
+
+    def changed(self, snapshot: Snapshot | None = None) -> None:
+        """A connection came (with its ``hello-ok`` snapshot) or went (None)."""
+        task = self._task
+        # (A task of another event loop is a finished test's, never this process's.)
+        idle = task is None or task.done() or task.get_loop() is not asyncio.get_running_loop()
+        # Only a change that finds nothing pending or in flight may go out with its own snapshot:
+        # any other reads a fresh one, so an older list never follows a newer one from here.
+        self._snapshot = snapshot if idle else None
+        self._needs_bump = self._needs_bump or snapshot is None
+        self._dirty = True
+        if idle:
+            self._task = asyncio.get_running_loop().create_task(self._broadcast_until_clean())
+
+    async def _broadcast_until_clean(self) -> None:
+        while self._dirty:
+            if self._last_broadcast_at is not None:
+                wait_s = self._last_broadcast_at + self.interval_s() - self._clock()
+                if wait_s > 0:
+                    await asyncio.sleep(wait_s)
+            snapshot, bump = self._snapshot, self._needs_bump
+            self._dirty, self._snapshot, self._needs_bump = False, None, False
+            self._last_broadcast_at = self._clock()
+            try:
+                await self._publish(snapshot if snapshot is not None else await self._read_snapshot(bump))
+            except Exception:
+                # Like any lost event: clients refetch on a seq gap, and the next change broadcasts again.
+                logger.exception("failed to broadcast presence")
+
+
+async def _read_presence_snapshot(bump: bool) -> Snapshot:
+    return await database_sync_to_async(presence_snapshot)(bump=bump)
+
+
+async def _publish_presence(snapshot: Snapshot) -> None:
+    """To every connection of every process (each process fans it out to its own, broadcast.py)."""
     presence, version = snapshot
     await get_channel_layer().group_send(
         BROADCAST_GROUP, broadcast_message(EVENT_PRESENCE, {"presence": presence}, state_version=version)
     )
+
+
+presence_broadcaster = PresenceBroadcaster(
+    interval_s=presence_broadcast_interval_s, read_snapshot=_read_presence_snapshot, publish=_publish_presence
+)
+
+
+def presence_changed(snapshot: Snapshot | None) -> None:
+    """Presence changed in this process (a connect with its ``hello-ok`` snapshot, or a disconnect)."""
+    presence_broadcaster.changed(snapshot)

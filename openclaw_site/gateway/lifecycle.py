@@ -19,8 +19,10 @@ from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from . import state
+from . import broadcast, state
 from .conf import gateway_setting
+from .events import BROADCAST_GROUP
+from .protocol import EncodedEvent
 from .services import connections as connection_services
 from .services.sweep import gateway_sweep
 
@@ -38,6 +40,8 @@ class _Tasks:
         self.loop_task: asyncio.Task | None = None
         self.listener_task: asyncio.Task | None = None
         self.startup_task: asyncio.Task | None = None
+        # Creates the process channel and joins it to the process and broadcast groups, once.
+        self.subscription_task: asyncio.Task[str] | None = None
         self.registered = False
 
 
@@ -69,6 +73,27 @@ async def ensure_process_registered() -> None:
     if not _tasks.registered:
         await database_sync_to_async(connection_services.process_register)(boot_id=state.BOOT_ID)
         _tasks.registered = True
+
+
+async def ensure_broadcast_subscribed() -> str:
+    """This process's channel, once it is in the broadcast group (a connection opens only after that)."""
+    loop = asyncio.get_running_loop()
+    task = _tasks.subscription_task
+    failed = task is not None and task.done() and (task.cancelled() or task.exception() is not None)
+    if task is None or failed or task.get_loop() is not loop:
+        task = _tasks.subscription_task = loop.create_task(_join_process_groups(None))
+    # Shielded: a connection that goes away while waiting must not cancel it for the others.
+    return await asyncio.shield(task)
+
+
+async def _join_process_groups(channel: str | None) -> str:
+    layer = get_channel_layer()
+    # The default prefix on purpose: channels_redis runs one receive loop per layer for process-
+    # specific channels, and a channel with another prefix would starve the consumers' channels.
+    channel = channel or await layer.new_channel()
+    for group in (state.PROCESS_GROUP, BROADCAST_GROUP):
+        await layer.group_add(group, channel)
+    return channel
 
 
 def start_in_background(loop: asyncio.AbstractEventLoop) -> None:
@@ -114,17 +139,22 @@ async def _run_sweeps() -> None:
 
 
 async def _process_listener() -> None:
+    """Receives what is sent to this process as a whole: notifications and the broadcast events."""
     layer = get_channel_layer()
-    # The default prefix on purpose: channels_redis runs one receive loop per layer for process-
-    # specific channels, and a channel with another prefix would starve the consumers' channels.
-    channel = await layer.new_channel()
-    joined_at: float | None = None
+    channel: str | None = None
+    joined_at = 0.0
     while not state.is_stopping():
         try:
-            if joined_at is None or time.monotonic() - joined_at > PROCESS_GROUP_RENEW_S:
-                await layer.group_add(state.PROCESS_GROUP, channel)
+            if channel is None:
+                channel = await ensure_broadcast_subscribed()
+                joined_at = time.monotonic()
+            elif time.monotonic() - joined_at > PROCESS_GROUP_RENEW_S:
+                await _join_process_groups(channel)
                 joined_at = time.monotonic()
             message = await layer.receive(channel)
+            if broadcast.is_broadcast(message):
+                await broadcast.fan_out(message)
+                continue
             handler = state.process_message_handler(message.get("type", ""))
             if handler is not None:
                 handler(message)
@@ -150,9 +180,9 @@ async def _background_loop() -> None:
         try:
             if now >= next_tick:
                 next_tick = now + tick_s
-                ts = int(time.time() * 1000)
+                tick = EncodedEvent.of("tick", {"ts": int(time.time() * 1000)})
                 for consumer in state.local_connections:
-                    await consumer.send_event("tick", {"ts": ts})
+                    await consumer.send_encoded_event(tick)
             if now >= next_heartbeat:
                 next_heartbeat = now + heartbeat_s
                 await database_sync_to_async(connection_services.process_heartbeat)(boot_id=state.BOOT_ID)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
@@ -192,6 +193,35 @@ def encode_frame(frame: Any) -> str:
     if not text.isascii() and _has_lone_surrogate(text):
         raise ValueError("frame contains a lone surrogate")
     return text
+
+
+@dataclass(frozen=True)
+class EncodedEvent:
+    """An event frame encoded once for many connections (ticks, broadcasts); each adds its own ``seq``.
+
+    ``body`` is the frame's JSON without its closing brace, or None when the event cannot be
+    encoded: then every connection takes the per-frame path, which closes it with a reason.
+    """
+
+    event: str
+    payload: Any
+    state_version: dict | None
+    body: str | None
+
+    @classmethod
+    def of(cls, event: str, payload: Any, *, state_version: dict | None = None) -> EncodedEvent:
+        frame: dict[str, Any] = {"type": "event", "event": event, "payload": payload}
+        if state_version is not None:
+            frame["stateVersion"] = state_version
+        try:
+            body: str | None = encode_frame(frame)[:-1]
+        except (TypeError, ValueError):
+            body = None
+        return cls(event=event, payload=payload, state_version=state_version, body=body)
+
+    def frame_text(self, seq: int) -> str:
+        assert self.body is not None
+        return f'{self.body},"seq":{seq}}}'
 
 
 # --- the base of every params model --------------------------------------------------------------

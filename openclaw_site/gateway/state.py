@@ -14,6 +14,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from .protocol import EncodedEvent
+
 BOOT_ID = str(uuid.uuid4())
 STARTED_AT = time.time()
 
@@ -29,11 +31,15 @@ def uptime_ms() -> int:
 class LocalConsumer(Protocol):
     async def send_event(self, event: str, payload: Any, *, state_version: dict | None = None) -> None: ...
 
+    async def send_encoded_event(self, encoded: EncodedEvent) -> None: ...
+
+    async def send_broadcast(self, encoded: EncodedEvent) -> None: ...
+
     async def close(self, code: int | None = None, reason: str | None = None) -> None: ...
 
 
 class LocalConnections:
-    """The authenticated consumers of this process, for ticks and the shutdown broadcast."""
+    """The authenticated consumers of this process, for ticks, broadcasts and the shutdown event."""
 
     def __init__(self) -> None:
         self._consumers: set[LocalConsumer] = set()

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.support.clients import operator
+from tests.support.clients import operator, paired_node
 from tests.support.processes import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -129,3 +129,48 @@ def test_connection_churn_leaves_no_stale_registrations(gateway):
     assert status["connections"]["operator"] == 1
     assert status["connections"]["local"] == 1
     assert "Exception inside application" not in gateway.log()
+
+
+def test_presence_converges_for_every_connection_after_a_join_and_leave_storm(gateway):
+    """Presence broadcasts are coalesced per process; the last one still carries the final list, to
+    operators and nodes alike, and every connection's seq stays contiguous."""
+
+    def devices(event: dict) -> set[str]:
+        return {entry.get("deviceId") for entry in event["payload"]["presence"]}
+
+    async def until(client, predicate, seen: list[dict]) -> dict:
+        async with asyncio.timeout(20):
+            while True:
+                frame = await client.events.get()
+                seen.append(frame)
+                if frame.get("event") == "presence" and predicate(frame):
+                    return frame
+
+    async def scenario():
+        admin = operator(gateway)
+        await admin.connect()
+        worker = await paired_node(gateway, admin)
+        crowd = [operator(gateway, display_name=f"crowd {i}") for i in range(12)]
+        await asyncio.gather(*(client.connect() for client in crowd))
+        crowd_ids = {client.device_id for client in crowd}
+        seen = {"admin": [], "node": []}
+        joined = {
+            "admin": await until(admin, lambda e: crowd_ids <= devices(e), seen["admin"]),
+            "node": await until(worker, lambda e: crowd_ids <= devices(e), seen["node"]),
+        }
+        await asyncio.gather(*(client.close() for client in crowd))
+        left = {
+            "admin": await until(admin, lambda e: not crowd_ids & devices(e), seen["admin"]),
+            "node": await until(worker, lambda e: not crowd_ids & devices(e), seen["node"]),
+        }
+        await worker.close()
+        await admin.close()
+        return joined, left, seen, admin.device_id, worker.device_id
+
+    joined, left, seen, admin_id, node_id = asyncio.run(scenario())
+    for who in ("admin", "node"):
+        assert devices(left[who]) == {admin_id, node_id}
+        assert joined[who]["stateVersion"]["presence"] < left[who]["stateVersion"]["presence"]
+        seqs = [frame["seq"] for frame in seen[who] if "seq" in frame]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    assert left["admin"]["stateVersion"] == left["node"]["stateVersion"]
