@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Any
 
+from autobahn.exception import Disconnected
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -47,7 +48,7 @@ INTERNAL_ERROR_CLOSE = 1011
 # connections (a hop through the one database thread) before every handler; for these that hop is
 # pure cost, paid once per connection for every event.
 NO_DATABASE_MESSAGE_TYPES = frozenset(
-    {"gateway.event", "gateway.close", "gateway.invoke.result", "gateway.invoke.progress"}
+    {"gateway.event", "gateway.close", "gateway.invoke.request", "gateway.invoke.result", "gateway.invoke.progress"}
 )
 
 
@@ -119,6 +120,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def _send_text(self, text: str, frame_type: Any) -> None:
         try:
             await self.send(text_data=text)
+        except Disconnected:
+            # The socket closed before its disconnect reached this consumer (a tick or a broadcast got
+            # there first): nothing is wrong, and the disconnect cleans up.
+            self.phase = "closed"
         except Exception:
             # Daphne drops frames for sockets that already went away, so this is a transport that
             # refused the frame: close with a reason rather than keep a socket that stopped answering.

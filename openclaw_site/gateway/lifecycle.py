@@ -130,6 +130,22 @@ async def _off_the_request_thread(fn: Callable[[], Any]) -> Any:
     return await DatabaseSyncToAsync(fn, thread_sensitive=False, executor=_recovery_pool)()
 
 
+# One thread of its own: the heartbeat must neither wait behind a long sweep (the process would look
+# dead) nor hold up the ticks while the request thread is busy (every client's tick watchdog would close
+# its connection at once, and their reconnects would keep the thread busy).
+_heartbeat_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-heartbeat")
+
+
+async def _heartbeat() -> None:
+    try:
+        await DatabaseSyncToAsync(
+            connection_services.process_heartbeat, thread_sensitive=False, executor=_heartbeat_pool
+        )(boot_id=state.BOOT_ID)
+    except Exception:
+        # The next round retries; a process that keeps failing goes stale, as it should.
+        logger.exception("gateway process heartbeat failed")
+
+
 async def _run_sweeps() -> None:
     for sweep in (gateway_sweep, *_sweeps):
         try:
@@ -173,7 +189,9 @@ async def _background_loop() -> None:
     sweep_s = gateway_setting("SWEEP_INTERVAL_MS") / 1000
     now = time.monotonic()
     next_tick, next_heartbeat, next_sweep = now + tick_s, now + heartbeat_s, now + sweep_s
-    sweeping: asyncio.Task | None = None  # a sweep runs beside the ticks, never in their way
+    # A sweep and the heartbeat run beside the ticks, never in their way.
+    sweeping: asyncio.Task | None = None
+    heartbeating: asyncio.Task | None = None
     while not state.is_stopping():
         await asyncio.sleep(max(0.05, min(next_tick, next_heartbeat, next_sweep) - time.monotonic()))
         now = time.monotonic()
@@ -185,7 +203,8 @@ async def _background_loop() -> None:
                     await consumer.send_encoded_event(tick)
             if now >= next_heartbeat:
                 next_heartbeat = now + heartbeat_s
-                await database_sync_to_async(connection_services.process_heartbeat)(boot_id=state.BOOT_ID)
+                if heartbeating is None or heartbeating.done():
+                    heartbeating = asyncio.create_task(_heartbeat())
             if run_sweeps_here and now >= next_sweep:
                 next_sweep = now + sweep_s
                 if sweeping is None or sweeping.done():

@@ -387,31 +387,50 @@ def presence_entries() -> list[dict]:
     must not grow with the number of clients; ``status`` has the full counts.
     """
     entries: dict[str, dict] = {}
-    recent = live_connections().order_by("-connected_at")[: PRESENCE_MAX_ENTRIES * 2]
+    # Rows as dicts of the columns used, not model instances: every connect's hello-ok reads this.
+    recent = live_connections().order_by("-connected_at").values(*_PRESENCE_COLUMNS)[: PRESENCE_MAX_ENTRIES * 2]
     for conn in recent:
-        if len(entries) >= PRESENCE_MAX_ENTRIES and (conn.device_id or str(conn.conn_id)) not in entries:
-            continue
-        key = conn.device_id or str(conn.conn_id)
+        key = conn["device_id"] or str(conn["conn_id"])
         entry = entries.get(key)
         if entry is None:
+            if len(entries) >= PRESENCE_MAX_ENTRIES:
+                continue
+            connected_ms = to_ms(conn["connected_at"])
             entries[key] = _drop_empty(
                 {
-                    "host": conn.display_name,
-                    "ip": conn.remote_ip,
-                    "version": conn.client_version,
-                    "platform": conn.platform,
-                    "deviceFamily": conn.device_family,
-                    "modelIdentifier": conn.model_identifier,
-                    "mode": conn.client_mode,
+                    "host": conn["display_name"],
+                    "ip": conn["remote_ip"],
+                    "version": conn["client_version"],
+                    "platform": conn["platform"],
+                    "deviceFamily": conn["device_family"],
+                    "modelIdentifier": conn["model_identifier"],
+                    "mode": conn["client_mode"],
                     "reason": "connect",
-                    "deviceId": conn.device_id,
-                    "instanceId": conn.instance_id,
-                    "roles": [conn.role],
-                    "scopes": list(conn.scopes),
-                    "onlineSince": to_ms(conn.connected_at),
-                    "ts": to_ms(conn.connected_at),
+                    "deviceId": conn["device_id"],
+                    "instanceId": conn["instance_id"],
+                    "roles": [conn["role"]],
+                    "scopes": list(conn["scopes"]),
+                    "onlineSince": connected_ms,
+                    "ts": connected_ms,
                 }
             )
-        elif conn.role not in entry["roles"]:
-            entry["roles"].append(conn.role)
+        elif conn["role"] not in entry["roles"]:
+            entry["roles"].append(conn["role"])
     return list(entries.values())
+
+
+_PRESENCE_COLUMNS = (
+    "conn_id",
+    "device_id",
+    "display_name",
+    "remote_ip",
+    "client_version",
+    "platform",
+    "device_family",
+    "model_identifier",
+    "client_mode",
+    "instance_id",
+    "role",
+    "scopes",
+    "connected_at",
+)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from typing import Any
 
 import pytest
+from autobahn.exception import Disconnected
 from channels.layers import InMemoryChannelLayer
 
 from openclaw_site.gateway import broadcast, consumers, events, lifecycle, state
@@ -192,6 +194,7 @@ def test_encoded_event_splices_seq_into_valid_json():
         (_message("presence", {"presence": []}), False),
         (events.close_message(1008, "node pairing removed"), False),
         ({"type": "gateway.invoke.progress", "id": "i1"}, False),
+        ({"type": "gateway.invoke.request", "id": "i1"}, False),
         ({"type": "websocket.receive", "text": "{}"}, True),
     ],
 )
@@ -208,7 +211,13 @@ def test_only_messages_that_may_touch_the_database_close_old_connections_first(
 
     monkeypatch.setattr("channels.consumer.aclose_old_connections", close_old_connections)
     consumer, _ = _open()
-    for handler in ("gateway_event", "gateway_close", "gateway_invoke_progress", "websocket_receive"):
+    for handler in (
+        "gateway_event",
+        "gateway_close",
+        "gateway_invoke_progress",
+        "gateway_invoke_request",
+        "websocket_receive",
+    ):
         setattr(consumer, handler, handled)
     asyncio.run(consumer.dispatch(message))
 
@@ -342,3 +351,67 @@ def test_the_process_listener_fans_broadcasts_out_to_the_local_connections(monke
     finally:
         state.local_connections.discard(consumer)
     assert [(frame["event"], frame["seq"]) for frame in wire.sent] == [("presence", 1)]
+
+
+def test_a_socket_that_closed_before_its_disconnect_arrived_is_not_an_error(caplog):
+    consumer, wire = _open()
+
+    async def gone(text_data: str | None = None, **_: Any) -> None:
+        raise Disconnected("Attempt to send on a closed protocol")
+
+    consumer.send = gone
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(broadcast.fan_out(_message("presence", {"presence": []}), [consumer]))
+
+    assert wire.closed == [] and consumer.phase == "closed"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+# --- ticks do not wait for the heartbeat ---------------------------------------------------------
+
+
+class TickCounter:
+    def __init__(self, wanted: int) -> None:
+        self.ticks = 0
+        self.wanted = wanted
+        self.enough = asyncio.Event()
+
+    async def send_encoded_event(self, encoded: EncodedEvent) -> None:
+        if encoded.event == "tick":
+            self.ticks += 1
+            if self.ticks >= self.wanted:
+                self.enough.set()
+
+
+def test_ticks_keep_going_while_the_heartbeat_waits_for_the_database(monkeypatch, settings):
+    settings.OPENCLAW_GATEWAY = {
+        **settings.OPENCLAW_GATEWAY,
+        "TICK_INTERVAL_MS": 20,
+        "PROCESS_HEARTBEAT_INTERVAL_MS": 10,
+        "SWEEP_INTERVAL_MS": 3_600_000,
+    }
+    database_free = threading.Event()
+    heartbeats: list[str] = []
+
+    def stuck_heartbeat(*, boot_id: str) -> None:
+        heartbeats.append(boot_id)
+        database_free.wait(30)
+
+    monkeypatch.setattr(lifecycle.connection_services, "process_heartbeat", stuck_heartbeat)
+    counter = TickCounter(wanted=5)
+
+    async def scenario():
+        loop = asyncio.create_task(lifecycle._background_loop())
+        try:
+            await asyncio.wait_for(counter.enough.wait(), 20)
+        finally:
+            database_free.set()
+            loop.cancel()
+
+    state.local_connections.add(counter)
+    try:
+        asyncio.run(scenario())
+    finally:
+        state.local_connections.discard(counter)
+    assert counter.ticks >= 5
+    assert heartbeats == [state.BOOT_ID]  # one in flight at a time, however many rounds passed
