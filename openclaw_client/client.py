@@ -84,8 +84,8 @@ class InvokeContext:
     Progress goes out as ``node.event`` requests ``{event: "node.invoke.progress", payload: {id, seq,
     data}}`` with ``seq`` 1, 2, … in call order. :meth:`progress` returns once the frame is written
     to the socket, not after the gateway's answer: a streaming reply does not pay a round trip per
-    piece. :meth:`settle` waits for the answers still due, so the invoke's result never overtakes
-    its progress on the gateway's side. Failing to send (the connection closed) is logged and
+    piece, nor its result one for the last piece (the gateway forwards an invoke's result after the
+    progress that arrived before it). Failing to send (the connection closed) is logged and
     swallowed: progress is advisory, the result is what counts.
     """
 
@@ -95,7 +95,6 @@ class InvokeContext:
         self._send = send
         self._seq = 0
         self._lock = asyncio.Lock()
-        self._unanswered: set[asyncio.Future[Any]] = set()
 
     @property
     def sent(self) -> int:
@@ -114,11 +113,9 @@ class InvokeContext:
                 logger.debug("progress of invoke %s not sent: %s", self.invoke_id, closed)
                 return
         if answer is not None:
-            self._unanswered.add(answer)
             answer.add_done_callback(self._answered)
 
     def _answered(self, answer: asyncio.Future[Any]) -> None:
-        self._unanswered.discard(answer)
         if answer.cancelled():
             return
         error = answer.exception()  # retrieved, so a lost answer is never reported as unhandled
@@ -126,11 +123,6 @@ class InvokeContext:
             logger.debug("progress of invoke %s got no answer: %s", self.invoke_id, error)
         elif not answer.result().get("ok"):
             logger.warning("gateway refused progress of invoke %s: %s", self.invoke_id, answer.result().get("error"))
-
-    async def settle(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` seconds) for the gateway to have taken every progress report sent."""
-        if self._unanswered:
-            await asyncio.wait(set(self._unanswered), timeout=timeout)
 
 
 current_invoke: contextvars.ContextVar[InvokeContext | None] = contextvars.ContextVar("current_invoke", default=None)
@@ -393,7 +385,6 @@ class GatewayClient:
             result.update(ok=False, error={"code": "UNAVAILABLE", "message": f"{type(exc).__name__}: {exc}"})
         finally:
             current_invoke.reset(token)
-        await invoke.settle(self.options.request_timeout)
         with contextlib.suppress(ConnectionClosed, GatewayError, websockets.ConnectionClosed):
             await self.request("node.invoke.result", result)
 

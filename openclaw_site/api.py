@@ -121,6 +121,11 @@ class ApiErrorShapeMiddleware:
     """Errors answered before a view runs — Django's 404 for an unknown route under ``/api/``, ninja's
     bare 405 — get the one error shape too."""
 
+    # Both, so that Django keeps the chain async under Daphne: a sync-only middleware here would put
+    # every request (the worker's inference stream among them) through a thread of its own.
+    sync_capable = True
+    async_capable = True
+
     def __init__(self, get_response: Callable):
         self.get_response = get_response
         self.is_async = iscoroutinefunction(get_response)

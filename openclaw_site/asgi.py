@@ -10,6 +10,16 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from openclaw_site.gateway.consumers import GatewayConsumer  # noqa: E402
+from workers_app.inference import INFERENCE_PATH  # noqa: E402
+from workers_app.inference_http import inference_app  # noqa: E402
+
+
+async def http_application(scope, receive, send):
+    """Django, but for the workers' inference route: that one is the hot path of every node turn."""
+    if scope["path"] == INFERENCE_PATH:
+        return await inference_app(scope, receive, send)
+    return await django_asgi_app(scope, receive, send)
+
 
 websocket_urlpatterns = [
     re_path(r"^/?$", GatewayConsumer.as_asgi()),
@@ -20,7 +30,7 @@ websocket_urlpatterns = [
 # the `connect` request (shared secret, device token, device signature), as OpenClaw does.
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": http_application,
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -77,13 +78,15 @@ def publish_session_changed_payload_on_commit(session: Session, *, reason: str, 
 
 
 def notify_run_finished(run_id: str) -> None:
-    try:
+    """Wake ``agent.wait`` callers, after the run's events (one lane): a client that waited has them.
+
+    Waits until it went out, so that a task's end (a Celery worker may stop after it) does not
+    outrun the turn's events. A lost wake-up only delays agent.wait (it re-reads on a slow timer)."""
+    with contextlib.suppress(Exception):  # logged by the publisher
         publisher.run_sync(
-            lambda: get_channel_layer().group_send(state.PROCESS_GROUP, {"type": RUN_FINISHED, "runId": run_id})
+            lambda: get_channel_layer().group_send(state.PROCESS_GROUP, {"type": RUN_FINISHED, "runId": run_id}),
+            what=f"{RUN_FINISHED} of run {run_id}",
         )
-    except Exception:
-        # agent.wait also re-reads the run on a slow timer; a lost wake-up only delays it.
-        logger.exception("failed to notify run %s finished", run_id)
 
 
 # At most one delta event per run this often (OpenClaw throttles chat deltas to 150 ms): every

@@ -20,13 +20,14 @@ from typing import Any
 
 from django.conf import settings
 from django.core import signing
+from django.db.models import Exists, OuterRef
 
 from openclaw_site.gateway.redaction import redact_secrets
 from sessions_app.model_providers import Aborted, ChatMessage, Delta, Finish, ModelProviderError, get_model_provider
 from sessions_app.models import Run, RunStatus
 from sessions_app.services.runs import abort_requested
 
-from .models import Placement, PlacementState, WorkerEnvironment
+from .models import PlacementState, WorkerEnvironment
 
 logger = logging.getLogger(__name__)
 
@@ -62,15 +63,21 @@ def grant_for(token: str) -> InferenceGrant | None:
 
 
 def running_run(grant: InferenceGrant) -> Run | None:
-    """The grant's run, while it is running on an active placement on the grant's node."""
-    run = Run.objects.filter(run_id=grant.run_id, status=RunStatus.RUNNING).select_related("session").first()
-    if run is None:
-        return None
-    placement = Placement.objects.filter(pk=run.session_id, state=PlacementState.ACTIVE).first()
-    if placement is None or not placement.environment_id:
-        return None
-    on_node = WorkerEnvironment.objects.filter(pk=placement.environment_id, node_device_id=grant.node_id).exists()
-    return run if on_node else None
+    """The grant's run, while it is running on an active placement on the grant's node (one query:
+    every token of a node-placed turn waits for it)."""
+    on_grants_node = WorkerEnvironment.objects.filter(
+        pk=OuterRef("session__placement__environment_id"), node_device_id=grant.node_id
+    )
+    return (
+        Run.objects.filter(
+            run_id=grant.run_id,
+            status=RunStatus.RUNNING,
+            session__placement__state=PlacementState.ACTIVE,
+        )
+        .filter(Exists(on_grants_node))
+        .select_related("session")
+        .first()
+    )
 
 
 def _sse(payload: dict[str, Any] | str) -> bytes:

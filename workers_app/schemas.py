@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from openclaw_site.gateway.protocol import ClosedModel
 
@@ -103,3 +103,16 @@ class RunnerInventoryParams(ClosedModel):
     ``invalid node runner inventory``); the frame decoder has already bounded its size and depth."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class InferenceMessage(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=1_000_000)
+
+
+class InferenceRequest(BaseModel):
+    """The body of a worker's model call (an OpenAI chat-completions request; other fields are ignored)."""
+
+    model: str = Field(default="", max_length=200)
+    messages: list[InferenceMessage] = Field(min_length=1, max_length=10_000)
+    stream: bool = True

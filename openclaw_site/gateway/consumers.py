@@ -44,12 +44,6 @@ logger = logging.getLogger(__name__)
 MAX_IN_FLIGHT_REQUESTS = 64
 # A server fault ends a connection with 1011 and a reason naming the log entry, never silently.
 INTERNAL_ERROR_CLOSE = 1011
-# Channel-layer messages whose handlers do no database work. Channels closes stale database
-# connections (a hop through the one database thread) before every handler; for these that hop is
-# pure cost, paid once per connection for every event.
-NO_DATABASE_MESSAGE_TYPES = frozenset(
-    {"gateway.event", "gateway.close", "gateway.invoke.request", "gateway.invoke.result", "gateway.invoke.progress"}
-)
 
 
 def _utf8_len_exceeds(text: str, limit: int) -> bool:
@@ -58,6 +52,16 @@ def _utf8_len_exceeds(text: str, limit: int) -> bool:
 
 
 class GatewayConsumer(AsyncWebsocketConsumer):
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' own dispatch first closes stale database connections through the database
+        thread, for every frame and channel-layer message. Every database hop of this consumer is a
+        ``database_sync_to_async`` call, which does that on its own, so that extra hop would only put
+        each frame, event and invoke through the one database thread (and queue it there)."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
@@ -290,12 +294,6 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self.request_tasks.pop(frame.id, None)
 
     # --- channel-layer messages -----------------------------------------------------------
-
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        if message["type"] in NO_DATABASE_MESSAGE_TYPES:
-            await getattr(self, get_handler_name(message))(message)
-            return
-        await super().dispatch(message)
 
     async def gateway_event(self, message: dict[str, Any]) -> None:
         ctx = self.ctx

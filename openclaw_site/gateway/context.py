@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from channels.layers import get_channel_layer
@@ -26,6 +27,9 @@ class RpcContext:
     commands: list[str] = field(default_factory=list)
     # node.invoke.request ids this node connection still owes a result for → (reply channel, command).
     pending_invokes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # The latest progress forward of each of those invokes (frames of one connection are answered
+    # concurrently: the result waits for it, so it never overtakes the progress sent before it).
+    progress_forwards: dict[str, asyncio.Task] = field(default_factory=dict)
     # Opt-in event families of this connection (sessions.subscribe adds "sessions").
     subscriptions: set[str] = field(default_factory=set)
 

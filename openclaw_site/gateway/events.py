@@ -52,12 +52,7 @@ def publish_rollback_unsafe(event: str, payload: Any, *, state_version: dict | N
     """Send now, whatever the surrounding transaction does. Prefer :func:`publish_on_commit`."""
     message = broadcast_message(event, payload, state_version=state_version)
     group = event_group(event)
-    try:
-        publisher.run_sync(lambda: get_channel_layer().group_send(group, message))
-    except Exception:
-        # A lost event is recoverable (clients refetch on a seq gap); a failed write is not,
-        # so publication problems are logged and never raised into the service.
-        logger.exception("failed to publish %s", event)
+    publisher.post(lambda: get_channel_layer().group_send(group, message), what=event)
 
 
 def send_direct_rollback_unsafe(channel_name: str, event: str, payload: Any) -> None:
@@ -66,10 +61,7 @@ def send_direct_rollback_unsafe(channel_name: str, event: str, payload: Any) -> 
     A connection that is subscribed anyway drops the direct copy, so nobody receives it twice.
     """
     message = {**broadcast_message(event, payload), "direct": True}
-    try:
-        publisher.run_sync(lambda: get_channel_layer().send(channel_name, message))
-    except Exception:
-        logger.exception("failed to send %s to %s", event, channel_name)
+    publisher.post(lambda: get_channel_layer().send(channel_name, message), what=f"{event} to {channel_name}")
 
 
 def publish_on_commit(event: str, payload: Any, *, state_version: dict | None = None) -> None:
@@ -84,10 +76,7 @@ def send_to_channels_on_commit(channel_names: list[str], message: dict) -> None:
     def send() -> None:
         layer = get_channel_layer()
         for name in channel_names:
-            try:
-                publisher.run_sync(lambda name=name: layer.send(name, message))
-            except Exception:
-                logger.exception("failed to send %s to %s", message.get("type"), name)
+            publisher.post(lambda name=name: layer.send(name, message), what=f"{message.get('type')} to {name}")
 
     transaction.on_commit(send)
 

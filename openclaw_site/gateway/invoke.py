@@ -77,7 +77,8 @@ class InvokeTarget:
     commands: list[str]
 
 
-def _target(node_id: str) -> InvokeTarget | None:
+def invoke_target(node_id: str) -> InvokeTarget | None:
+    """Where an invoke for the node goes now: its live connection, if it has one."""
     conn = selectors.live_node_connection(node_id)
     if conn is None:
         return None
@@ -102,7 +103,7 @@ async def node_invoke(ctx: RpcContext, params: NodeInvokeParams) -> dict:
         raise InvalidRequest("use exec.approvals.node.get/set for node exec approvals")
     if command == "browser.proxy" and not ctx.has_scope(sc.ADMIN):
         raise PermissionDenied(f"missing scope: {sc.ADMIN}")
-    target = await database_sync_to_async(_target)(node_id)
+    target = await database_sync_to_async(invoke_target)(node_id)
     if target is None:
         raise Unavailable("node not connected", details={"code": "NOT_CONNECTED"})
     if not target.commands:
@@ -230,14 +231,17 @@ async def invoke_private(
     timeout_ms: int,
     on_progress: ProgressCallback | None = None,
     conn_id: str | None = None,
+    target: InvokeTarget | None = None,
 ) -> Any:
     """Run ``command`` on the node's live connection and return its payload; raises :class:`NodeCommandFailed`.
 
     ``conn_id`` pins the connection: a node that reconnected since is refused (its state may differ).
+    ``target``: the node's connection as the caller just looked it up (saves the lookup here).
     Progress (``data`` of each ``node.invoke.progress``) goes to ``on_progress`` in ``seq`` order; one
     that arrives after a later one is dropped. ``timeout_ms`` is an idle timeout: progress resets it.
     """
-    target = await database_sync_to_async(_target)(node_id)
+    if target is None:
+        target = await database_sync_to_async(invoke_target)(node_id)
     if target is None:
         raise NodeCommandFailed("NOT_CONNECTED", "node not connected")
     if conn_id is not None and target.conn_id != conn_id:
@@ -275,7 +279,7 @@ async def invoke_private(
         except TimeoutError:
             # A connection that closed before it took the request (or whose process died) answers nothing:
             # the wait ends when the connection is gone, not at the timeout.
-            current = await database_sync_to_async(_target)(node_id)
+            current = await database_sync_to_async(invoke_target)(node_id)
             if current is None or current.conn_id != target.conn_id:
                 raise NodeCommandFailed("NOT_CONNECTED", f"node disconnected ({command})") from None
             continue
@@ -299,20 +303,39 @@ async def invoke_private(
 
 
 async def forward_progress(ctx: RpcContext, payload: Any) -> dict[str, Any]:
-    """``node.event`` ``node.invoke.progress``: pass the node's progress on to whoever waits for that invoke."""
+    """``node.event`` ``node.invoke.progress``: pass the node's progress on to whoever waits for that invoke.
+
+    Forwards of one invoke leave in the order their frames arrived, and its result after them: the
+    node sends its result right after its last progress, without waiting for answers.
+    """
     if not isinstance(payload, dict) or not isinstance(payload.get("id"), str):
         raise InvalidRequest("node.invoke.progress needs {id, seq, data}")
     seq, data = payload.get("seq"), payload.get("data")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1 or not isinstance(data, dict):
         raise InvalidRequest("node.invoke.progress needs a positive integer seq and an object data")
-    pending = ctx.pending_invokes.get(payload["id"])
+    invoke_id = payload["id"]
+    pending = ctx.pending_invokes.get(invoke_id)
     if pending is None:
         return {"handled": False, "reason": "unknown-invoke"}
     reply_channel, _command = pending
-    await get_channel_layer().send(
-        reply_channel, {"type": PROGRESS_MESSAGE, "id": payload["id"], "seq": seq, "data": data}
-    )
+    message = {"type": PROGRESS_MESSAGE, "id": invoke_id, "seq": seq, "data": data}
+    # Registered before this coroutine first yields, so a result frame handled next finds it.
+    forward = asyncio.ensure_future(_send_after(ctx.progress_forwards.get(invoke_id), reply_channel, message))
+    ctx.progress_forwards[invoke_id] = forward
+    forward.add_done_callback(lambda done: _forget_forward(ctx, invoke_id, done))
+    await forward
     return {"handled": True}
+
+
+async def _send_after(previous: asyncio.Task | None, channel: str, message: dict[str, Any]) -> None:
+    if previous is not None:
+        await asyncio.wait({previous})  # its outcome is its own request's; only the order matters here
+    await get_channel_layer().send(channel, message)
+
+
+def _forget_forward(ctx: RpcContext, invoke_id: str, forward: asyncio.Task) -> None:
+    if ctx.progress_forwards.get(invoke_id) is forward:
+        del ctx.progress_forwards[invoke_id]
 
 
 def resolve(message: dict[str, Any]) -> None:
@@ -352,6 +375,9 @@ async def node_invoke_result(ctx: RpcContext, params: NodeInvokeResultParams) ->
     if pending is None:
         return {"ok": True, "ignored": True}
     reply_channel, _command = pending
+    last_forward = ctx.progress_forwards.pop(params.id, None)
+    if last_forward is not None:
+        await asyncio.wait({last_forward})
     payload, payload_json = params.payload, params.payloadJSON
     if payload_json is not None and not isinstance(payload_json, str):
         payload, payload_json = payload_json, None

@@ -158,6 +158,7 @@ async def _exchange(client, frame: str, request_id: str | None = None) -> list[d
     refusal's). Some frames get no answer at all (a ``cancel``).
     """
     ping = f"ping-{uuid.uuid4()}"
+    own_ids = {"invalid", request_id or _frame_id(frame)}
     await client.send_raw(frame)
     await client.send_raw(json.dumps({"type": "req", "id": ping, "method": "health"}))
     answers: list[dict] = []
@@ -169,9 +170,20 @@ async def _exchange(client, frame: str, request_id: str | None = None) -> list[d
         if reply.get("id") == ping:
             assert reply["ok"], reply
             pinged = True
-        else:
+        elif reply.get("id") in own_ids:
             answers.append(reply)
+        else:
+            _assert_a_protocol_answer(reply)  # a late answer to an earlier frame (it came after its ping)
     return answers
+
+
+def _frame_id(frame: str) -> str | None:
+    try:
+        raw = json.loads(frame)
+    except ValueError:
+        return None
+    frame_id = raw.get("id") if isinstance(raw, dict) else None
+    return frame_id if isinstance(frame_id, str) else None
 
 
 def _assert_a_protocol_answer(reply: dict) -> None:

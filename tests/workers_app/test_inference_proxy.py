@@ -6,8 +6,8 @@ stays here. The token is good only while its run is running on its session's act
 the token's node; anything else is refused before a model is called. The reply is server-sent
 OpenAI chunks, an ``{"error": {kind, message}}`` event on failure or abort, then ``[DONE]``.
 
-The view is async: the tests drive it with Django's ``AsyncClient`` inside ``async_to_sync`` from
-the test thread, so its ``sync_to_async`` database reads share the test's transaction.
+The route is a plain ASGI app beside Django (``openclaw_site.asgi.application`` sends it there): the
+tests drive that application with ASGI messages inside ``async_to_sync`` from the test thread.
 """
 
 from __future__ import annotations
@@ -22,26 +22,29 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core import signing
-from django.test import AsyncClient
 
+from openclaw_site.asgi import application
 from sessions_app.models import Run, RunStatus, Session
 from sessions_app.services import runs
 from sessions_app.services.runs import TurnOutcome
 from sessions_app.services.sessions import SessionSpec, session_create
 from tests.support.mock_openai import error, partial_then_drop
+from workers_app import inference_http
 from workers_app.inference import INFERENCE_PATH, TOKEN_SALT, inference_token
 from workers_app.models import Placement, PlacementState, WorkerEnvironment
 from workers_app.providers.device import device_profile
 from workers_app.services import placements as store
 
-pytestmark = pytest.mark.django_db
+# Transactional: the route reads through database_sync_to_async, which closes the thread's connection
+# around each read (CONN_MAX_AGE=0 in tests), as it would end a test transaction.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 NODE = "a1" * 32
 OTHER_NODE = "b2" * 32
 ENVIRONMENT = "worker:inference"
 API_KEY = "sk-inference-proxy-secret-0123456789abcdef"
 NOT_VALID = "inference token is not valid for a running turn on this node"
-HINT = "send 'Authorization: Bearer <gateway token>' or 'X-OpenClaw-Token: <gateway token>'"
+HINT = "send 'Authorization: Bearer <the inference token of the turn>'"
 GOOD_BODY = {"model": "anything", "messages": [{"role": "user", "content": "Reply exactly: hello there world"}]}
 
 
@@ -131,32 +134,60 @@ class Answer:
         return decoded
 
 
-def headers_for(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token is not None else {}
+class Exchange:
+    """One request to the gateway's ASGI application: what it sent back, and a way to hang up."""
+
+    def __init__(self, token: str | None, body: bytes, *, method: str = "POST", chunks: int = 1):
+        headers = [(b"content-type", b"application/json")]
+        if token is not None:
+            headers.append((b"authorization", f"Bearer {token}".encode()))
+        self.scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": INFERENCE_PATH,
+            "raw_path": INFERENCE_PATH.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": headers,
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 18789),
+        }
+        size = max(1, -(-len(body) // chunks))
+        pieces = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
+        self.incoming = [
+            {"type": "http.request", "body": piece, "more_body": n < len(pieces) - 1} for n, piece in enumerate(pieces)
+        ]
+        self.sent: list[dict[str, Any]] = []
+        self.hung_up = asyncio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        if self.incoming:
+            return self.incoming.pop(0)
+        await self.hung_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    async def run(self) -> Answer:
+        await application(self.scope, self.receive, self.send)
+        start = self.sent[0]
+        headers = {name.decode().title(): value.decode() for name, value in start["headers"]}
+        body = b"".join(message.get("body", b"") for message in self.sent[1:])
+        assert self.sent[-1]["type"] == "http.response.body" and not self.sent[-1].get("more_body")
+        return Answer(start["status"], headers, body)
 
 
-async def _post(token: str | None, body: Any, *, raw: bytes | None = None):
-    data = raw if raw is not None else json.dumps(body)
-    return await AsyncClient().post(
-        INFERENCE_PATH, data=data, content_type="application/json", headers=headers_for(token)
-    )
+def _post(token: str | None, body: Any, *, raw: bytes | None = None, **options: Any) -> Exchange:
+    return Exchange(token, raw if raw is not None else json.dumps(body).encode(), **options)
 
 
-async def _read(response) -> Answer:
-    if response.streaming:
-        body = b"".join([chunk async for chunk in response.streaming_content])
-    else:
-        body = response.content
-    return Answer(response.status_code, dict(response.headers), body)
-
-
-def post(token: str | None, body: Any = None, *, raw: bytes | None = None) -> Answer:
+def post(token: str | None, body: Any = None, *, raw: bytes | None = None, **options: Any) -> Answer:
     """The whole answer to one request (the stream read to its end)."""
-
-    async def exchange() -> Answer:
-        return await _read(await _post(token, body, raw=raw))
-
-    return async_to_sync(exchange)()
+    return async_to_sync(_post(token, body, raw=raw, **options).run)()
 
 
 def content_of(events: list[Any]) -> str:
@@ -168,6 +199,12 @@ def content_of(events: list[Any]) -> str:
 
 
 # --- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def turns_stay_queued_until_a_test_claims_them(monkeypatch):
+    """Committed submits would start the turn runner; here each test claims its runs itself."""
+    monkeypatch.setattr(runs, "dispatch_turn_on_commit", lambda run_id, session: None)
 
 
 @pytest.fixture
@@ -242,13 +279,13 @@ def _unauthorized(message: str, code: str) -> dict:
     return {"error": {"code": "INVALID_REQUEST", "message": message, "details": {"code": code, "hint": HINT}}}
 
 
-REFUSED = _unauthorized("gateway token refused", "AUTH_TOKEN_MISMATCH")
+REFUSED = _unauthorized("inference token refused", "AUTH_TOKEN_MISMATCH")
 
 
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
-        ("no Authorization header", _unauthorized("gateway token required", "AUTH_TOKEN_MISSING")),
+        ("no Authorization header", _unauthorized("inference token required", "AUTH_TOKEN_MISSING")),
         ("garbage", REFUSED),
         ("tampered signature", REFUSED),
         ("signed with another salt", REFUSED),
@@ -273,6 +310,7 @@ def test_a_missing_forged_or_expired_token_is_401_and_calls_no_model(mock_model,
     answer = post(token, GOOD_BODY)
 
     assert (answer.status, answer.json()) == (401, expected)
+    assert answer.headers["Content-Type"] == "application/json"
     assert mock_model.requests == []
 
 
@@ -499,8 +537,7 @@ def test_an_abort_of_the_run_ends_a_waiting_stream_with_an_aborted_error(
             assert runs.run_abort(session_key=session.key, run_id=run.run_id) == [run.run_id]
 
     async def scenario() -> tuple[Answer, float]:
-        response = await _post(inference_token(run.run_id, NODE), held)
-        reading = asyncio.ensure_future(_read(response))
+        reading = asyncio.ensure_future(_post(inference_token(run.run_id, NODE), held).run())
         await _eventually(lambda: mock_model.held() == ["HOLD-INFERENCE"])
         await sync_to_async(abort)()
         aborted_at = time.monotonic()
@@ -513,3 +550,90 @@ def test_an_abort_of_the_run_ends_a_waiting_stream_with_an_aborted_error(
     assert answer.events() == [{"error": {"kind": "aborted", "message": "the turn was aborted"}}, "[DONE]"]
     assert waited < 5  # the abort ended it, not a provider timeout
     assert Run.objects.get(pk=run.run_id).abort_requested_at is not None
+
+
+def test_a_worker_that_hangs_up_ends_its_model_call(mock_model):
+    """The worker is gone (its turn was cancelled, its node went away): the model call stops too,
+    instead of running to its end for nobody."""
+    run = running(placed_session(), "Reply exactly: HOLD-HANGUP")
+    mock_model.hold("HOLD-HANGUP")
+
+    async def scenario() -> list[dict[str, Any]]:
+        exchange = _post(inference_token(run.run_id, NODE), {"messages": [{"role": "user", "content": "HOLD-HANGUP"}]})
+        serving = asyncio.ensure_future(application(exchange.scope, exchange.receive, exchange.send))
+        await _eventually(lambda: mock_model.held() == ["HOLD-HANGUP"])
+        exchange.hung_up.set()
+        await asyncio.wait_for(serving, 10)
+        return exchange.sent
+
+    sent = async_to_sync(scenario)()
+
+    assert sent[0]["status"] == 200  # the stream had started; it simply ends
+    with_content = [message for message in sent[1:] if message.get("body")]
+    assert with_content == []
+    deadline = time.monotonic() + 10
+    while mock_model.held():  # the provider's request was dropped, so the mock stops holding it
+        assert time.monotonic() < deadline, "the model call outlived the worker's request"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+def test_a_method_other_than_post_is_405_with_allow(mock_model, method):
+    answer = post(None, raw=b"", method=method)
+
+    assert answer.status == 405
+    assert answer.headers["Allow"] == "POST"
+    assert answer.json() == {
+        "error": {
+            "code": "INVALID_REQUEST",
+            "message": f"method {method} is not allowed on {INFERENCE_PATH}",
+            "details": {"allowed": ["POST"]},
+        }
+    }
+    assert mock_model.requests == []
+
+
+def test_a_body_over_the_payload_limit_is_413_and_calls_no_model(mock_model, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    run = running(placed_session())
+
+    answer = post(inference_token(run.run_id, NODE), {"messages": [{"role": "user", "content": "x" * 2000}]}, chunks=4)
+
+    assert (answer.status, answer.json()["error"]["message"]) == (413, "request body too large (at most 1000 bytes)")
+    assert mock_model.requests == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"messages": [{"role": "user", "content": "\xff"}]}', "invalid request: the body is not valid JSON"),
+        (b"[" * 200 + b"]" * 200, "invalid request: nested deeper than 64 levels"),
+        (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "invalid request: lone surrogate"),
+    ],
+    ids=["not UTF-8", "nested too deep", "a lone surrogate"],
+)
+def test_a_body_beyond_the_protocols_bounds_is_400_and_calls_no_model(mock_model, raw, message):
+    run = running(placed_session())
+
+    answer = post(inference_token(run.run_id, NODE), raw=raw)
+
+    assert answer.status == 400
+    assert answer.json()["error"]["message"].startswith(message)
+    assert mock_model.requests == []
+
+
+def test_an_unexpected_failure_is_a_generic_500_with_a_reference(mock_model, monkeypatch, caplog):
+    run = running(placed_session())
+
+    def broken(grant):
+        raise RuntimeError("SELECT secret FROM somewhere")
+
+    monkeypatch.setattr(inference_http, "running_run", broken)
+    answer = post(inference_token(run.run_id, NODE), GOOD_BODY)
+
+    assert answer.status == 500
+    error = answer.json()["error"]
+    assert error["message"].startswith("internal error; reference ")
+    assert "SELECT" not in answer.text
+    assert error["details"]["errorId"] in caplog.text
+    assert mock_model.requests == []

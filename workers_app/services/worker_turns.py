@@ -22,11 +22,11 @@ import uuid
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Subquery
 
 from openclaw_site.gateway import publisher
-from openclaw_site.gateway import selectors as gateway_selectors
 from openclaw_site.gateway.background import executor_label
-from openclaw_site.gateway.invoke import invoke_private
+from openclaw_site.gateway.invoke import InvokeTarget, invoke_private, invoke_target
 from sessions_app import turns as gateway_turns
 from sessions_app.events import TurnEmitter
 from sessions_app.model_providers import default_model, get_model_provider
@@ -50,14 +50,14 @@ CAPACITY_MESSAGE = "device worker capacity remained full"
 HEARTBEAT_INTERVAL_S = 5.0
 POLL_INTERVAL_S = 0.05
 CANCEL_TIMEOUT_MS = 10_000
+LAUNCH_ENDED = object()
 
 
 def placed_node(session_pk: int) -> tuple[str, WorkerEnvironment] | None:
-    """The node and environment a session's turns run on, if its placement is active on a node."""
-    placement = Placement.objects.filter(pk=session_pk, state=PlacementState.ACTIVE).first()
-    if placement is None or not placement.environment_id:
-        return None
-    environment = WorkerEnvironment.objects.filter(pk=placement.environment_id).first()
+    """The node and environment a session's turns run on, if its placement is active on a node (one
+    query: every turn of every session asks, at ``chat.send``)."""
+    active_environment = Placement.objects.filter(pk=session_pk, state=PlacementState.ACTIVE).values("environment_id")
+    environment = WorkerEnvironment.objects.filter(pk=Subquery(active_environment[:1])).first()
     if environment is None or not environment.node_device_id:
         return None
     return environment.node_device_id, environment
@@ -80,10 +80,11 @@ def execute_worker_turn(run_id: str) -> str | None:
     emitter.start(int(run.started_at.timestamp() * 1000))
     model = session.model or default_model()
     provider_name = _provider_name()
-    if gateway_selectors.live_node_connection(node_id) is None:
+    target = invoke_target(node_id)
+    if target is None:
         outcome = _offline(provider_name, model)
     else:
-        outcome = NodeTurn(run, node_id, environment, claim.history, model, provider_name, emitter).run()
+        outcome = NodeTurn(run, target, node_id, environment, claim.history, model, provider_name, emitter).run()
         if outcome is None:
             return None  # swept as dead meanwhile; its outcome is already recorded
     finished = runs.run_finish(run_id=run_id, outcome=outcome, emitter=emitter)
@@ -113,6 +114,7 @@ class NodeTurn:
     def __init__(
         self,
         run: Run,
+        target: InvokeTarget,
         node_id: str,
         environment: WorkerEnvironment,
         history: list[tuple[str, str]],
@@ -122,16 +124,17 @@ class NodeTurn:
     ):
         self.record = run
         self.run_id = run.run_id
+        self.target = target
         self.node_id = node_id
         self.environment = environment
         self.history = history
         self.model = model
         self.provider_name = provider_name
         self.emitter = emitter
-        self.progress: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self.progress: queue.SimpleQueue[dict[str, Any] | object] = queue.SimpleQueue()
         self.cancel = threading.Event()
         self.text = ""
-        self.abort_checked_at: float | None = None
+        self.abort_checked_at = 0.0
 
     def launch_params(self) -> dict[str, Any]:
         return {
@@ -160,6 +163,7 @@ class NodeTurn:
                 self.launch_params(),
                 timeout_ms=turn_timeout_ms(),
                 on_progress=on_progress,
+                target=self.target,
             )
         )
         cancel_sent = False
@@ -173,6 +177,7 @@ class NodeTurn:
                         "worker.cancel.v1",
                         {"version": PROTOCOL_VERSION, "runId": self.run_id},
                         timeout_ms=CANCEL_TIMEOUT_MS,
+                        target=self.target,
                     )
                 except NodeCommandFailed as failure:
                     logger.warning("cancel of run %s on node %s failed: %s", self.run_id, self.node_id, failure)
@@ -180,56 +185,50 @@ class NodeTurn:
 
     def run(self) -> TurnOutcome | None:
         future = publisher.submit(self._launch)
-        beat_at = time.monotonic()
+        # Progress and the launch's end arrive on one queue: this thread wakes for each, not on a timer.
+        future.add_done_callback(lambda _done: self.progress.put(LAUNCH_ENDED))
+        beat_at = self.abort_checked_at = time.monotonic()
         lost = False
         while True:
             try:
-                result = future.result(timeout=POLL_INTERVAL_S)
+                item = self.progress.get(timeout=POLL_INTERVAL_S)
+            except queue.Empty:
+                item = None
+            if item is LAUNCH_ENDED:
                 break
-            except TimeoutError:
-                pass
-            except NodeCommandFailed as failure:
-                self._drain()
-                return self._failed(failure)
-            except Exception:
-                # A bug (ours or in transport): the turn ends now, its reason names an error id only.
-                error_id = uuid.uuid4().hex[:12]
-                logger.exception("node turn %s failed (errorId=%s)", self.run_id, error_id)
-                return self._error(f"device worker turn failed: internal error (errorId={error_id})", "unknown")
-            self._drain()
+            if item is not None:
+                self._emit(item)
             now = time.monotonic()
             if now - beat_at >= HEARTBEAT_INTERVAL_S:
                 beat_at = now
                 lost = not runs.run_heartbeat(run_id=self.run_id)
             if not self.cancel.is_set() and (lost or self._abort_requested(now)):
                 self.cancel.set()
-        self._drain()
+        try:
+            result = future.result()
+        except NodeCommandFailed as failure:
+            return self._failed(failure)
+        except Exception:
+            # A bug (ours or in transport): the turn ends now, its reason names an error id only.
+            error_id = uuid.uuid4().hex[:12]
+            logger.exception("node turn %s failed (errorId=%s)", self.run_id, error_id)
+            return self._error(f"device worker turn failed: internal error (errorId={error_id})", "unknown")
         if lost:
             return None
         return self._outcome(result)
 
     def _abort_requested(self, now: float) -> bool:
         """The run's abort flag, read at most every :data:`ABORT_POLL_INTERVAL_S` (as a local turn reads it)."""
-        if self.abort_checked_at is not None and now - self.abort_checked_at < ABORT_POLL_INTERVAL_S:
+        if now - self.abort_checked_at < ABORT_POLL_INTERVAL_S:
             return False
         self.abort_checked_at = now
         return runs.abort_requested(self.record)
 
-    def _drain(self) -> None:
-        while True:
-            try:
-                data = self.progress.get_nowait()
-            except queue.Empty:
-                return
-            text = data.get("text")
-            if (
-                data.get("kind") == "delta"
-                and isinstance(text, str)
-                and text.startswith(self.text)
-                and text != self.text
-            ):
-                self.emitter.delta(text[len(self.text) :], text)
-                self.text = text
+    def _emit(self, data: dict[str, Any]) -> None:
+        text = data.get("text")
+        if data.get("kind") == "delta" and isinstance(text, str) and text.startswith(self.text) and text != self.text:
+            self.emitter.delta(text[len(self.text) :], text)
+            self.text = text
 
     def _outcome(self, result: Any) -> TurnOutcome:
         if not isinstance(result, dict):

@@ -1,0 +1,181 @@
+"""``POST /api/workers/inference/chat/completions``: a worker's model call, as a plain ASGI app (transport only).
+
+The rules are :mod:`workers_app.inference`'s: a token of one running turn on one node, the
+gateway's own provider, the reply as server-sent OpenAI chunks. This route is on the path of every
+token of every node-placed turn, so it is served beside Django rather than through it: Django's
+handler gives each request a thread of its own and hops to it for the request signals and again for
+the view's database check (about 15 ms of a turn on a busy gateway, measured). Here the request
+costs one hop, on the database thread, for that check. Errors have the API's one shape
+(``{"error": {code, message, details?}}``) and statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from pydantic import ValidationError
+
+from openclaw_site.gateway.exceptions import (
+    Conflict,
+    FrameRejected,
+    GatewayError,
+    InvalidRequest,
+    PayloadTooLarge,
+    Unauthorized,
+    internal_error,
+)
+from openclaw_site.gateway.protocol import decode_frame, error_path, validation_message
+from sessions_app.model_providers import ChatMessage, default_model
+
+from .inference import INFERENCE_PATH, completion_stream, grant_for, running_run
+from .schemas import InferenceRequest
+
+logger = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+TOKEN_HINT = "send 'Authorization: Bearer <the inference token of the turn>'"
+
+
+class ClientGone(Exception):
+    """The worker hung up before its request was read."""
+
+
+async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
+    try:
+        run, messages = await _accepted(scope, receive)
+    except ClientGone:
+        return
+    except GatewayError as error:
+        await _send_error(send, error)
+        return
+    except Exception:
+        error = internal_error(logger, f"POST {INFERENCE_PATH}")
+        error.http_status = 500  # as the API answers an unexpected failure
+        await _send_error(send, error)
+        return
+    model = run.session.model if run.session.model else default_model()
+    await _stream_until_hangup(send, receive, completion_stream(run, messages, model))
+
+
+async def _accepted(scope: Scope, receive: Receive):
+    """The request's run and messages, or the error that answers it (checked in this order)."""
+    if scope["method"] != "POST":
+        method = scope["method"]
+        error = InvalidRequest(f"method {method} is not allowed on {INFERENCE_PATH}", details={"allowed": ["POST"]})
+        error.http_status = 405
+        raise error
+    token = _bearer_token(scope)
+    if token is None:
+        raise _unauthorized("inference token required", "AUTH_TOKEN_MISSING")
+    grant = grant_for(token)
+    if grant is None:
+        raise _unauthorized("inference token refused", "AUTH_TOKEN_MISMATCH")
+    body = _parsed(await _read_body(receive))
+    run = await database_sync_to_async(running_run)(grant)
+    if run is None:
+        raise Conflict("inference token is not valid for a running turn on this node")
+    return run, [ChatMessage(role=message.role, content=message.content) for message in body.messages]
+
+
+def _bearer_token(scope: Scope) -> str | None:
+    for name, value in scope.get("headers") or ():
+        if name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                return None
+            return token.strip()
+    return None
+
+
+def _unauthorized(message: str, code: str) -> Unauthorized:
+    return Unauthorized(message, details={"code": code, "hint": TOKEN_HINT})
+
+
+async def _read_body(receive: Receive) -> bytes:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body too large (at most {limit} bytes)")
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+def _parsed(body: bytes) -> InferenceRequest:
+    try:
+        value = decode_frame(body.decode("utf-8"))
+    except (UnicodeDecodeError, FrameRejected) as rejected:
+        if isinstance(rejected, FrameRejected) and not rejected.malformed:
+            raise InvalidRequest(f"invalid request: {rejected.reason}") from None
+        raise InvalidRequest("invalid request: the body is not valid JSON") from None
+    try:
+        return InferenceRequest.model_validate(value)
+    except ValidationError as invalid:
+        problems = [
+            {"in": "body", "path": error_path(tuple(item.get("loc", ()))), "message": validation_message(item)}
+            for item in invalid.errors()
+        ]
+        message = "invalid request: " + "; ".join(f"at {p['path']} (body): {p['message']}" for p in problems)
+        raise InvalidRequest(message, details={"errors": problems}) from None
+
+
+async def _send_error(send: Send, error: GatewayError) -> None:
+    body = json.dumps({"error": error.to_shape()}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if error.http_status == 405:
+        headers.append((b"allow", b"POST"))
+    await send({"type": "http.response.start", "status": error.http_status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _stream_until_hangup(send: Send, receive: Receive, chunks: AsyncIterator[bytes]) -> None:
+    """Send ``chunks`` as the response body; a worker that hangs up ends the stream (and its model call)."""
+
+    async def stream() -> None:
+        async with contextlib.aclosing(chunks):
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+                }
+            )
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def hangup() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    streaming, listening = asyncio.ensure_future(stream()), asyncio.ensure_future(hangup())
+    try:
+        await asyncio.wait({streaming, listening}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        listening.cancel()
+        if not streaming.done():
+            streaming.cancel()  # the stream's generator closes: the provider stops at its next check
+        try:
+            await streaming
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            # The response has started: the worker sees a stream without [DONE], and the log says why.
+            logger.exception("streaming the inference of a worker turn failed")
