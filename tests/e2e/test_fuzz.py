@@ -180,7 +180,7 @@ async def _exchange(client, frame: str, request_id: str | None = None) -> list[d
 def _frame_id(frame: str) -> str | None:
     try:
         raw = json.loads(frame)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what Python parses
         return None
     frame_id = raw.get("id") if isinstance(raw, dict) else None
     return frame_id if isinstance(frame_id, str) else None
