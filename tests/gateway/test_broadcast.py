@@ -185,22 +185,22 @@ def test_encoded_event_splices_seq_into_valid_json():
     assert EncodedEvent.of("tick", {"x": float("nan")}).body is None
 
 
-# --- the consumer's channel: no database hop for messages that do no database work -------------
+# --- the consumer's channel: no database hop before a message ------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("message", "closes_old_connections"),
+    "message",
     [
-        (_message("presence", {"presence": []}), False),
-        (events.close_message(1008, "node pairing removed"), False),
-        ({"type": "gateway.invoke.progress", "id": "i1"}, False),
-        ({"type": "gateway.invoke.request", "id": "i1"}, False),
-        ({"type": "websocket.receive", "text": "{}"}, True),
+        _message("presence", {"presence": []}),
+        events.close_message(1008, "node pairing removed"),
+        {"type": "gateway.invoke.progress", "id": "i1"},
+        {"type": "gateway.invoke.request", "id": "i1"},
+        {"type": "websocket.receive", "text": "{}"},
     ],
 )
-def test_only_messages_that_may_touch_the_database_close_old_connections_first(
-    monkeypatch, message, closes_old_connections
-):
+def test_no_message_waits_for_a_stale_connection_hop_through_the_database_thread(monkeypatch, message):
+    """Every database hop of the consumer is a ``database_sync_to_async`` call, which closes stale
+    connections itself; channels' extra hop before each frame and message would queue it there."""
     hops: list[str] = []
 
     async def close_old_connections() -> None:
@@ -221,7 +221,13 @@ def test_only_messages_that_may_touch_the_database_close_old_connections_first(
         setattr(consumer, handler, handled)
     asyncio.run(consumer.dispatch(message))
 
-    assert hops == (["close-old-connections", "handled"] if closes_old_connections else ["handled"])
+    assert hops == ["handled"]
+
+
+def test_a_message_of_no_known_type_is_refused_as_channels_refuses_it():
+    consumer, _ = _open()
+    with pytest.raises(ValueError, match=r"No handler for message type gateway\.unknown"):
+        asyncio.run(consumer.dispatch({"type": "gateway.unknown"}))
 
 
 # --- cleanup: the connection is unregistered whatever the channel layer does -------------------
