@@ -1089,13 +1089,7 @@ class NodeHost:
 
     async def launch(self, params: Params) -> dict[str, Any]:
         launch = _launch_params(params)
-        if not await asyncio.to_thread(self.bundles.installed, launch.bundle_hash):
-            raise NodeCommandError("BUNDLE_MISSING", "the worker bundle is not installed on this node")
-        workspace = self.environments.workspace(launch.environment_id)
-        if not await asyncio.to_thread(workspace.is_dir):
-            raise NodeCommandError(
-                "WORKSPACE_MISSING", f"no workspace for environment {launch.environment_id} on this node"
-            )
+        workspace = await asyncio.to_thread(self._launch_workspace, launch)  # one hop: it is on every turn's path
         if launch.run_id in self.runs:
             raise invalid_request(f"run {launch.run_id} is already running on this node")
         run = Run(launch.run_id, launch.environment_id, launch.session_id, launch.lease_id, launch.bundle_hash)
@@ -1105,6 +1099,17 @@ class NodeHost:
         finally:
             del self.runs[run.run_id]
             run.finished.set()
+
+    def _launch_workspace(self, launch: Launch) -> Path:
+        """The launch's workspace, once its bundle and workspace are known to be here."""
+        if not self.bundles.installed(launch.bundle_hash):
+            raise NodeCommandError("BUNDLE_MISSING", "the worker bundle is not installed on this node")
+        workspace = self.environments.workspace(launch.environment_id)
+        if not workspace.is_dir():
+            raise NodeCommandError(
+                "WORKSPACE_MISSING", f"no workspace for environment {launch.environment_id} on this node"
+            )
+        return workspace
 
     async def _run_turn(self, run: Run, launch: Launch, workspace: Path) -> dict[str, Any]:
         wait_ms = self.config.capacity_wait_ms

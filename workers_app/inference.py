@@ -14,16 +14,26 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.core import signing
+from django.db import close_old_connections
 from django.db.models import Exists, OuterRef
 
+from openclaw_site.gateway.exceptions import Conflict
 from openclaw_site.gateway.redaction import redact_secrets
-from sessions_app.model_providers import Aborted, ChatMessage, Delta, Finish, ModelProviderError, get_model_provider
+from sessions_app.model_providers import (
+    Aborted,
+    ChatMessage,
+    Delta,
+    Finish,
+    ModelProviderError,
+    default_model,
+    get_model_provider,
+)
 from sessions_app.models import Run, RunStatus
 from sessions_app.services.runs import abort_requested
 
@@ -85,21 +95,26 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-async def completion_stream(run: Run, messages: list[ChatMessage], model: str) -> AsyncIterator[bytes]:
-    """The provider's reply as SSE chunks; the provider runs in a thread and stops when the run is
-    aborted or the worker hangs up."""
+async def completion_stream(grant: InferenceGrant, messages: list[ChatMessage]) -> AsyncGenerator[bytes]:
+    """The model's reply to a worker, as SSE chunks, after the grant is checked (:func:`running_run`).
+
+    One thread does both, the check and then the provider's call (one hop on every token's path):
+    its first item is empty once the grant holds; a grant that does not raises :class:`Conflict`
+    before anything is yielded or a model called. The call stops when the run is aborted or the
+    worker hangs up (the stream is closed)."""
     loop = asyncio.get_running_loop()
     items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     hung_up = threading.Event()
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     checked_at: list[float] = [0.0]
     aborted: list[bool] = [False]
+    granted: list[Run] = []
 
     def should_abort() -> bool:
         now = time.monotonic()
         if not aborted[0] and now - checked_at[0] >= ABORT_POLL_INTERVAL_S:
             checked_at[0] = now
-            aborted[0] = abort_requested(run)
+            aborted[0] = abort_requested(granted[0])
         return hung_up.is_set() or aborted[0]
 
     def put(kind: str, value: Any = None) -> None:
@@ -107,6 +122,13 @@ async def completion_stream(run: Run, messages: list[ChatMessage], model: str) -
 
     def produce() -> None:
         try:
+            run = running_run(grant)
+            if run is None:
+                put("refused")
+                return
+            granted.append(run)
+            model = run.session.model or default_model()
+            put("accepted", model)
             for item in get_model_provider().stream(messages, model=model, should_abort=should_abort):
                 put("item", item)
             put("end")
@@ -117,11 +139,19 @@ async def completion_stream(run: Run, messages: list[ChatMessage], model: str) -
             put("error", {"kind": error.kind, "message": redact_secrets(error.summary)})
         except Exception:
             error_id = uuid.uuid4().hex[:12]
-            logger.exception("inference for run %s failed (errorId=%s)", run.run_id, error_id)
+            logger.exception("inference for run %s failed (errorId=%s)", grant.run_id, error_id)
             put("error", {"kind": "unknown", "message": f"model call failed (errorId={error_id})"})
+        finally:
+            close_old_connections()  # as a database_sync_to_async hop would: this thread is the loop's
 
     loop.run_in_executor(None, produce)
     try:
+        kind, model = await items.get()
+        if kind == "refused":
+            raise Conflict("inference token is not valid for a running turn on this node")
+        if kind == "error":  # the check itself failed
+            raise RuntimeError(f"checking the inference grant of run {grant.run_id} failed: {model}")
+        yield b""
         while True:
             kind, value = await items.get()
             if kind == "item" and isinstance(value, Delta):

@@ -5,7 +5,7 @@ gateway's own provider, the reply as server-sent OpenAI chunks. This route is on
 token of every node-placed turn, so it is served beside Django rather than through it: Django's
 handler gives each request a thread of its own and hops to it for the request signals and again for
 the view's database check (about 15 ms of a turn on a busy gateway, measured). Here the request
-costs one hop, on the database thread, for that check. Errors have the API's one shape
+costs one hop, to the thread that checks its grant and then calls the model. Errors have the API's one shape
 (``{"error": {code, message, details?}}``) and statuses.
 """
 
@@ -15,15 +15,13 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 from pydantic import ValidationError
 
 from openclaw_site.gateway.exceptions import (
-    Conflict,
     FrameRejected,
     GatewayError,
     InvalidRequest,
@@ -32,9 +30,9 @@ from openclaw_site.gateway.exceptions import (
     internal_error,
 )
 from openclaw_site.gateway.protocol import decode_frame, error_path, validation_message
-from sessions_app.model_providers import ChatMessage, default_model
+from sessions_app.model_providers import ChatMessage
 
-from .inference import INFERENCE_PATH, completion_stream, grant_for, running_run
+from .inference import INFERENCE_PATH, InferenceGrant, completion_stream, grant_for
 from .schemas import InferenceRequest
 
 logger = logging.getLogger(__name__)
@@ -51,24 +49,29 @@ class ClientGone(Exception):
 
 
 async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
+    chunks: AsyncGenerator[bytes] | None = None
     try:
-        run, messages = await _accepted(scope, receive)
+        grant, messages = await _accepted(scope, receive)
+        chunks = completion_stream(grant, messages)
+        await anext(chunks)  # the grant holds: its run is running on its node
     except ClientGone:
         return
     except GatewayError as error:
         await _send_error(send, error)
         return
     except Exception:
+        if chunks is not None:
+            await chunks.aclose()
         error = internal_error(logger, f"POST {INFERENCE_PATH}")
         error.http_status = 500  # as the API answers an unexpected failure
         await _send_error(send, error)
         return
-    model = run.session.model if run.session.model else default_model()
-    await _stream_until_hangup(send, receive, completion_stream(run, messages, model))
+    await _stream_until_hangup(send, receive, chunks)
 
 
-async def _accepted(scope: Scope, receive: Receive):
-    """The request's run and messages, or the error that answers it (checked in this order)."""
+async def _accepted(scope: Scope, receive: Receive) -> tuple[InferenceGrant, list[ChatMessage]]:
+    """The request's grant and messages, or the error that answers it (checked in this order; the
+    grant's run is checked by :func:`completion_stream`)."""
     if scope["method"] != "POST":
         method = scope["method"]
         error = InvalidRequest(f"method {method} is not allowed on {INFERENCE_PATH}", details={"allowed": ["POST"]})
@@ -81,10 +84,7 @@ async def _accepted(scope: Scope, receive: Receive):
     if grant is None:
         raise _unauthorized("inference token refused", "AUTH_TOKEN_MISMATCH")
     body = _parsed(await _read_body(receive))
-    run = await database_sync_to_async(running_run)(grant)
-    if run is None:
-        raise Conflict("inference token is not valid for a running turn on this node")
-    return run, [ChatMessage(role=message.role, content=message.content) for message in body.messages]
+    return grant, [ChatMessage(role=message.role, content=message.content) for message in body.messages]
 
 
 def _bearer_token(scope: Scope) -> str | None:
@@ -145,7 +145,7 @@ async def _send_error(send: Send, error: GatewayError) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _stream_until_hangup(send: Send, receive: Receive, chunks: AsyncIterator[bytes]) -> None:
+async def _stream_until_hangup(send: Send, receive: Receive, chunks: AsyncGenerator[bytes]) -> None:
     """Send ``chunks`` as the response body; a worker that hangs up ends the stream (and its model call)."""
 
     async def stream() -> None:

@@ -29,7 +29,7 @@ from sessions_app.services import runs
 from sessions_app.services.runs import TurnOutcome
 from sessions_app.services.sessions import SessionSpec, session_create
 from tests.support.mock_openai import error, partial_then_drop
-from workers_app import inference_http
+from workers_app import inference
 from workers_app.inference import INFERENCE_PATH, TOKEN_SALT, inference_token
 from workers_app.models import Placement, PlacementState, WorkerEnvironment
 from workers_app.providers.device import device_profile
@@ -628,7 +628,7 @@ def test_an_unexpected_failure_is_a_generic_500_with_a_reference(mock_model, mon
     def broken(grant):
         raise RuntimeError("SELECT secret FROM somewhere")
 
-    monkeypatch.setattr(inference_http, "running_run", broken)
+    monkeypatch.setattr(inference, "running_run", broken)
     answer = post(inference_token(run.run_id, NODE), GOOD_BODY)
 
     assert answer.status == 500

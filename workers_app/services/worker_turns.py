@@ -22,7 +22,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Subquery
+from django.db.models import QuerySet, Subquery
 
 from openclaw_site.gateway import publisher
 from openclaw_site.gateway.background import executor_label
@@ -56,8 +56,12 @@ LAUNCH_ENDED = object()
 def placed_node(session_pk: int) -> tuple[str, WorkerEnvironment] | None:
     """The node and environment a session's turns run on, if its placement is active on a node (one
     query: every turn of every session asks, at ``chat.send``)."""
-    active_environment = Placement.objects.filter(pk=session_pk, state=PlacementState.ACTIVE).values("environment_id")
-    environment = WorkerEnvironment.objects.filter(pk=Subquery(active_environment[:1])).first()
+    return _node_of(Placement.objects.filter(pk=session_pk, state=PlacementState.ACTIVE))
+
+
+def _node_of(active_placement: QuerySet[Placement]) -> tuple[str, WorkerEnvironment] | None:
+    environment_id = active_placement.values("environment_id")[:1]
+    environment = WorkerEnvironment.objects.filter(pk=Subquery(environment_id)).first()
     if environment is None or not environment.node_device_id:
         return None
     return environment.node_device_id, environment
@@ -65,10 +69,7 @@ def placed_node(session_pk: int) -> tuple[str, WorkerEnvironment] | None:
 
 def execute_worker_turn(run_id: str) -> str | None:
     """Run the turn on the session's node (or here, if the session came back meanwhile)."""
-    session_pk = Run.objects.filter(run_id=run_id).values_list("session_id", flat=True).first()
-    if session_pk is None:
-        return None
-    placed = placed_node(session_pk)
+    placed = _node_of(Placement.objects.filter(session__runs__run_id=run_id, state=PlacementState.ACTIVE))
     if placed is None:
         return gateway_turns.execute_turn(run_id)
     claim = runs.run_claim(run_id=run_id, executor=executor_label())
