@@ -71,33 +71,42 @@ def in_thread(target) -> tuple[threading.Thread, list[BaseException]]:
     return thread, errors
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_node_disconnecting_while_its_role_is_removed_waits_instead_of_deadlocking(connected_node):
-    """``node_remove`` locks the device row, then deletes the node's connection rows. A disconnect of
-    that node in between must wait on the device row too; had it deleted its connection row first,
-    the two transactions would each hold what the other needs (PostgreSQL: deadlock detected)."""
+def race_with_role_removal(other) -> tuple[list[BaseException], list[BaseException]]:
+    """Run ``other`` while ``node_remove`` holds the device row it locks first, and let the removal go
+    on once ``other`` had time to reach whatever lock it blocks on. Returns both sides' errors."""
     if connection.vendor != "postgresql":
         pytest.skip("row locks are PostgreSQL's; SQLite serializes whole transactions")
-    device_locked, disconnect_started = threading.Event(), threading.Event()
+    device_locked, other_started = threading.Event(), threading.Event()
 
     def remove_role_slowly() -> None:
         with transaction.atomic():
             list(PairedDevice.objects.select_for_update(no_key=True).filter(device_id=NODE_ID))
             device_locked.set()
-            disconnect_started.wait(5)
-            time.sleep(0.3)  # lets the disconnect reach whatever lock it blocks on
+            other_started.wait(5)
+            time.sleep(0.3)
             pairing.node_remove(node_id=NODE_ID, actor=Actor.system("test"))
+
+    def run_other() -> None:
+        other_started.set()
+        other()
 
     remover, remover_errors = in_thread(remove_role_slowly)
     assert device_locked.wait(5)
-
-    def disconnect() -> None:
-        disconnect_started.set()
-        connections.connection_unregister(conn_id=CONN_IDS["conn-1"])
-
-    disconnecting, disconnect_errors = in_thread(disconnect)
+    racing, other_errors = in_thread(run_other)
     remover.join(15)
-    disconnecting.join(15)
+    racing.join(15)
+    return remover_errors, other_errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_node_disconnecting_while_its_role_is_removed_waits_instead_of_deadlocking(connected_node):
+    """``node_remove`` locks the device row, then deletes the node's connection rows. A disconnect of
+    that node in between must wait on the device row too; had it deleted its connection row first,
+    the two transactions would each hold what the other needs (PostgreSQL: deadlock detected)."""
+    remover_errors, disconnect_errors = race_with_role_removal(
+        lambda: connections.connection_unregister(conn_id=CONN_IDS["conn-1"])
+    )
+
     assert remover_errors == [] and disconnect_errors == []
     assert not GatewayConnection.objects.exists()
     assert not PairedDevice.objects.filter(device_id=NODE_ID).exists()
@@ -107,28 +116,8 @@ def test_a_node_disconnecting_while_its_role_is_removed_waits_instead_of_deadloc
 def test_a_node_reconnecting_while_its_role_is_removed_is_refused_not_left_routable(connected_node):
     """A reconnect that passed its pairing check just before the removal waits for it on the device
     row, then finds the pairing gone: refused, and no connection row of the removed node is left."""
-    if connection.vendor != "postgresql":
-        pytest.skip("row locks are PostgreSQL's; SQLite serializes whole transactions")
-    device_locked, reconnect_started = threading.Event(), threading.Event()
+    remover_errors, reconnect_errors = race_with_role_removal(lambda: register_node_connection("conn-2"))
 
-    def remove_role_slowly() -> None:
-        with transaction.atomic():
-            list(PairedDevice.objects.select_for_update(no_key=True).filter(device_id=NODE_ID))
-            device_locked.set()
-            reconnect_started.wait(5)
-            time.sleep(0.3)
-            pairing.node_remove(node_id=NODE_ID, actor=Actor.system("test"))
-
-    remover, remover_errors = in_thread(remove_role_slowly)
-    assert device_locked.wait(5)
-
-    def reconnect() -> None:
-        reconnect_started.set()
-        register_node_connection("conn-2")
-
-    reconnecting, reconnect_errors = in_thread(reconnect)
-    remover.join(15)
-    reconnecting.join(15)
     assert remover_errors == []
     assert [type(error) for error in reconnect_errors] == [NotPaired]
     assert "pairing removed" in str(reconnect_errors[0])
