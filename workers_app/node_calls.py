@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
+from django.db import close_old_connections, connections
 
 from openclaw_site.gateway import publisher, state
 from openclaw_site.gateway.invoke import NodeCommandFailed, ProgressCallback, invoke_private
@@ -39,8 +40,20 @@ def http_origin(ws_url: str) -> str:
     return f"{'https' if scheme == 'wss' else 'http'}://{rest.split('/', 1)[0]}"
 
 
+def release_database_connections() -> None:
+    """Give this thread's database connections back to the pool (PostgreSQL) before it waits on a node.
+
+    A Celery worker's threads and its pool are the same size: tasks that held their connection while
+    they waited (a node's answer, a turn) could hold all of them, and the waits' own connection
+    lookups then queue for one until the pool's timeout. Never inside a transaction (it would end
+    it); SQLite's connections are kept (no pool, nothing to run out of)."""
+    if not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
+        close_old_connections()
+
+
 def run_on_gateway_loop[T](make: Callable[[], Awaitable[T]]) -> T:
     """Run the coroutine ``make()`` to completion from synchronous code and return its result."""
+    release_database_connections()
     return publisher.submit(make).result()
 
 
@@ -60,4 +73,12 @@ def call_node(
     )
 
 
-__all__ = ["COMMAND_TIMEOUT_MS", "NodeCommandFailed", "call_node", "gateway_url", "http_origin", "run_on_gateway_loop"]
+__all__ = [
+    "COMMAND_TIMEOUT_MS",
+    "NodeCommandFailed",
+    "call_node",
+    "gateway_url",
+    "http_origin",
+    "release_database_connections",
+    "run_on_gateway_loop",
+]

@@ -37,7 +37,7 @@ from sessions_app.turns import ABORT_POLL_INTERVAL_S
 
 from ..inference import INFERENCE_PATH, inference_token
 from ..models import Placement, PlacementState, WorkerEnvironment
-from ..node_calls import PROTOCOL_VERSION, NodeCommandFailed
+from ..node_calls import PROTOCOL_VERSION, NodeCommandFailed, release_database_connections
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +190,7 @@ class NodeTurn:
         future.add_done_callback(lambda _done: self.progress.put(LAUNCH_ENDED))
         beat_at = self.abort_checked_at = time.monotonic()
         lost = False
+        release_database_connections()  # a turn waits on its node far longer than it uses the database
         while True:
             try:
                 item = self.progress.get(timeout=POLL_INTERVAL_S)
@@ -203,6 +204,7 @@ class NodeTurn:
             if now - beat_at >= HEARTBEAT_INTERVAL_S:
                 beat_at = now
                 lost = not runs.run_heartbeat(run_id=self.run_id)
+                release_database_connections()
             if not self.cancel.is_set() and (lost or self._abort_requested(now)):
                 self.cancel.set()
         try:
