@@ -11,6 +11,7 @@ from django.utils import timezone
 from openclaw_site.gateway.models import GatewayConnection, PairedDevice
 from openclaw_site.gateway.selectors import PRESENCE_MAX_ENTRIES, presence_entries, to_ms
 from openclaw_site.gateway.services import connections
+from tests.support.connections import connection_record
 
 BOOT_ID = str(uuid.uuid4())
 
@@ -19,28 +20,14 @@ pytestmark = pytest.mark.django_db
 
 def _connect(n: int, *, role: str = "operator", device_id: str = "", seconds_ago: int = 0) -> None:
     connections.connection_register(
-        record=connections.ConnectionRecord(
-            conn_id=str(uuid.uuid4()),
+        record=connection_record(
             boot_id=BOOT_ID,
             channel_name=f"channel.{n}",
             role=role,
             scopes=["operator.read"] if role == "operator" else [],
-            auth_method="token",
             device_id=device_id,
             node_id=device_id if role == "node" else "",
-            client_id="cli",
-            client_mode="cli",
-            client_version="1",
             display_name=f"host {n}",
-            platform="linux",
-            device_family="",
-            model_identifier="",
-            instance_id="",
-            remote_ip="127.0.0.1",
-            caps=[],
-            commands=[],
-            permissions={},
-            path_env="",
         )
     )
     connected_at = timezone.now() - timedelta(seconds=seconds_ago)

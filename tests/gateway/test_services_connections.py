@@ -14,6 +14,7 @@ from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import NotPaired
 from openclaw_site.gateway.models import GatewayConnection, PairedDevice
 from openclaw_site.gateway.services import connections, pairing
+from tests.support.connections import connection_record
 
 NODE_ID = "n" * 64
 BOOT_ID = str(uuid.uuid4())
@@ -22,28 +23,17 @@ CONN_IDS = {name: str(uuid.uuid4()) for name in ("conn-1", "conn-2", "conn-3")}
 
 def register_node_connection(conn_id: str) -> None:
     connections.connection_register(
-        record=connections.ConnectionRecord(
+        record=connection_record(
             conn_id=CONN_IDS[conn_id],
             boot_id=BOOT_ID,
             channel_name=f"channel.{conn_id}",
             role="node",
-            scopes=[],
             auth_method="device-token",
             device_id=NODE_ID,
             node_id=NODE_ID,
             client_id="node-host",
             client_mode="node",
-            client_version="1",
             display_name="worker",
-            platform="linux",
-            device_family="",
-            model_identifier="",
-            instance_id="",
-            remote_ip="127.0.0.1",
-            caps=[],
-            commands=[],
-            permissions={},
-            path_env="",
         )
     )
 
