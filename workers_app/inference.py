@@ -21,7 +21,6 @@ from typing import Any
 from django.conf import settings
 from django.core import signing
 from django.db import close_old_connections
-from django.db.models import Exists, OuterRef
 
 from openclaw_site.gateway.exceptions import Conflict
 from openclaw_site.gateway.redaction import redact_secrets
@@ -72,22 +71,34 @@ def grant_for(token: str) -> InferenceGrant | None:
     return InferenceGrant(run_id=value["r"], node_id=value["n"])
 
 
-def running_run(grant: InferenceGrant) -> Run | None:
-    """The grant's run, while it is running on an active placement on the grant's node (one query:
-    every token of a node-placed turn waits for it)."""
-    on_grants_node = WorkerEnvironment.objects.filter(
-        pk=OuterRef("session__placement__environment_id"), node_device_id=grant.node_id
-    )
-    return (
+@dataclass(frozen=True)
+class GrantedRun:
+    """What the model call needs of the grant's run: its abort flag's key parts and the session's model."""
+
+    run: Run  # run_id and started_at only (enough for its abort flag)
+    session_model: str
+
+
+def running_run(grant: InferenceGrant) -> GrantedRun | None:
+    """The grant's run, while it is running on an active placement on the grant's node.
+
+    One query, of values rather than model instances: every token of a node-placed turn waits for it,
+    and building the run and session instances cost more than the query itself."""
+    on_grants_node = WorkerEnvironment.objects.filter(node_device_id=grant.node_id).values("pk")
+    row = (
         Run.objects.filter(
             run_id=grant.run_id,
             status=RunStatus.RUNNING,
             session__placement__state=PlacementState.ACTIVE,
+            session__placement__environment_id__in=on_grants_node,
         )
-        .filter(Exists(on_grants_node))
-        .select_related("session")
+        .values_list("started_at", "session__model")
         .first()
     )
+    if row is None:
+        return None
+    started_at, session_model = row
+    return GrantedRun(run=Run(run_id=grant.run_id, started_at=started_at), session_model=session_model)
 
 
 def _sse(payload: dict[str, Any] | str) -> bytes:
@@ -108,13 +119,13 @@ async def completion_stream(grant: InferenceGrant, messages: list[ChatMessage]) 
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     checked_at: list[float] = [0.0]
     aborted: list[bool] = [False]
-    granted: list[Run] = []
+    granted: list[GrantedRun] = []
 
     def should_abort() -> bool:
         now = time.monotonic()
         if not aborted[0] and now - checked_at[0] >= ABORT_POLL_INTERVAL_S:
             checked_at[0] = now
-            aborted[0] = abort_requested(granted[0])
+            aborted[0] = abort_requested(granted[0].run)
         return hung_up.is_set() or aborted[0]
 
     def put(kind: str, value: Any = None) -> None:
@@ -127,7 +138,7 @@ async def completion_stream(grant: InferenceGrant, messages: list[ChatMessage]) 
                 put("refused")
                 return
             granted.append(run)
-            model = run.session.model or default_model()
+            model = run.session_model or default_model()
             put("accepted", model)
             for item in get_model_provider().stream(messages, model=model, should_abort=should_abort):
                 put("item", item)

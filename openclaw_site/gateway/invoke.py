@@ -79,10 +79,11 @@ class InvokeTarget:
 
 def invoke_target(node_id: str) -> InvokeTarget | None:
     """Where an invoke for the node goes now: its live connection, if it has one."""
-    conn = selectors.live_node_connection(node_id)
-    if conn is None:
+    route = selectors.live_node_route(node_id)
+    if route is None:
         return None
-    return InvokeTarget(channel_name=conn.channel_name, conn_id=str(conn.conn_id), commands=list(conn.commands))
+    channel_name, conn_id, commands = route
+    return InvokeTarget(channel_name=channel_name, conn_id=str(conn_id), commands=list(commands or []))
 
 
 def failure_message(invoke_id: str, code: str, message: str) -> dict[str, Any]:

@@ -57,6 +57,13 @@ def live_node_connection(node_id: str) -> GatewayConnection | None:
     return live_connections().filter(role=ROLE_NODE, node_id=node_id).first()
 
 
+def live_node_route(node_id: str) -> tuple[str, str, list[str]] | None:
+    """``(channel_name, conn_id, commands)`` of the node's live connection: what an invoke needs, as
+    values (it is looked up on every invoke and every node turn; building the instance cost more)."""
+    row = live_connections().filter(role=ROLE_NODE, node_id=node_id).values_list("channel_name", "conn_id", "commands")
+    return row.first()
+
+
 def live_processes() -> QuerySet[GatewayProcess]:
     return GatewayProcess.objects.filter(heartbeat_at__gte=process_stale_before())
 

@@ -61,7 +61,12 @@ def placed_node(session_pk: int) -> tuple[str, WorkerEnvironment] | None:
 
 def _node_of(active_placement: QuerySet[Placement]) -> tuple[str, WorkerEnvironment] | None:
     environment_id = active_placement.values("environment_id")[:1]
-    environment = WorkerEnvironment.objects.filter(pk=Subquery(environment_id)).first()
+    # Only what a turn uses: the environment's row is wide (its profile snapshot), read on every turn.
+    environment = (
+        WorkerEnvironment.objects.filter(pk=Subquery(environment_id))
+        .only("environment_id", "node_device_id", "lease_id", "attached_session_ids", "bootstrap_bundle_hash")
+        .first()
+    )
     if environment is None or not environment.node_device_id:
         return None
     return environment.node_device_id, environment
