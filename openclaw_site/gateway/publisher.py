@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import logging
 import threading
@@ -89,6 +90,9 @@ class _Lane:
                 make, done = self.queue.popleft()
                 try:
                     result = await make()
+                except asyncio.CancelledError as cancelled:  # the loop is shutting down
+                    done.set_exception(cancelled)
+                    raise
                 except Exception as error:
                     done.set_exception(error)
                 else:
@@ -128,7 +132,9 @@ def post(make: Callable[[], Awaitable[Any]], *, what: str) -> Future:
         done.set_exception(error)
         return done
     if overloaded:
-        done.exception(PUBLISH_TIMEOUT_S)  # waits; a failure is logged by _settled
+        # Waits (a failure is logged by _settled); a lane still stuck after that is not the poster's error.
+        with contextlib.suppress(TimeoutError):
+            done.exception(PUBLISH_TIMEOUT_S)
     return done
 
 

@@ -131,3 +131,19 @@ def test_past_the_lane_limit_a_poster_waits_for_its_own_publication(on_loop, mon
     third = publisher.post(quick, what="over the limit")  # returns only once it went out
 
     assert third.done() and first.done() and second.done()
+
+
+def test_a_poster_past_the_limit_whose_lane_stays_stuck_goes_on_without_an_error(on_loop, monkeypatch):
+    monkeypatch.setattr(publisher, "LANE_LIMIT", 1)
+    monkeypatch.setattr(publisher, "PUBLISH_TIMEOUT_S", 0.2)
+    release = threading.Event()
+
+    async def held() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 5)
+
+    publisher.post(held, what="held")
+    stuck = publisher.post(held, what="behind it")  # waits 0.2 s, then returns instead of raising
+
+    assert not stuck.done()
+    release.set()
+    stuck.result(5)
