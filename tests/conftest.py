@@ -2,7 +2,10 @@ from __future__ import annotations
 
 import time
 
+import psycopg.errors
 import pytest
+from django.db import OperationalError
+from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
 
 from openclaw_site.gateway.conf import shared_token
 from tests.support.api import API_TOKEN
@@ -51,6 +54,30 @@ def _gateway_settles_before_flush(request):
     deadline = time.monotonic() + 10
     while GatewayConnection.objects.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_survives_deadlocks():
+    """Retry the test database flush when PostgreSQL picks it as a deadlock victim.
+
+    Gateway and Celery processes outlive a test: their heartbeats, sweeps and presence reads join
+    several tables, and pytest-django's TRUNCATE of every table locks them one by one in another
+    order. The victim's transaction is rolled back whole, so running the flush again is safe.
+    """
+    original = PostgresOperations.execute_sql_flush
+
+    def execute_sql_flush(self, sql_list):
+        for attempt in range(5):
+            try:
+                return original(self, sql_list)
+            except OperationalError as exc:
+                if not isinstance(exc.__cause__, psycopg.errors.DeadlockDetected) or attempt == 4:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PostgresOperations, "execute_sql_flush", execute_sql_flush)
+        yield
 
 
 @pytest.fixture
