@@ -89,6 +89,30 @@ def test_a_node_turn_streams_deltas_before_it_ends(placed, mock_openai):
     assert all(headers.get("authorization") == "Bearer sk-test" for headers in mock_openai.request_headers)
 
 
+def test_a_reply_the_node_sends_whole_in_its_result_still_reaches_operators_as_a_delta_then_final(placed):
+    """The node host sends no progress for what arrives in the window its turn ends in (the default
+    mock answers at once): the gateway emits that text from the result, as a local turn would."""
+    gateway, node_host, published = placed
+
+    async def scenario():
+        client, wire, key = await dispatched(gateway, node_host, published, "whole")
+        try:
+            run_id = await wire.start_turn(key, "short and sweet")
+            states, texts = [], []
+            while "final" not in states:
+                frame = await client.next_event("chat", timeout=30, predicate=lambda f: f["payload"]["runId"] == run_id)
+                states.append(frame["payload"]["state"])
+                texts.append(frame["payload"]["message"]["content"][0]["text"])
+            return states, texts, await wire.wait_for_turn(run_id)
+        finally:
+            await client.close()
+
+    states, texts, waited = asyncio.run(scenario())
+    assert waited["status"] == "ok"
+    assert states[-2:] == ["delta", "final"]
+    assert texts[-1] and texts[-2] == texts[-1]
+
+
 def test_an_abort_stops_the_worker_on_the_node(placed, mock_openai):
     """The run ends ``aborted`` and its slot is free for the next turn."""
     gateway, node_host, published = placed

@@ -27,7 +27,9 @@ from openclaw_client.identity import IdentityStore
 from openclaw_client.node import (
     BUNDLE_MANIFEST_NAME,
     NODE_HOST_COMMANDS,
+    PROGRESS_COALESCE_S,
     BundleInstallError,
+    CoalescedDeltas,
     NodeHost,
     NodeHostConfig,
     gateway_http_origin,
@@ -621,7 +623,7 @@ def test_a_turn_streams_progress_and_returns_the_reply_and_the_warm_child_serves
         prepare_local(host, "env-1", {"a.txt": b"a"})
         progress = Progress()
         progress.install()
-        first = await call(host, "worker.launch.v1", **launch_params(server, "env-1", bundle_hash))
+        first = await call(host, "worker.launch.v1", **launch_params(server, "env-1", bundle_hash, path="/v1/paced"))
         idle_after_first = host.pool.reclaimable_idle
         warm_pid = host.pool._idle[0].child.process.pid
         inventory = host.inventory()
@@ -650,7 +652,87 @@ def test_a_turn_streams_progress_and_returns_the_reply_and_the_warm_child_serves
     assert inventory["workerHost"]["capacity"] == {"total": 2, "available": 1, "reclaimableIdle": 1}
     assert parse_declaration(inventory).hosting
     path, headers, _body = server.requests[0]
-    assert path == "/v1/ok" and headers["Authorization"] == f"Bearer {TOKEN}"
+    assert path == "/v1/paced" and headers["Authorization"] == f"Bearer {TOKEN}"
+
+
+def test_a_reply_that_ends_within_the_progress_window_comes_whole_in_the_result(tmp_path, server):
+    async def scenario(host: NodeHost):
+        bundle_hash = install_local(host, real_bundle())
+        prepare_local(host, "env-1", {"a.txt": b"a"})
+        progress = Progress()
+        progress.install()
+        result = await call(host, "worker.launch.v1", **launch_params(server, "env-1", bundle_hash))
+        await asyncio.sleep(PROGRESS_COALESCE_S * 4)  # a progress left behind would have gone out by now
+        return result, progress.sent
+
+    result, sent = run(tmp_path, server, scenario)
+    assert result["status"] == "ok" and result["text"] == "Hello"
+    assert sent == []
+
+
+def test_deltas_within_one_window_leave_as_one_progress_with_the_latest_text():
+    async def scenario():
+        sent: list[dict[str, Any]] = []
+
+        async def send(data: dict[str, Any]) -> None:
+            sent.append(data)
+
+        deltas = CoalescedDeltas(send)
+        await deltas.add({"delta": "He", "text": "He"})
+        await deltas.add({"delta": "l", "text": "Hel"})
+        await asyncio.sleep(PROGRESS_COALESCE_S * 4)
+        await deltas.add({"delta": "lo", "text": "Hello"})
+        await asyncio.sleep(PROGRESS_COALESCE_S * 4)
+        await deltas.add({"delta": "!", "text": "Hello!"})  # the turn ends inside this window
+        await deltas.close()
+        await asyncio.sleep(PROGRESS_COALESCE_S * 4)
+        return sent
+
+    assert asyncio.run(scenario()) == [
+        {"kind": "delta", "delta": "Hel", "text": "Hel"},
+        {"kind": "delta", "delta": "lo", "text": "Hello"},
+    ]
+
+
+def test_closing_the_deltas_waits_for_a_progress_being_sent():
+    async def scenario():
+        events: list[str] = []
+        release = asyncio.Event()
+
+        async def slow_send(data: dict[str, Any]) -> None:
+            events.append("send started")
+            await release.wait()
+            events.append("send done")
+
+        deltas = CoalescedDeltas(slow_send)
+        await deltas.add({"delta": "a", "text": "a"})
+        while not events:
+            await asyncio.sleep(0.001)
+        closing = asyncio.ensure_future(deltas.close())
+        await asyncio.sleep(PROGRESS_COALESCE_S * 2)
+        closed_before_release = closing.done()
+        release.set()
+        await closing
+        events.append("closed")
+        return closed_before_release, events
+
+    closed_before_release, events = asyncio.run(scenario())
+    assert not closed_before_release
+    assert events == ["send started", "send done", "closed"]
+
+
+def test_a_failed_progress_send_is_logged_and_does_not_fail_the_turn(caplog):
+    async def scenario():
+        async def broken_send(data: dict[str, Any]) -> None:
+            raise RuntimeError("socket gone")
+
+        deltas = CoalescedDeltas(broken_send)
+        await deltas.add({"delta": "a", "text": "a"})
+        await asyncio.sleep(PROGRESS_COALESCE_S * 4)
+        await deltas.close()
+
+    asyncio.run(scenario())
+    assert "a turn's progress could not be sent" in caplog.text
 
 
 def test_the_child_runs_the_bundle_s_code_in_the_workspace_without_the_node_s_secrets(tmp_path, server, monkeypatch):

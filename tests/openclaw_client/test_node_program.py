@@ -196,7 +196,7 @@ def test_the_node_program_runs_the_worker_commands_over_a_real_connection(tmp_pa
             "bundleHash": digest,
             "model": "mock-model",
             "messages": [{"role": "user", "content": "hi"}],
-            "inference": {"path": "/v1/ok", "token": TOKEN},
+            "inference": {"path": "/v1/paced", "token": TOKEN},
             "timeoutMs": 30_000,
         }
         answers["launch"] = await gateway.invoke("worker.launch.v1", launch)

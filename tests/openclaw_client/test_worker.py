@@ -31,6 +31,8 @@ def chunk(content: str | None = None, finish: str | None = None, **extra) -> str
     return f"data: {json.dumps(body)}\n\n"
 
 
+# Longer than the node host's progress window (PROGRESS_COALESCE_S), so each delta leaves on its own.
+PACED_PAUSE_S = 0.05
 OK_STREAM = [
     chunk("Hel"),
     chunk("lo"),
@@ -109,6 +111,8 @@ def _handler(state: InferenceServer) -> type[BaseHTTPRequestHandler]:
             }.get(script)
             if script == "stall":
                 return self._stall()
+            if script == "paced":  # OK_STREAM with a pause before each event, as a model's tokens come
+                return self._stream(OK_STREAM, pause=PACED_PAUSE_S)
             self._stream(events or [])
 
         def _json(self, status: int, body: dict) -> None:
@@ -127,9 +131,10 @@ def _handler(state: InferenceServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Connection", "close")
             self.end_headers()
 
-        def _stream(self, events: list[str]) -> None:
+        def _stream(self, events: list[str], pause: float = 0.0) -> None:
             self._start_stream()
             for event in events:
+                time.sleep(pause)
                 self.wfile.write(event.encode())
                 self.wfile.flush()
             self.close_connection = True

@@ -260,6 +260,9 @@ class NodeTurn:
             return self._error("device worker returned an invalid result", "unknown")
         status = result.get("status")
         text = result.get("text") if isinstance(result.get("text"), str) else self.text
+        if status in ("ok", "aborted"):
+            # What the node did not report as progress (it coalesces; a short reply comes whole here).
+            self._emit({"kind": "delta", "text": text})
         if status == "ok":
             usage = result.get("usage")
             return TurnOutcome(
