@@ -76,18 +76,14 @@ class InvokeTarget:
     conn_id: str
     commands: list[str]
 
-    @classmethod
-    def of_route(cls, channel_name: str | None, conn_id: Any, commands: list[str] | None) -> InvokeTarget | None:
-        """From :data:`selectors.NODE_ROUTE_FIELDS` values (all None: the node has no live connection)."""
-        if channel_name is None or conn_id is None:
-            return None
-        return cls(channel_name=channel_name, conn_id=str(conn_id), commands=list(commands or []))
-
 
 def invoke_target(node_id: str) -> InvokeTarget | None:
     """Where an invoke for the node goes now: its live connection, if it has one."""
     route = selectors.live_node_route(node_id)
-    return None if route is None else InvokeTarget.of_route(*route)
+    if route is None:
+        return None
+    channel_name, conn_id, commands = route
+    return InvokeTarget(channel_name=channel_name, conn_id=str(conn_id), commands=list(commands or []))
 
 
 def failure_message(invoke_id: str, code: str, message: str) -> dict[str, Any]:

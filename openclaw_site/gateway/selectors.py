@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import OuterRef, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from . import counters
@@ -57,19 +57,11 @@ def live_node_connection(node_id: str) -> GatewayConnection | None:
     return live_connections().filter(role=ROLE_NODE, node_id=node_id).first()
 
 
-NODE_ROUTE_FIELDS = ("channel_name", "conn_id", "commands")
-
-
-def live_node_routes(node_id: str | OuterRef) -> QuerySet[GatewayConnection]:
-    """The node's live connection, first one first (``node_id`` may be an ``OuterRef``, for callers that
-    fold this lookup into their own query as :data:`NODE_ROUTE_FIELDS` subqueries)."""
-    return live_connections().filter(role=ROLE_NODE, node_id=node_id).order_by("pk")
-
-
 def live_node_route(node_id: str) -> tuple[str, str, list[str]] | None:
     """``(channel_name, conn_id, commands)`` of the node's live connection: what an invoke needs, as
     values (it is looked up on every invoke and every node turn; building the instance cost more)."""
-    return live_node_routes(node_id).values_list(*NODE_ROUTE_FIELDS).first()
+    row = live_connections().filter(role=ROLE_NODE, node_id=node_id).values_list("channel_name", "conn_id", "commands")
+    return row.first()
 
 
 def live_processes() -> QuerySet[GatewayProcess]:

@@ -22,12 +22,11 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import QuerySet, Subquery
 
 from openclaw_site.gateway import publisher
 from openclaw_site.gateway.background import executor_label
-from openclaw_site.gateway.invoke import InvokeTarget, invoke_private
-from openclaw_site.gateway.selectors import NODE_ROUTE_FIELDS, live_node_routes
+from openclaw_site.gateway.invoke import InvokeTarget, invoke_private, invoke_target
 from sessions_app import turns as gateway_turns
 from sessions_app.events import TurnEmitter
 from sessions_app.model_providers import default_model, get_model_provider
@@ -60,50 +59,34 @@ def placed_node(session_pk: int) -> tuple[str, WorkerEnvironment] | None:
     return _node_of(Placement.objects.filter(pk=session_pk, state=PlacementState.ACTIVE))
 
 
-def _environments_of(active_placement: QuerySet[Placement]) -> QuerySet[WorkerEnvironment]:
+def _node_of(active_placement: QuerySet[Placement]) -> tuple[str, WorkerEnvironment] | None:
     environment_id = active_placement.values("environment_id")[:1]
     # Only what a turn uses: the environment's row is wide (its profile snapshot), read on every turn.
-    return WorkerEnvironment.objects.filter(pk=Subquery(environment_id)).only(
-        "environment_id", "node_device_id", "lease_id", "attached_session_ids", "bootstrap_bundle_hash"
+    environment = (
+        WorkerEnvironment.objects.filter(pk=Subquery(environment_id))
+        .only("environment_id", "node_device_id", "lease_id", "attached_session_ids", "bootstrap_bundle_hash")
+        .first()
     )
-
-
-def _node_of(active_placement: QuerySet[Placement]) -> tuple[str, WorkerEnvironment] | None:
-    environment = _environments_of(active_placement).first()
     if environment is None or not environment.node_device_id:
         return None
     return environment.node_device_id, environment
 
 
-def _node_and_route_of(run_id: str) -> tuple[str, WorkerEnvironment, InvokeTarget | None] | None:
-    """The run's node, environment and the node's live connection (None: offline), in one query: a
-    node turn starts with it, and each round trip is on the turn's path."""
-    routes = live_node_routes(OuterRef("node_device_id"))
-    environment = (
-        _environments_of(Placement.objects.filter(session__runs__run_id=run_id, state=PlacementState.ACTIVE))
-        .annotate(**{f"route_{field}": Subquery(routes.values(field)[:1]) for field in NODE_ROUTE_FIELDS})
-        .first()
-    )
-    if environment is None or not environment.node_device_id:
-        return None
-    route = [getattr(environment, f"route_{field}") for field in NODE_ROUTE_FIELDS]
-    return environment.node_device_id, environment, InvokeTarget.of_route(*route)
-
-
 def execute_worker_turn(run_id: str) -> str | None:
     """Run the turn on the session's node (or here, if the session came back meanwhile)."""
-    placed = _node_and_route_of(run_id)
+    placed = _node_of(Placement.objects.filter(session__runs__run_id=run_id, state=PlacementState.ACTIVE))
     if placed is None:
         return gateway_turns.execute_turn(run_id)
     claim = runs.run_claim(run_id=run_id, executor=executor_label())
     if claim is None:
         return None
-    node_id, environment, target = placed
+    node_id, environment = placed
     run, session = claim.run, claim.session
     emitter = TurnEmitter(run, session)
     emitter.start(int(run.started_at.timestamp() * 1000))
     model = session.model or default_model()
     provider_name = _provider_name()
+    target = invoke_target(node_id)
     if target is None:
         outcome = _offline(provider_name, model)
     else:
