@@ -83,11 +83,11 @@ def execute_worker_turn(run_id: str) -> str | None:
     node_id, environment = placed
     run, session = claim.run, claim.session
     emitter = TurnEmitter(run, session)
-    emitter.start(int(run.started_at.timestamp() * 1000))
     model = session.model or default_model()
     provider_name = _provider_name()
     target = invoke_target(node_id)
     if target is None:
+        emitter.start(int(run.started_at.timestamp() * 1000))
         outcome = _offline(provider_name, model)
     else:
         outcome = NodeTurn(run, target, node_id, environment, claim.history, model, provider_name, emitter).run()
@@ -191,6 +191,8 @@ class NodeTurn:
 
     def run(self) -> TurnOutcome | None:
         future = publisher.submit(self._launch)
+        # After the launch: its publication would otherwise be ahead of the launch on the loop.
+        self.emitter.start(int(self.record.started_at.timestamp() * 1000))
         # Progress and the launch's end arrive on one queue: this thread wakes for each, not on a timer.
         future.add_done_callback(lambda _done: self.progress.put(LAUNCH_ENDED))
         beat_at = self.abort_checked_at = time.monotonic()
