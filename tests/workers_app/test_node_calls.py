@@ -7,13 +7,17 @@ for the pool's timeout (``couldn't get a connection after 10.00 sec``).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from openclaw_site.gateway.models import PairedDevice
+from sessions_app.models import Run
 from workers_app import node_calls
+from workers_app.services.worker_turns import NodeTurn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,3 +71,37 @@ def test_a_transaction_keeps_its_connection_while_it_waits():
 
 async def _answer_at_once() -> str:
     return "answer"
+
+
+class _Emitter:
+    def start(self, started_at_ms: int) -> None:
+        pass
+
+    def delta(self, delta: str, text: str) -> None:
+        pass
+
+
+class _TurnOnANode(NodeTurn):
+    """A node turn whose launch answers after ``launch_s`` (the node's part is not under test here)."""
+
+    def __init__(self, launch_s: float):
+        run = Run(run_id="run-1", started_at=timezone.now())
+        super().__init__(run, None, "node-1", None, [], "model", "provider", _Emitter())
+        self.launch_s = launch_s
+
+    async def _launch(self):
+        await asyncio.sleep(self.launch_s)
+        return {"status": "ok", "text": "done"}
+
+
+@pytest.mark.parametrize(("launch_s", "still_held"), [(0.0, True), (0.3, False)])
+def test_a_node_turn_gives_its_connection_back_once_it_waits_and_a_short_one_keeps_it(launch_s, still_held):
+    def work() -> tuple[str, bool]:
+        PairedDevice.objects.exists()
+        outcome = _TurnOnANode(launch_s).run()
+        return outcome.status, connection.connection is not None
+
+    status, held = in_a_thread(work)
+
+    assert status == "ok"
+    assert held is still_held

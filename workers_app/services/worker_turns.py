@@ -197,12 +197,17 @@ class NodeTurn:
         future.add_done_callback(lambda _done: self.progress.put(LAUNCH_ENDED))
         beat_at = self.abort_checked_at = time.monotonic()
         lost = False
-        release_database_connections()  # a turn waits on its node far longer than it uses the database
+        # A turn that waits on its node gives its database connection back (a short one ends first and
+        # keeps it for recording its end, sparing the pool a checkout on its path).
+        holds_connection = True
         while True:
             try:
                 item = self.progress.get(timeout=POLL_INTERVAL_S)
             except queue.Empty:
                 item = None
+                if holds_connection:
+                    release_database_connections()
+                    holds_connection = False
             if item is LAUNCH_ENDED:
                 break
             if item is not None:
