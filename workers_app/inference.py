@@ -33,10 +33,9 @@ from sessions_app.model_providers import (
     default_model,
     get_model_provider,
 )
-from sessions_app.models import Run, RunStatus
 from sessions_app.services.runs import abort_requested
 
-from .models import PlacementState, WorkerEnvironment
+from .turn_lookups import GrantedRun, granted_run
 
 logger = logging.getLogger(__name__)
 
@@ -71,34 +70,10 @@ def grant_for(token: str) -> InferenceGrant | None:
     return InferenceGrant(run_id=value["r"], node_id=value["n"])
 
 
-@dataclass(frozen=True)
-class GrantedRun:
-    """What the model call needs of the grant's run: its abort flag's key parts and the session's model."""
-
-    run: Run  # run_id and started_at only (enough for its abort flag)
-    session_model: str
-
-
 def running_run(grant: InferenceGrant) -> GrantedRun | None:
-    """The grant's run, while it is running on an active placement on the grant's node.
-
-    One query, of values rather than model instances: every token of a node-placed turn waits for it,
-    and building the run and session instances cost more than the query itself."""
-    on_grants_node = WorkerEnvironment.objects.filter(node_device_id=grant.node_id).values("pk")
-    row = (
-        Run.objects.filter(
-            run_id=grant.run_id,
-            status=RunStatus.RUNNING,
-            session__placement__state=PlacementState.ACTIVE,
-            session__placement__environment_id__in=on_grants_node,
-        )
-        .values_list("started_at", "session__model")
-        .first()
-    )
-    if row is None:
-        return None
-    started_at, session_model = row
-    return GrantedRun(run=Run(run_id=grant.run_id, started_at=started_at), session_model=session_model)
+    """The grant's run, while it is running on an active placement on the grant's node (one query:
+    every token of a node-placed turn waits for it)."""
+    return granted_run(grant.run_id, grant.node_id)
 
 
 def _sse(payload: dict[str, Any] | str) -> bytes:

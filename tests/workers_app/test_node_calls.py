@@ -18,6 +18,7 @@ from openclaw_site.gateway.models import PairedDevice
 from sessions_app.models import Run
 from workers_app import node_calls
 from workers_app.services.worker_turns import NodeTurn
+from workers_app.turn_lookups import NodeTurnPlace
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,7 +87,8 @@ class _TurnOnANode(NodeTurn):
 
     def __init__(self, launch_s: float):
         run = Run(run_id="run-1", started_at=timezone.now())
-        super().__init__(run, None, "node-1", None, [], "model", "provider", _Emitter())
+        place = NodeTurnPlace("node-1", "env-1", "lease-1", "session-1", "hash", route=None)
+        super().__init__(run, None, place, [], "model", "provider", _Emitter())
         self.launch_s = launch_s
 
     async def _launch(self):

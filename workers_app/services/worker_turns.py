@@ -26,7 +26,7 @@ from django.db.models import QuerySet, Subquery
 
 from openclaw_site.gateway import publisher
 from openclaw_site.gateway.background import executor_label
-from openclaw_site.gateway.invoke import InvokeTarget, invoke_private, invoke_target
+from openclaw_site.gateway.invoke import InvokeTarget, invoke_private
 from sessions_app import turns as gateway_turns
 from sessions_app.events import TurnEmitter
 from sessions_app.model_providers import default_model, get_model_provider
@@ -38,6 +38,7 @@ from sessions_app.turns import ABORT_POLL_INTERVAL_S
 from ..inference import INFERENCE_PATH, inference_token
 from ..models import Placement, PlacementState, WorkerEnvironment
 from ..node_calls import PROTOCOL_VERSION, NodeCommandFailed, release_database_connections
+from ..turn_lookups import NodeTurnPlace, node_turn_place
 
 logger = logging.getLogger(__name__)
 
@@ -74,23 +75,22 @@ def _node_of(active_placement: QuerySet[Placement]) -> tuple[str, WorkerEnvironm
 
 def execute_worker_turn(run_id: str) -> str | None:
     """Run the turn on the session's node (or here, if the session came back meanwhile)."""
-    placed = _node_of(Placement.objects.filter(session__runs__run_id=run_id, state=PlacementState.ACTIVE))
-    if placed is None:
+    place = node_turn_place(run_id)  # with the node's connection: one query on the turn's path, not two
+    if place is None:
         return gateway_turns.execute_turn(run_id)
     claim = runs.run_claim(run_id=run_id, executor=executor_label())
     if claim is None:
         return None
-    node_id, environment = placed
     run, session = claim.run, claim.session
     emitter = TurnEmitter(run, session)
     model = session.model or default_model()
     provider_name = _provider_name()
-    target = invoke_target(node_id)
-    if target is None:
+    if place.route is None:
         emitter.start(int(run.started_at.timestamp() * 1000))
         outcome = _offline(provider_name, model)
     else:
-        outcome = NodeTurn(run, target, node_id, environment, claim.history, model, provider_name, emitter).run()
+        target = InvokeTarget(place.route.channel_name, place.route.conn_id, place.route.commands)
+        outcome = NodeTurn(run, target, place, claim.history, model, provider_name, emitter).run()
         if outcome is None:
             return None  # swept as dead meanwhile; its outcome is already recorded
     finished = runs.run_finish(run_id=run_id, outcome=outcome, emitter=emitter)
@@ -121,8 +121,7 @@ class NodeTurn:
         self,
         run: Run,
         target: InvokeTarget,
-        node_id: str,
-        environment: WorkerEnvironment,
+        place: NodeTurnPlace,
         history: list[tuple[str, str]],
         model: str,
         provider_name: str,
@@ -131,8 +130,8 @@ class NodeTurn:
         self.record = run
         self.run_id = run.run_id
         self.target = target
-        self.node_id = node_id
-        self.environment = environment
+        self.node_id = place.node_id
+        self.place = place
         self.history = history
         self.model = model
         self.provider_name = provider_name
@@ -145,11 +144,11 @@ class NodeTurn:
     def launch_params(self) -> dict[str, Any]:
         return {
             "version": PROTOCOL_VERSION,
-            "environmentId": self.environment.pk,
-            "leaseId": self.environment.lease_id,
-            "sessionId": self.environment.attached_session_ids[0] if self.environment.attached_session_ids else "",
+            "environmentId": self.place.environment_id,
+            "leaseId": self.place.lease_id,
+            "sessionId": self.place.session_id,
             "runId": self.run_id,
-            "bundleHash": self.environment.bootstrap_bundle_hash,
+            "bundleHash": self.place.bundle_hash,
             "model": self.model,
             "messages": [{"role": role, "content": text} for role, text in self.history],
             "inference": {"path": INFERENCE_PATH, "token": inference_token(self.run_id, self.node_id)},
