@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "sessions_app",
     "native_harness",
     "workers_app",
+    "operator_ui",
 ]
 
 MIDDLEWARE = [
@@ -296,6 +297,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
+LOGIN_URL = "ui:login"
+LOGIN_REDIRECT_URL = "ui:sessions"
 STATIC_URL = "static/"
 STATIC_ROOT = STATE_DIR / "static"
 # Served from the apps' static folders (no collectstatic step): the admin's, ninja's and ours.

@@ -262,6 +262,11 @@ def chat_history(session: Session, *, limit: int = 200) -> dict:
     }
 
 
+def recent_runs(session: Session, *, limit: int = 20) -> list[Run]:
+    """The session's newest turns, newest first (one indexed query; the long text columns left out)."""
+    return list(Run.objects.filter(session=session).defer("message", "output_text").order_by("-created_at")[:limit])
+
+
 def run_get(run_id: str) -> Run | None:
     return Run.objects.filter(run_id=run_id).first()
 

@@ -1,0 +1,17 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+from django.views.generic import RedirectView
+
+from . import views
+
+app_name = "ui"
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="ui:sessions", permanent=False)),
+    path("login/", auth_views.LoginView.as_view(template_name="operator_ui/login.html"), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(next_page="ui:login"), name="logout"),
+    path("sessions/", views.sessions_list, name="sessions"),
+    path("sessions/new", views.session_new, name="session-new"),
+    path("sessions/<path:key>/send", views.session_send, name="session-send"),
+    path("sessions/<path:key>/", views.session_detail, name="session"),
+]

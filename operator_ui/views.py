@@ -1,0 +1,140 @@
+"""Pages of the operators' console. Reads go through the apps' selectors, writes through the same
+services the gateway's RPC methods call, with the same schemas bounding the input first; a refusal
+shows the service's own error message and changes nothing."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+from pydantic import ValidationError
+
+from openclaw_site.gateway.exceptions import GatewayError
+from openclaw_site.gateway.protocol import error_path, validation_message
+from sessions_app import keys
+from sessions_app import selectors as session_selectors
+from sessions_app.schemas import ChatSendParams, SessionsCreateParams
+from sessions_app.services import creation, runs
+from workers_app import selectors as worker_selectors
+
+PAGE_SIZE = 50
+ARCHIVED_CHOICES = {"no": False, "yes": True, "all": "all"}
+
+
+@require_GET
+@login_required(login_url="ui:login")
+def sessions_list(request: HttpRequest) -> HttpResponse:
+    search = request.GET.get("q", "").strip()[:200]
+    archived_choice = request.GET.get("archived", "no")
+    archived = ARCHIVED_CHOICES.get(archived_choice, False)
+    page = _page_number(request.GET.get("page"))
+    sessions, has_more = session_selectors.sessions_page(
+        limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE, search=search or None, archived=archived
+    )
+    placements = worker_selectors.placement_fields(sessions)
+    rows = [{"session": session, "placement": placements.get(session.key, {}).get("placement")} for session in sessions]
+    return render(
+        request,
+        "operator_ui/sessions.html",
+        {
+            "rows": rows,
+            "search": search,
+            "archived": archived_choice if archived_choice in ARCHIVED_CHOICES else "no",
+            "page": page,
+            "has_more": has_more,
+            "nav": "sessions",
+        },
+    )
+
+
+@require_GET
+@login_required(login_url="ui:login")
+def session_detail(request: HttpRequest, key: str) -> HttpResponse:
+    session = session_selectors.session_get(_canonical(key))
+    if session is None:
+        raise Http404("no such session")
+    placement = worker_selectors.placement_for(session)
+    environment = worker_selectors.environment_for(placement)
+    recent = session_selectors.recent_runs(session, limit=20)
+    return render(
+        request,
+        "operator_ui/session.html",
+        {
+            "session": session,
+            "history": session_selectors.chat_history(session, limit=200),
+            "runs": [{"run": run, "duration_ms": _duration_ms(run)} for run in recent],
+            # One form, one turn: a resubmitted form (reload, double click) repeats this key.
+            "idempotency_key": str(uuid.uuid4()),
+            "placement": (
+                worker_selectors.placement_projection(placement, environment) if placement is not None else None
+            ),
+        },
+    )
+
+
+@require_POST
+@login_required(login_url="ui:login")
+def session_new(request: HttpRequest) -> HttpResponse:
+    fields: dict[str, Any] = {"idempotencyKey": str(uuid.uuid4())}
+    for name in ("key", "label"):
+        value = request.POST.get(name, "").strip()
+        if value:
+            fields[name] = value
+    try:
+        created = creation.session_create_requested(request=SessionsCreateParams.model_validate(fields))
+    except (ValidationError, GatewayError) as refused:
+        messages.error(request, _refusal(refused))
+        return redirect("ui:sessions")
+    return redirect(reverse("ui:session", kwargs={"key": created.session.key}))
+
+
+@require_POST
+@login_required(login_url="ui:login")
+def session_send(request: HttpRequest, key: str) -> HttpResponse:
+    canonical = _canonical(key)
+    try:
+        params = ChatSendParams.model_validate(
+            {
+                "sessionKey": canonical,
+                "message": request.POST.get("message", ""),
+                "idempotencyKey": request.POST.get("idempotencyKey") or str(uuid.uuid4()),
+            }
+        )
+        runs.chat_send(session_key=params.sessionKey, message=params.message, idempotency_key=params.idempotencyKey)
+    except (ValidationError, GatewayError) as refused:
+        messages.error(request, _refusal(refused))
+    return redirect(reverse("ui:session", kwargs={"key": canonical}))
+
+
+def _canonical(key: str) -> str:
+    try:
+        return keys.canonical_key(key, None)
+    except GatewayError:
+        raise Http404("no such session") from None
+
+
+def _duration_ms(run) -> int | None:
+    if run.started_at is None or run.ended_at is None:
+        return None
+    return int((run.ended_at - run.started_at).total_seconds() * 1000)
+
+
+def _page_number(raw: str | None) -> int:
+    try:
+        return min(max(int(raw or 1), 1), 10_000)
+    except ValueError:
+        return 1
+
+
+def _refusal(refused: ValidationError | GatewayError) -> str:
+    if isinstance(refused, GatewayError):
+        return refused.message
+    return "; ".join(
+        f"{error_path(tuple(item.get('loc', ())))}: {validation_message(item)}" for item in refused.errors()
+    )
