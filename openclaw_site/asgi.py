@@ -6,10 +6,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "openclaw_site.settings")
 # Populate the app registry before anything imports models.
 django_asgi_app = get_asgi_application()
 
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from openclaw_site.gateway.consumers import GatewayConsumer  # noqa: E402
+from operator_ui.consumers import ConsoleConsumer  # noqa: E402
+from operator_ui.origins import SameOriginOnly  # noqa: E402
 from workers_app.inference import INFERENCE_PATH  # noqa: E402
 from workers_app.inference_http import inference_app  # noqa: E402
 
@@ -24,9 +27,11 @@ async def http_application(scope, receive, send):
 websocket_urlpatterns = [
     re_path(r"^/?$", GatewayConsumer.as_asgi()),
     re_path(r"^/?ws/?$", GatewayConsumer.as_asgi()),
+    # The console's live updates: a logged-in Django user (session cookie) of the console's own origin.
+    re_path(r"^/?ui/live/?$", SameOriginOnly(AuthMiddlewareStack(ConsoleConsumer.as_asgi()))),
 ]
 
-# No origin validator or session auth on the socket: the gateway protocol authenticates inside
+# No origin validator or session auth on the gateway's socket: the gateway protocol authenticates inside
 # the `connect` request (shared secret, device token, device signature), as OpenClaw does.
 application = ProtocolTypeRouter(
     {

@@ -1,0 +1,72 @@
+// Live updates for the console's pages: the server pushes session events over /ui/live/; the page
+// swaps in the parts that changed (fetched once per event burst, never on a timer).
+(function () {
+  "use strict";
+  var body = document.body;
+  var sessionKey = body.dataset.sessionKey || null;
+  var liveRegions = Array.prototype.slice.call(document.querySelectorAll("[data-live-region]"));
+  if (!sessionKey && liveRegions.length === 0) return;
+
+  var refreshTimer = null;
+  function refreshRegions() {
+    // Several events in a burst (a turn's end, its session change) cost one fetch.
+    if (refreshTimer) return;
+    refreshTimer = setTimeout(function () {
+      refreshTimer = null;
+      fetch(window.location.href, { credentials: "same-origin", headers: { "X-Requested-With": "console" } })
+        .then(function (response) { return response.ok ? response.text() : null; })
+        .then(function (html) {
+          if (!html) return;
+          var fresh = new DOMParser().parseFromString(html, "text/html");
+          liveRegions.forEach(function (region) {
+            var replacement = fresh.querySelector('[data-live-region="' + region.dataset.liveRegion + '"]');
+            if (replacement) region.innerHTML = replacement.innerHTML;
+          });
+          var streaming = document.getElementById("streaming-reply");
+          if (streaming && body.dataset.streamingRun === "") streaming.hidden = true;
+        })
+        .catch(function () {});
+    }, 150);
+  }
+
+  function showDelta(payload) {
+    var streaming = document.getElementById("streaming-reply");
+    if (!streaming) return;
+    var parts = (payload.message && payload.message.content) || [];
+    var text = parts.map(function (part) { return part.type === "text" ? part.text : ""; }).join("");
+    streaming.querySelector(".text").textContent = text;
+    streaming.hidden = false;
+    body.dataset.streamingRun = payload.runId;
+  }
+
+  function onEvent(frame) {
+    var payload = frame.payload || {};
+    if (frame.event === "chat") {
+      if (payload.sessionKey !== sessionKey) return;
+      if (payload.state === "delta") {
+        showDelta(payload);
+      } else {
+        body.dataset.streamingRun = "";
+        refreshRegions();
+      }
+    } else if (frame.event === "sessions.changed") {
+      if (!sessionKey || payload.sessionKey === sessionKey) refreshRegions();
+    }
+  }
+
+  var backoffMs = 500;
+  function connect() {
+    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+    var socket = new WebSocket(scheme + window.location.host + "/ui/live/");
+    socket.onopen = function () { backoffMs = 500; };
+    socket.onmessage = function (message) {
+      try { onEvent(JSON.parse(message.data)); } catch (error) { /* a frame we do not understand */ }
+    };
+    socket.onclose = function () {
+      // Reconnect after a restart of the gateway; what changed meanwhile comes with one refresh.
+      setTimeout(function () { connect(); refreshRegions(); }, backoffMs);
+      backoffMs = Math.min(backoffMs * 2, 10000);
+    };
+  }
+  connect();
+})();
