@@ -9,12 +9,12 @@ changes nothing and gets the exact "changed" error. Every successful change appe
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
+from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import Conflict, InvalidRequest
 from openclaw_site.gateway.redaction import redact_secrets
 from sessions_app.models import Session
@@ -62,13 +62,8 @@ def bounded_worker_error(text: str) -> str:
     return kept.decode("utf-16-le", errors="ignore")
 
 
-@dataclass(frozen=True)
-class Actor:
-    """Who changed a placement, as the history shows it (a connection, an operator, the sweep)."""
-
-    label: str = "gateway"
-
-
+# Who changed a placement, as the history shows it (a connection, an operator, the sweep); the
+# gateway's actor, so that a recovery action's audit row names the Django user who took it.
 SYSTEM = Actor("gateway")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from openclaw_site.gateway.audit import audit
 from openclaw_site.gateway.exceptions import InvalidRequest, NotFound, Unavailable
 from sessions_app.models import Session
 
@@ -19,7 +20,26 @@ PROVISIONING_CANCELED = "Cloud worker provisioning canceled"
 
 def reclaim(*, session: Session, recover_to_gateway_generation: int | None = None, actor: Actor) -> Placement:
     """Stop a session's cloud worker: active → reclaimed (final reconcile, teardown); failed → local once
-    its environment's teardown is done; a dispatch still requested/provisioning is canceled → local."""
+    its environment's teardown is done; a dispatch still requested/provisioning is canceled → local.
+    Audited with the placement's state and generation before and after."""
+    before = Placement.objects.filter(pk=session.pk).values_list("state", "generation").first()
+    placement = _reclaim(session, recover_to_gateway_generation, actor)
+    action = "placement.reclaim" if recover_to_gateway_generation is None else "placement.recover_to_gateway"
+    audit(
+        actor,
+        action,
+        "session",
+        session.key,
+        {
+            "before": f"{before[0]}@{before[1]}" if before else "local",
+            "after": f"{placement.state}@{placement.generation}",
+            "environmentId": placement.environment_id,
+        },
+    )
+    return placement
+
+
+def _reclaim(session: Session, recover_to_gateway_generation: int | None, actor: Actor) -> Placement:
     placement = Placement.objects.filter(pk=session.pk).first()
     state = placement.state if placement is not None else "local"
     if recover_to_gateway_generation is not None:
@@ -95,4 +115,9 @@ def environment_destroy(*, environment_id: str, force: bool, actor: Actor) -> Wo
     errors = teardown_environment(environment_id, terminal_state="destroyed")
     if errors:
         raise Unavailable(f"Worker environment teardown failed: {'; '.join(errors)}", retryable=True)
-    return WorkerEnvironment.objects.get(pk=environment_id)
+    destroyed = WorkerEnvironment.objects.get(pk=environment_id)
+    data = {"before": environment.state, "after": destroyed.state, "force": force}
+    if owners:
+        data["abandonedSessions"] = sorted(sessions[owner.pk].key for owner in owners)
+    audit(actor, "environment.destroy", "environment", environment_id, data)
+    return destroyed
