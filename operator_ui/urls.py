@@ -14,4 +14,11 @@ urlpatterns = [
     path("sessions/new", views.session_new, name="session-new"),
     path("sessions/<path:key>/send", views.session_send, name="session-send"),
     path("sessions/<path:key>/", views.session_detail, name="session"),
+    path("nodes/", views.nodes, name="nodes"),
+    path(
+        "nodes/requests/<str:request_id>/<str:decision>",
+        views.node_request_decide,
+        name="node-request",
+    ),
+    path("nodes/<str:node_id>/remove", views.node_remove, name="node-remove"),
 ]

@@ -15,8 +15,12 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from pydantic import ValidationError
 
+from openclaw_site.gateway import scopes
+from openclaw_site.gateway import selectors as gateway_selectors
+from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import GatewayError
 from openclaw_site.gateway.protocol import error_path, validation_message
+from openclaw_site.gateway.services import pairing
 from sessions_app import keys
 from sessions_app import selectors as session_selectors
 from sessions_app.schemas import ChatSendParams, SessionsCreateParams
@@ -138,3 +142,59 @@ def _refusal(refused: ValidationError | GatewayError) -> str:
     return "; ".join(
         f"{error_path(tuple(item.get('loc', ())))}: {validation_message(item)}" for item in refused.errors()
     )
+
+
+# --- nodes ---------------------------------------------------------------------------------------
+
+
+@require_GET
+@login_required(login_url="ui:login")
+def nodes(request: HttpRequest) -> HttpResponse:
+    catalog = gateway_selectors.node_catalog(include_pending=True)
+    return render(
+        request,
+        "operator_ui/nodes.html",
+        {
+            "nodes": [node for node in catalog if node.get("paired") or node.get("connected")],
+            "pending": gateway_selectors.node_pair_list()["pending"],
+            "nav": "nodes",
+        },
+    )
+
+
+@require_POST
+@login_required(login_url="ui:login")
+def node_request_decide(request: HttpRequest, request_id: str, decision: str) -> HttpResponse:
+    if decision not in ("approve", "reject"):
+        raise Http404("no such decision")
+    actor = Actor.for_user(request.user)
+    try:
+        if decision == "approve":
+            device = pairing.pairing_request_approve(request_id=request_id, actor=actor, role=scopes.ROLE_NODE)
+            messages.success(request, f"Approved node {device.device_id}.")
+        else:
+            rejected = pairing.pairing_request_reject(request_id=request_id, actor=actor, role=scopes.ROLE_NODE)
+            messages.success(request, f"Rejected the pairing request of node {rejected.device_id}.")
+    except GatewayError as refused:
+        messages.error(request, _refusal(refused))
+    return redirect("ui:nodes")
+
+
+@login_required(login_url="ui:login")
+def node_remove(request: HttpRequest, node_id: str) -> HttpResponse:
+    """GET asks for confirmation (removing a node fails the sessions placed on it); POST removes it."""
+    if request.method == "POST":
+        try:
+            pairing.node_pair_remove(node_id=node_id, actor=Actor.for_user(request.user))
+            messages.success(request, f"Removed node {node_id}.")
+        except GatewayError as refused:
+            messages.error(request, _refusal(refused))
+        return redirect("ui:nodes")
+    if request.method != "GET":
+        return HttpResponse(status=405, headers={"Allow": "GET, POST"})
+    # Not the memoized catalog: the confirmation must show the node as it is now.
+    catalog = gateway_selectors.node_catalog(include_pending=False)
+    node = next((entry for entry in catalog if entry["nodeId"] == node_id), None)
+    if node is None or not node.get("paired"):
+        raise Http404("no such paired node")
+    return render(request, "operator_ui/node_remove.html", {"node": node, "nav": "nodes"})

@@ -151,9 +151,7 @@ def node_pair_reject_rpc(ctx: RpcContext, params: RequestIdParams) -> dict:
 
 @method("node.pair.remove", params=NodeIdParams, scope=sc.PAIRING)
 def node_pair_remove_rpc(ctx: RpcContext, params: NodeIdParams) -> dict:
-    pairing.node_remove(node_id=params.nodeId, actor=ctx.actor())
-    for hook in registry.node_removal_hooks:
-        hook(params.nodeId)
+    pairing.node_pair_remove(node_id=params.nodeId, actor=ctx.actor())
     return {"nodeId": params.nodeId}
 
 

@@ -16,6 +16,7 @@ from ..auth import derive_device_id
 from ..conf import gateway_setting
 from ..exceptions import InvalidRequest, NotFound, PermissionDenied
 from ..models import DevicePairingRequest, DeviceToken, GatewayConnection, PairedDevice, PairingStatus
+from ..registry import registry
 from ..selectors import EXEC_COMMANDS, node_catalog_changed, node_pairing_request_shape, now_ms, pairing_request_shape
 from . import connections, tokens
 
@@ -268,6 +269,14 @@ def node_remove(*, node_id: str, actor: Actor) -> None:
             events.EVENT_NODE_PAIR_RESOLVED,
             {"requestId": "", "nodeId": node_id, "decision": "removed", "ts": now_ms()},
         )
+
+
+def node_pair_remove(*, node_id: str, actor: Actor) -> None:
+    """``node.pair.remove`` (the RPC, the console): the role withdrawn, then every app's cleanup of what
+    ran on the node (workers_app waits for its environments and placements) before this returns."""
+    node_remove(node_id=node_id, actor=actor)
+    for hook in registry.node_removal_hooks:
+        hook(node_id)
 
 
 def node_enroll(

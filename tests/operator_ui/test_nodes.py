@@ -1,0 +1,113 @@
+"""The console's nodes page: pending node pairings approved or rejected, paired nodes removed after a
+confirmation, each through the pairing services (audited as the logged-in user, refusals shown)."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.messages import get_messages
+from django.urls import reverse
+
+from openclaw_site.gateway.audit import Actor
+from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, PairedDevice
+from openclaw_site.gateway.services import pairing
+from tests.gateway.test_services_pairing import claim
+
+pytestmark = pytest.mark.django_db
+
+NODE = "e" * 64
+
+
+@pytest.fixture
+def operator_client(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user(username="ops", password="a-long-enough-password"))
+    return client
+
+
+def pending_request(node_id: str = NODE, **extra) -> DevicePairingRequest:
+    request, _created = pairing.pairing_request_ensure(claim=claim(node_id, display_name="build-box", **extra))
+    return request
+
+
+def decide(client, request: DevicePairingRequest, decision: str):
+    url = reverse("ui:node-request", kwargs={"request_id": str(request.request_id), "decision": decision})
+    return client.post(url, follow=True)
+
+
+def messages_of(response) -> list[str]:
+    return [message.message for message in get_messages(response.wsgi_request)]
+
+
+def test_the_nodes_page_lists_pending_requests_and_paired_nodes(operator_client):
+    pending_request()
+    paired = pending_request("f" * 64)
+    pairing.pairing_request_approve(request_id=str(paired.request_id), actor=Actor.system(), role="node")
+
+    page = operator_client.get(reverse("ui:nodes")).content.decode()
+
+    pending_part, nodes_part = page.split('id="nodes-title"')
+    assert NODE in pending_part and "Approve" in pending_part
+    assert "f" * 64 in nodes_part and "offline" in nodes_part and "Remove…" in nodes_part
+
+
+def test_approving_a_pending_node_pairs_it_and_is_audited_as_the_user(operator_client):
+    request = pending_request()
+
+    response = decide(operator_client, request, "approve")
+
+    assert messages_of(response) == [f"Approved node {NODE}."]
+    assert PairedDevice.objects.get(device_id=NODE).has_role("node")
+    assert AuditLog.objects.filter(actor="user:ops", target_id=NODE).exists()
+
+
+def test_rejecting_leaves_the_node_unpaired_and_a_second_decision_shows_the_services_refusal(operator_client):
+    request = pending_request()
+
+    rejected = decide(operator_client, request, "reject")
+    again = decide(operator_client, request, "approve")
+
+    assert messages_of(rejected) == [f"Rejected the pairing request of node {NODE}."]
+    assert not PairedDevice.objects.filter(device_id=NODE).exists()
+    [refusal] = messages_of(again)
+    assert refusal and "Approved" not in refusal
+    assert not PairedDevice.objects.filter(device_id=NODE).exists()
+
+
+def test_an_unknown_decision_is_404_and_changes_nothing(operator_client):
+    request = pending_request()
+
+    response = operator_client.post(
+        reverse("ui:node-request", kwargs={"request_id": str(request.request_id), "decision": "maybe"})
+    )
+
+    assert response.status_code == 404
+    assert DevicePairingRequest.objects.get(pk=request.pk).status == request.status
+
+
+def test_removing_a_node_asks_for_confirmation_first(operator_client):
+    request = pending_request()
+    pairing.pairing_request_approve(request_id=str(request.request_id), actor=Actor.system(), role="node")
+    url = reverse("ui:node-remove", kwargs={"node_id": NODE})
+
+    confirmation = operator_client.get(url)
+    assert confirmation.status_code == 200 and "Remove node" in confirmation.content.decode()
+    assert PairedDevice.objects.filter(device_id=NODE).exists()  # a GET changes nothing
+
+    removed = operator_client.post(url, follow=True)
+
+    assert messages_of(removed) == [f"Removed node {NODE}."]
+    assert not PairedDevice.objects.filter(device_id=NODE).exists()
+    assert AuditLog.objects.filter(action="node.pair.remove", actor="user:ops", target_id=NODE).exists()
+
+
+def test_removing_an_unknown_node_shows_the_services_refusal(operator_client):
+    assert operator_client.get(reverse("ui:node-remove", kwargs={"node_id": NODE})).status_code == 404
+
+    response = operator_client.post(reverse("ui:node-remove", kwargs={"node_id": NODE}), follow=True)
+
+    assert messages_of(response) == ["unknown nodeId"]
+
+
+def test_an_empty_nodes_page_says_how_to_add_one(operator_client):
+    page = operator_client.get(reverse("ui:nodes")).content.decode()
+
+    assert "No node is waiting for approval." in page and "No nodes yet." in page
