@@ -14,6 +14,8 @@ urlpatterns = [
     path("sessions/new", views.session_new, name="session-new"),
     path("sessions/<path:key>/send", views.session_send, name="session-send"),
     path("sessions/<path:key>/", views.session_detail, name="session"),
+    path("runs/", views.runs_list, name="runs"),
+    path("environments/", views.environments, name="environments"),
     path("nodes/", views.nodes, name="nodes"),
     path(
         "nodes/requests/<str:request_id>/<str:decision>",

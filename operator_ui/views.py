@@ -23,6 +23,7 @@ from openclaw_site.gateway.protocol import error_path, validation_message
 from openclaw_site.gateway.services import pairing
 from sessions_app import keys
 from sessions_app import selectors as session_selectors
+from sessions_app.models import RunStatus
 from sessions_app.schemas import ChatSendParams, SessionsCreateParams
 from sessions_app.services import creation, runs
 from workers_app import selectors as worker_selectors
@@ -198,3 +199,35 @@ def node_remove(request: HttpRequest, node_id: str) -> HttpResponse:
     if node is None or not node.get("paired"):
         raise Http404("no such paired node")
     return render(request, "operator_ui/node_remove.html", {"node": node, "nav": "nodes"})
+
+
+# --- runs and environments -----------------------------------------------------------------------
+
+
+@require_GET
+@login_required(login_url="ui:login")
+def runs_list(request: HttpRequest) -> HttpResponse:
+    status = request.GET.get("status", "")
+    page = _page_number(request.GET.get("page"))
+    runs_shown, has_more = session_selectors.runs_page(
+        limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE, status=status if status in RunStatus.values else None
+    )
+    return render(
+        request,
+        "operator_ui/runs.html",
+        {
+            "runs": [{"run": run, "duration_ms": _duration_ms(run)} for run in runs_shown],
+            "status": status if status in RunStatus.values else "",
+            "statuses": RunStatus.values,
+            "page": page,
+            "has_more": has_more,
+            "nav": "runs",
+        },
+    )
+
+
+@require_GET
+@login_required(login_url="ui:login")
+def environments(request: HttpRequest) -> HttpResponse:
+    rows = [row for row in worker_selectors.environments_list() if row["type"] == "worker"]
+    return render(request, "operator_ui/environments.html", {"environments": rows, "nav": "environments"})

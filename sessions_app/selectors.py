@@ -267,6 +267,15 @@ def recent_runs(session: Session, *, limit: int = 20) -> list[Run]:
     return list(Run.objects.filter(session=session).defer("message", "output_text").order_by("-created_at")[:limit])
 
 
+def runs_page(*, limit: int, offset: int, status: str | None = None) -> tuple[list[Run], bool]:
+    """Turns of every session, newest first, plus whether more follow (one query; long texts left out)."""
+    qs = Run.objects.defer("message", "output_text").order_by("-created_at", "-run_id")
+    if status is not None:
+        qs = qs.filter(status=status)
+    rows = list(qs[offset : offset + limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
 def run_get(run_id: str) -> Run | None:
     return Run.objects.filter(run_id=run_id).first()
 

@@ -17,12 +17,6 @@ pytestmark = pytest.mark.django_db
 NODE = "e" * 64
 
 
-@pytest.fixture
-def operator_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user(username="ops", password="a-long-enough-password"))
-    return client
-
-
 def pending_request(node_id: str = NODE, **extra) -> DevicePairingRequest:
     request, _created = pairing.pairing_request_ensure(claim=claim(node_id, display_name="build-box", **extra))
     return request

@@ -12,18 +12,10 @@ from django.urls import reverse
 from sessions_app.models import Run, Session
 from sessions_app.services import runs
 from sessions_app.services.sessions import SessionSpec, session_create
+from tests.operator_ui.conftest import PASSWORD
 from tests.workers_app.test_inference_proxy import placed_session
 
 pytestmark = pytest.mark.django_db
-
-PASSWORD = "a-long-enough-password"
-
-
-@pytest.fixture
-def operator_client(client, django_user_model):
-    user = django_user_model.objects.create_user(username="ops", password=PASSWORD)
-    client.force_login(user)
-    return client
 
 
 def make(key: str, **fields) -> Session:
