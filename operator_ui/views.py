@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from openclaw_site.gateway import scopes
 from openclaw_site.gateway import selectors as gateway_selectors
 from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import GatewayError
+from openclaw_site.gateway.exceptions import GatewayError, InvalidRequest
 from openclaw_site.gateway.protocol import error_path, validation_message
 from openclaw_site.gateway.services import pairing
 from sessions_app import keys
@@ -26,7 +26,10 @@ from sessions_app import selectors as session_selectors
 from sessions_app.models import RunStatus
 from sessions_app.schemas import ChatSendParams, SessionsCreateParams
 from sessions_app.services import creation, runs
+from workers_app import operations
 from workers_app import selectors as worker_selectors
+from workers_app.profiles import profiles_all
+from workers_app.services import reclaim
 
 PAGE_SIZE = 50
 ARCHIVED_CHOICES = {"no": False, "yes": True, "all": "all"}
@@ -71,6 +74,11 @@ def session_detail(request: HttpRequest, key: str) -> HttpResponse:
         request,
         "operator_ui/session.html",
         {
+            "placement_history": worker_selectors.placement_history(session, limit=20),
+            "dispatch_nodes": worker_selectors.session_host_nodes(),
+            # Cloud profiles are an admin's choice on the wire too (operator.admin).
+            "dispatch_profiles": [profile.id for profile in profiles_all()] if request.user.is_staff else [],
+            "running": any(item.status in (RunStatus.QUEUED, RunStatus.RUNNING) for item in recent),
             "session": session,
             "history": session_selectors.chat_history(session, limit=200),
             "runs": [{"run": run, "duration_ms": _duration_ms(run)} for run in recent],
@@ -231,3 +239,90 @@ def runs_list(request: HttpRequest) -> HttpResponse:
 def environments(request: HttpRequest) -> HttpResponse:
     rows = [row for row in worker_selectors.environments_list() if row["type"] == "worker"]
     return render(request, "operator_ui/environments.html", {"environments": rows, "nav": "environments"})
+
+
+# --- a session's turn and placement actions --------------------------------------------------------
+
+
+def _session_action(request: HttpRequest, key: str, act) -> HttpResponse:
+    """Run one service call for the session; its refusal is shown as the service words it."""
+    session = session_selectors.session_get(_canonical(key))
+    if session is None:
+        raise Http404("no such session")
+    try:
+        done = act(session, Actor.for_user(request.user))
+        if done:
+            messages.success(request, done)
+    except (ValidationError, GatewayError) as refused:
+        messages.error(request, _refusal(refused))
+    return redirect(reverse("ui:session", kwargs={"key": session.key}))
+
+
+def _int(raw: str | None) -> int:
+    try:
+        return int(raw or "")
+    except ValueError:
+        raise InvalidRequest("the page's placement is out of date: reload it") from None
+
+
+@require_POST
+@login_required(login_url="ui:login")
+def session_abort(request: HttpRequest, key: str) -> HttpResponse:
+    def abort(session, actor) -> str:
+        stopped = runs.run_abort(session_key=session.key, actor=actor)
+        return f"Asked {len(stopped)} turn(s) to stop." if stopped else "No turn was running."
+
+    return _session_action(request, key, abort)
+
+
+@require_POST
+@login_required(login_url="ui:login")
+def session_dispatch(request: HttpRequest, key: str) -> HttpResponse:
+    target = request.POST.get("target", "")
+    kind, _, name = target.partition(":")
+
+    def start(session, actor) -> str:
+        if kind == "device" and name:
+            operations.start_dispatch(session=session, profile_id=None, device_id=name, actor=actor)
+        elif kind == "profile" and name and request.user.is_staff:
+            operations.start_dispatch(session=session, profile_id=name, device_id=None, actor=actor)
+        else:
+            raise InvalidRequest("choose a node or a profile to dispatch to")
+        return "Dispatch started: its stages show in the placement card."
+
+    return _session_action(request, key, start)
+
+
+@require_POST
+@login_required(login_url="ui:login")
+def session_move_to_gateway(request: HttpRequest, key: str) -> HttpResponse:
+    """Compare-and-set on the placement the page showed (generation, environment, owner epoch)."""
+
+    def move(session, actor) -> str:
+        operations.start_move(
+            session=session,
+            target="gateway",
+            expected_generation=_int(request.POST.get("generation")),
+            expected_environment_id=request.POST.get("environmentId", ""),
+            expected_owner_epoch=_int(request.POST.get("ownerEpoch")),
+            abandon_source=False,
+            actor=actor,
+        )
+        return "Moved back to this gateway."
+
+    return _session_action(request, key, move)
+
+
+@require_POST
+@login_required(login_url="ui:login")
+def session_reclaim(request: HttpRequest, key: str) -> HttpResponse:
+    """Stop the worker; with ``recoverGeneration``, continue a failed placement on the gateway (that
+    generation only)."""
+    raw_generation = request.POST.get("recoverGeneration")
+
+    def stop(session, actor) -> str:
+        generation = _int(raw_generation) if raw_generation is not None else None
+        placement = reclaim.reclaim(session=session, recover_to_gateway_generation=generation, actor=actor)
+        return f"Placement is now {placement.state}."
+
+    return _session_action(request, key, stop)

@@ -17,7 +17,7 @@ from sessions_app import keys
 from sessions_app import selectors as session_selectors
 from sessions_app.models import Session
 
-from . import selectors
+from . import operations, selectors
 from .inventory import InvalidInventory, parse_declaration, update_required_message
 from .models import PlacementState
 from .profiles import profiles_all
@@ -30,9 +30,9 @@ from .schemas import (
     SessionsMoveParams,
     SessionsReclaimParams,
 )
-from .services import dispatch, moves, node_hosts, reclaim
+from .services import dispatch, node_hosts, reclaim
 from .services.placements import Actor
-from .tasks import dispatch_advance, node_retain
+from .tasks import node_retain
 
 method = registry.method
 S = PlacementState
@@ -80,10 +80,9 @@ def _dispatch_started(ctx: RpcContext, params: SessionsDispatchParams) -> tuple[
         raise PermissionDenied("Your operator role cannot dispatch to this Cloud profile.", code="FORBIDDEN")
     if params.profileId is None and params.deviceId is None and not ctx.is_admin:
         raise PermissionDenied("Your operator role cannot dispatch to this Cloud profile.", code="FORBIDDEN")
-    target = dispatch.resolve_target(profile_id=params.profileId, device_id=params.deviceId)
-    placement, started = dispatch.dispatch_start(session=session, target=target, actor=_actor(ctx))
-    if started:
-        dispatch_on_commit(dispatch_advance, session.pk, placement.generation)
+    placement = operations.start_dispatch(
+        session=session, profile_id=params.profileId, device_id=params.deviceId, actor=_actor(ctx)
+    )
     return session.pk, placement.generation
 
 
@@ -136,26 +135,15 @@ def _move_started(ctx: RpcContext, params: SessionsMoveParams) -> tuple[int, str
     if session.archived_at is not None:
         raise InvalidRequest("cannot move an archived session")
     target = _move_target(ctx, params)
-    if target != "gateway":
-        dispatch.ensure_placeable(session)  # before anything moves
-    placement = moves.move_session(
+    operations.start_move(
         session=session,
+        target=target,
         expected_generation=params.expected.generation,
         expected_environment_id=params.expected.environmentId,
         expected_owner_epoch=params.expected.ownerEpoch,
-        target=target,
         abandon_source=bool(params.abandonSource),
         actor=_actor(ctx),
     )
-    if target != "gateway" and placement.state == S.PROVISIONING:
-        dispatch_on_commit(dispatch_advance, session.pk, placement.generation)
-    elif placement.state != S.LOCAL:
-        # The source could not be torn down: the move is kept (with its error) for the same move to resume.
-        raise Unavailable(
-            placement.recovery_error or f"session move stopped in {placement.state}",
-            details={"code": "WORKER_MOVE_FAILED"},
-            retryable=True,
-        )
     return session.pk, target
 
 

@@ -11,7 +11,14 @@ from sessions_app.models import Session
 
 from .bundle import current_bundle
 from .inventory import UPDATE_REQUIRED_ISSUE
-from .models import TERMINAL_ENVIRONMENT_STATES, NodeWorkerHost, Placement, PlacementState, WorkerEnvironment
+from .models import (
+    TERMINAL_ENVIRONMENT_STATES,
+    NodeWorkerHost,
+    Placement,
+    PlacementHistory,
+    PlacementState,
+    WorkerEnvironment,
+)
 
 S = PlacementState
 PRE_OWNER_STATES = (S.PROVISIONING, S.SYNCING, S.STARTING)
@@ -91,6 +98,20 @@ def placement_fields(sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
 
 def placement_for(session: Session) -> Placement | None:
     return Placement.objects.filter(pk=session.pk).first()
+
+
+def placement_history(session: Session, *, limit: int = 20) -> list[PlacementHistory]:
+    """The session's newest placement changes, newest first (one indexed query)."""
+    return list(PlacementHistory.objects.filter(session=session).order_by("-id")[:limit])
+
+
+def session_host_nodes() -> list[dict]:
+    """Connected nodes that host sessions (dispatch targets), from the node catalog."""
+    return [
+        node
+        for node in gateway_selectors.node_catalog_snapshot()
+        if node.get("connected") and node.get("paired") and node.get("sessionHost")
+    ]
 
 
 # --- environments (workers.md §2.3) -----------------------------------------------------------------
