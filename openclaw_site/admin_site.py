@@ -8,6 +8,7 @@ otherwise); a locked-out address gets HTTP 429 with ``Retry-After`` until the lo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from django.contrib import admin
 from django.contrib.admin.apps import AdminConfig
@@ -23,20 +24,26 @@ class GatewayAdminSite(admin.AdminSite):
     site_title = "OpenClaw gateway admin"
 
     def login(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
-        address = request.META.get("REMOTE_ADDR")
-        if request.method == "POST":
-            state = admin_login_limiter.check(address)
+        return rate_limited_login(request, lambda: super(GatewayAdminSite, self).login(request, extra_context))
+
+
+def rate_limited_login(request: HttpRequest, login: Callable[[], HttpResponse]) -> HttpResponse:
+    """Run a login view with failed logins counted per address (the admin's and the console's together:
+    one password guesser, one budget)."""
+    address = request.META.get("REMOTE_ADDR")
+    if request.method == "POST":
+        state = admin_login_limiter.check(address)
+        if state.locked:
+            return _locked_out(state.retry_after_ms)
+    response = login()
+    if request.method == "POST":
+        if request.user.is_authenticated and response.status_code in (301, 302):
+            admin_login_limiter.reset(address)
+        else:
+            state = admin_login_limiter.record_failure(address)
             if state.locked:
                 return _locked_out(state.retry_after_ms)
-        response = super().login(request, extra_context)
-        if request.method == "POST":
-            if request.user.is_authenticated and response.status_code in (301, 302):
-                admin_login_limiter.reset(address)
-            else:
-                state = admin_login_limiter.record_failure(address)
-                if state.locked:
-                    return _locked_out(state.retry_after_ms)
-        return response
+    return response
 
 
 def _locked_out(retry_after_ms: int) -> HttpResponse:

@@ -8,7 +8,7 @@ app_name = "ui"
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="ui:sessions", permanent=False)),
-    path("login/", auth_views.LoginView.as_view(template_name="operator_ui/login.html"), name="login"),
+    path("login/", views.login, name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="ui:login"), name="logout"),
     path("sessions/", views.sessions_list, name="sessions"),
     path("sessions/new", views.session_new, name="session-new"),

@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -15,6 +16,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from pydantic import ValidationError
 
+from openclaw_site.admin_site import rate_limited_login
 from openclaw_site.gateway import scopes
 from openclaw_site.gateway import selectors as gateway_selectors
 from openclaw_site.gateway.audit import Actor
@@ -32,6 +34,14 @@ from workers_app.profiles import profiles_all
 from workers_app.services import reclaim
 
 PAGE_SIZE = 50
+_login_form = auth_views.LoginView.as_view(template_name="operator_ui/login.html")
+
+
+def login(request: HttpRequest) -> HttpResponse:
+    """Django's login, with failed attempts counted per address together with the admin's."""
+    return rate_limited_login(request, lambda: _login_form(request))
+
+
 ARCHIVED_CHOICES = {"no": False, "yes": True, "all": "all"}
 
 

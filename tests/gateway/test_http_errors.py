@@ -130,3 +130,17 @@ def test_a_successful_admin_login_clears_the_failures(limited_admin_login):
     again = client.post(url, {"username": "boss", "password": "wrong"})
     assert ok.status_code == 302
     assert again.status_code == 200  # the count started over
+
+
+def test_console_and_admin_logins_share_one_failure_budget_per_address(limited_admin_login):
+    """A password guesser cannot double its tries by alternating the console's login and the admin's."""
+    client = Client(REMOTE_ADDR=limited_admin_login)
+    console, admin = reverse("ui:login"), reverse("admin:login")
+    first = client.post(console, {"username": "boss", "password": "wrong"})
+    second = client.post(admin, {"username": "boss", "password": "wrong"})
+    third = client.post(console, {"username": "boss", "password": "wrong"})
+    locked = client.post(console, {"username": "boss", "password": "right-password-123"})
+
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert third.status_code == 429 and locked.status_code == 429
+    assert "_auth_user_id" not in client.session
