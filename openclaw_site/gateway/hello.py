@@ -125,15 +125,16 @@ class PresenceBroadcaster:
     2. Changes while a broadcast is in flight or within the interval after it only mark presence
        dirty; one broadcast follows at the end of the interval with a snapshot read then — the
        final list and version once the changes stop, so every connection converges.
-    3. One broadcast is in flight at a time. A disconnect bumps the presence version when its
-       broadcast reads the snapshot (a connect bumped it in its ``hello-ok`` already).
+    3. One broadcast is in flight at a time. Every snapshot read here bumps the presence version
+       before it reads the list (a connect's ``hello-ok`` snapshot bumped it too): two different lists
+       never carry the same version, even when a change lands while a read is under way.
     """
 
     def __init__(
         self,
         *,
         interval_s: Callable[[], float],
-        read_snapshot: Callable[[bool], Awaitable[Snapshot]],
+        read_snapshot: Callable[[], Awaitable[Snapshot]],
         publish: Callable[[Snapshot], Awaitable[None]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -142,7 +143,6 @@ class PresenceBroadcaster:
         self._publish = publish
         self._clock = clock
         self._dirty = False
-        self._needs_bump = False
         self._snapshot: Snapshot | None = None
         self._last_broadcast_at: float | None = None
         self._task: asyncio.Task | None = None
@@ -155,7 +155,6 @@ class PresenceBroadcaster:
         # Only a change that finds nothing pending or in flight may go out with its own snapshot:
         # any other reads a fresh one, so an older list never follows a newer one from here.
         self._snapshot = snapshot if idle else None
-        self._needs_bump = self._needs_bump or snapshot is None
         self._dirty = True
         if idle:
             self._task = asyncio.get_running_loop().create_task(self._broadcast_until_clean())
@@ -166,18 +165,18 @@ class PresenceBroadcaster:
                 wait_s = self._last_broadcast_at + self.interval_s() - self._clock()
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
-            snapshot, bump = self._snapshot, self._needs_bump
-            self._dirty, self._snapshot, self._needs_bump = False, None, False
+            snapshot = self._snapshot
+            self._dirty, self._snapshot = False, None
             self._last_broadcast_at = self._clock()
             try:
-                await self._publish(snapshot if snapshot is not None else await self._read_snapshot(bump))
+                await self._publish(snapshot if snapshot is not None else await self._read_snapshot())
             except Exception:
                 # Like any lost event: clients refetch on a seq gap, and the next change broadcasts again.
                 logger.exception("failed to broadcast presence")
 
 
-async def _read_presence_snapshot(bump: bool) -> Snapshot:
-    return await database_sync_to_async(presence_snapshot)(bump=bump)
+async def _read_presence_snapshot() -> Snapshot:
+    return await database_sync_to_async(presence_snapshot)(bump=True)
 
 
 async def _publish_presence(snapshot: Snapshot) -> None:

@@ -28,6 +28,7 @@ class World:
         self.release = asyncio.Event()
         self.release.set()
         self.publish_fails = False
+        self.slow_reads = False  # a read yields between its version bump and its list read
 
     def connect(self, name: str) -> tuple[list, dict]:
         """A connect: registered, version bumped, its hello-ok snapshot taken (as accept_connect does)."""
@@ -38,11 +39,14 @@ class World:
     def disconnect(self, name: str) -> None:
         self.entries.remove(name)
 
-    async def read_snapshot(self, bump: bool) -> tuple[list, dict]:
-        self.reads.append(bump)
-        if bump:
-            self.version += 1
-        return list(self.entries), {"presence": self.version}
+    async def read_snapshot(self) -> tuple[list, dict]:
+        """Bumps the version, then reads the list (as presence_snapshot does); a change may land meanwhile."""
+        self.version += 1
+        version = self.version
+        if self.slow_reads:
+            await asyncio.sleep(0)
+        self.reads.append(version)
+        return list(self.entries), {"presence": version}
 
     async def publish(self, snapshot: tuple[list, dict]) -> None:
         await self.release.wait()
@@ -87,8 +91,8 @@ def test_a_join_storm_is_coalesced_and_converges_to_the_final_list():
         await _settled(broadcaster)
 
     asyncio.run(scenario())
-    assert world.published == [(["n0"], {"presence": 1}), ([f"n{i}" for i in range(50)], {"presence": 50})]
-    assert world.reads == [False]  # connects bumped the version in their hello already
+    assert world.published == [(["n0"], {"presence": 1}), ([f"n{i}" for i in range(50)], {"presence": 51})]
+    assert world.reads == [51]  # one read for the 49 coalesced connects
 
 
 def test_a_leave_storm_bumps_the_version_once_and_ends_with_the_final_list():
@@ -110,10 +114,34 @@ def test_a_leave_storm_bumps_the_version_once_and_ends_with_the_final_list():
         await _settled(broadcaster)
 
     asyncio.run(scenario())
-    assert world.reads == [True, True]
+    assert len(world.reads) == 2
     assert world.published[-1] == ([], {"presence": 22})
     versions = [version["presence"] for _entries, version in world.published]
     assert versions == sorted(set(versions))
+
+
+def test_a_leave_that_lands_while_a_join_is_read_never_shares_that_lists_version():
+    """A join storm leaves a coalesced read under way; the crowd leaves before the read returns the list.
+    Each read bumps the version first, so the join's list and the leave's list carry different versions."""
+    world = World()
+    world.slow_reads = True
+
+    async def scenario():
+        broadcaster = _broadcaster(world)
+        broadcaster.changed(world.connect("admin"))
+        await _settled(broadcaster)
+        for name in ("c1", "c2"):
+            broadcaster.changed(world.connect(name))
+        await asyncio.sleep(0)  # the coalesced read bumped the version and is under way
+        for name in ("c1", "c2"):
+            world.disconnect(name)
+            broadcaster.changed(None)
+        await _settled(broadcaster)
+
+    asyncio.run(scenario())
+    versions = [version["presence"] for _entries, version in world.published]
+    assert versions == sorted(set(versions))  # never two broadcasts with one version
+    assert world.published[-1][0] == ["admin"]
 
 
 def test_a_connect_during_a_broadcast_is_read_again_not_sent_with_its_older_snapshot():
@@ -131,8 +159,9 @@ def test_a_connect_during_a_broadcast_is_read_again_not_sent_with_its_older_snap
         await _settled(broadcaster)
 
     asyncio.run(scenario())
-    assert world.published == [([], {"presence": 2}), (["b"], {"presence": 3})]
-    assert world.reads == [True, False]
+    # b's hello bumped to 3; the fresh read that follows bumps again: each list its own version.
+    assert world.published == [([], {"presence": 2}), (["b"], {"presence": 4})]
+    assert world.reads == [2, 4]
 
 
 def test_a_failed_broadcast_is_logged_and_the_next_change_broadcasts_again(caplog):
