@@ -9,7 +9,22 @@ from django.db.backends.postgresql.operations import DatabaseOperations as Postg
 
 from openclaw_site.gateway.conf import shared_token
 from tests.support.api import API_TOKEN
+from tests.support.browser import SCREENSHOTS
 from tests.support.processes import start_gateway
+
+_RUN_STARTED = pytest.StashKey[float]()
+
+
+def pytest_configure(config):
+    config.stash[_RUN_STARTED] = time.time()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Name the folder of the browser tests' screenshots when this run wrote some (a person looks at them)."""
+    started = config.stash.get(_RUN_STARTED, time.time())
+    written = [shot for shot in SCREENSHOTS.glob("*/*.png") if shot.stat().st_mtime >= started]
+    if written:
+        terminalreporter.write_line(f"browser screenshots ({len(written)} from this run): {SCREENSHOTS}/")
 
 
 @pytest.fixture(scope="session")

@@ -259,6 +259,9 @@ class GatewayLaunch:
         state dir, in-memory channel layer and cache, in-process turns."""
         state_dir = tempfile.mkdtemp(prefix=state_prefix)
         inherited = {k: v for k, v in os.environ.items() if not (clean_env and k.startswith(PROFILE_ENV_PREFIXES))}
+        # The browser tests allow themselves async-unsafe queries (tests/browser/conftest.py); a gateway keeps
+        # Django's check whatever the test process allows itself.
+        inherited.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         env = {
             **inherited,
             "OPENCLAW_STATE_DIR": state_dir,
