@@ -55,16 +55,22 @@
   }
 
   var backoffMs = 500;
+  var opened = false;
   function connect() {
     var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
     var socket = new WebSocket(scheme + window.location.host + "/ui/live/");
-    socket.onopen = function () { backoffMs = 500; };
+    socket.onopen = function () {
+      // What happened before the socket opened (a turn that ended meanwhile) comes with one refresh.
+      if (opened || body.dataset.running === "true") refreshRegions();
+      opened = true;
+      backoffMs = 500;
+    };
     socket.onmessage = function (message) {
       try { onEvent(JSON.parse(message.data)); } catch (error) { /* a frame we do not understand */ }
     };
     socket.onclose = function () {
-      // Reconnect after a restart of the gateway; what changed meanwhile comes with one refresh.
-      setTimeout(function () { connect(); refreshRegions(); }, backoffMs);
+      // Reconnect after a restart of the gateway; what changed meanwhile comes with the refresh on open.
+      setTimeout(connect, backoffMs);
       backoffMs = Math.min(backoffMs * 2, 10000);
     };
   }
