@@ -9,7 +9,7 @@ from django.db.backends.postgresql.operations import DatabaseOperations as Postg
 
 from openclaw_site.gateway.conf import shared_token
 from tests.support.api import API_TOKEN
-from tests.support.browser import SCREENSHOTS
+from tests.support.browser import AXE_REPORTS, SCREENSHOTS
 from tests.support.processes import start_gateway
 
 _RUN_STARTED = pytest.StashKey[float]()
@@ -20,11 +20,15 @@ def pytest_configure(config):
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """Name the folder of the browser tests' screenshots when this run wrote some (a person looks at them)."""
+    """Name the folders of the browser tests' screenshots and axe reports when this run wrote some (a person
+    looks at them)."""
     started = config.stash.get(_RUN_STARTED, time.time())
     written = [shot for shot in SCREENSHOTS.glob("*/*.png") if shot.stat().st_mtime >= started]
     if written:
         terminalreporter.write_line(f"browser screenshots ({len(written)} from this run): {SCREENSHOTS}/")
+    reports = [report for report in AXE_REPORTS.glob("*.json") if report.stat().st_mtime >= started]
+    if reports:
+        terminalreporter.write_line(f"accessibility reports ({len(reports)} pages from this run): {AXE_REPORTS}/")
 
 
 @pytest.fixture(scope="session")

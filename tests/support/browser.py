@@ -16,6 +16,7 @@ from tests.support.processes import ROOT
 
 CHROMIUM = Path(os.environ.get("OPENCLAW_CHROMIUM", "/usr/bin/chromium"))
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
+AXE_REPORTS = ROOT / "test-artifacts" / "axe"
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 
