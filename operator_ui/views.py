@@ -80,17 +80,19 @@ def session_detail(request: HttpRequest, key: str) -> HttpResponse:
     placement = worker_selectors.placement_for(session)
     environment = worker_selectors.environment_for(placement)
     recent = session_selectors.recent_runs(session, limit=20)
+    history = session_selectors.chat_history(session, limit=200)
     return render(
         request,
         "operator_ui/session.html",
         {
             "placement_history": worker_selectors.placement_history(session, limit=20),
+            "dispatch_stages": worker_selectors.dispatch_stages(placement),
             "dispatch_nodes": worker_selectors.session_host_nodes(),
             # Cloud profiles are an admin's choice on the wire too (operator.admin).
             "dispatch_profiles": [profile.id for profile in profiles_all()] if request.user.is_staff else [],
             "running": any(item.status in (RunStatus.QUEUED, RunStatus.RUNNING) for item in recent),
             "session": session,
-            "history": session_selectors.chat_history(session, limit=200),
+            "history": history,
             "runs": [{"run": run, "duration_ms": _duration_ms(run)} for run in recent],
             # One form, one turn: a resubmitted form (reload, double click) repeats this key.
             "idempotency_key": str(uuid.uuid4()),
