@@ -17,6 +17,7 @@ urlpatterns = [
     path("sessions/<path:key>/dispatch", views.session_dispatch, name="session-dispatch"),
     path("sessions/<path:key>/move-to-gateway", views.session_move_to_gateway, name="session-move-to-gateway"),
     path("sessions/<path:key>/reclaim", views.session_reclaim, name="session-reclaim"),
+    path("sessions/<path:key>/fork", views.session_fork, name="session-fork"),
     path("sessions/<path:key>/", views.session_detail, name="session"),
     path("runs/", views.runs_list, name="runs"),
     path("environments/", views.environments, name="environments"),

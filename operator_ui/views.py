@@ -26,8 +26,8 @@ from openclaw_site.gateway.services import pairing
 from sessions_app import keys
 from sessions_app import selectors as session_selectors
 from sessions_app.models import RunStatus
-from sessions_app.schemas import ChatSendParams, SessionsCreateParams
-from sessions_app.services import creation, runs
+from sessions_app.schemas import ChatSendParams, SessionsCreateParams, SessionsForkParams
+from sessions_app.services import creation, forks, runs
 from workers_app import operations
 from workers_app import selectors as worker_selectors
 from workers_app.profiles import profiles_all
@@ -80,17 +80,21 @@ def session_detail(request: HttpRequest, key: str) -> HttpResponse:
     placement = worker_selectors.placement_for(session)
     environment = worker_selectors.environment_for(placement)
     recent = session_selectors.recent_runs(session, limit=20)
+    history = session_selectors.chat_history(session, limit=200)
     return render(
         request,
         "operator_ui/session.html",
         {
             "placement_history": worker_selectors.placement_history(session, limit=20),
+            "dispatch_stages": worker_selectors.dispatch_stages(placement),
+            "transcript": _transcript(history["messages"]),
+            "draft": request.session.pop(_draft_key(session.key), ""),
             "dispatch_nodes": worker_selectors.session_host_nodes(),
             # Cloud profiles are an admin's choice on the wire too (operator.admin).
             "dispatch_profiles": [profile.id for profile in profiles_all()] if request.user.is_staff else [],
             "running": any(item.status in (RunStatus.QUEUED, RunStatus.RUNNING) for item in recent),
             "session": session,
-            "history": session_selectors.chat_history(session, limit=200),
+            "history": history,
             "runs": [{"run": run, "duration_ms": _duration_ms(run)} for run in recent],
             # One form, one turn: a resubmitted form (reload, double click) repeats this key.
             "idempotency_key": str(uuid.uuid4()),
@@ -336,3 +340,39 @@ def session_reclaim(request: HttpRequest, key: str) -> HttpResponse:
         return f"Placement is now {placement.state}."
 
     return _session_action(request, key, stop)
+
+
+# --- fork a session from one of its messages -------------------------------------------------------
+
+
+def _draft_key(session_key: str) -> str:
+    return f"ui:draft:{session_key}"
+
+
+def _transcript(messages: list[dict]) -> list[dict]:
+    """The transcript's messages with the entry id a fork names (templates cannot read ``__openclaw``)."""
+    return [{"message": message, "entry_id": message.get("__openclaw", {}).get("id", "")} for message in messages]
+
+
+@require_POST
+@login_required(login_url="ui:login")
+def session_fork(request: HttpRequest, key: str) -> HttpResponse:
+    """``sessions.fork`` before one of the session's user messages: the new session holds the history
+    before it and opens with that message in its composer; a refusal stays on the source's page."""
+    session = session_selectors.session_get(_canonical(key))
+    if session is None:
+        raise Http404("no such session")
+    try:
+        fields = {"sessionKey": session.key}
+        if "entryId" in request.POST:
+            fields["entryId"] = request.POST["entryId"]
+        params = SessionsForkParams.model_validate(fields)
+        forked = forks.session_fork(
+            session_key=params.sessionKey, entry_id=params.entryId, actor=Actor.for_user(request.user)
+        )
+    except (ValidationError, GatewayError) as refused:
+        messages.error(request, _refusal(refused))
+        return redirect(reverse("ui:session", kwargs={"key": session.key}))
+    request.session[_draft_key(forked["sessionKey"])] = forked["editorText"]
+    messages.success(request, f"Forked from {session.key}: the message you forked at is in the composer.")
+    return redirect(reverse("ui:session", kwargs={"key": forked["sessionKey"]}))

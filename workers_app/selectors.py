@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
+
+from django.db.models import Subquery
 
 from openclaw_site.gateway import selectors as gateway_selectors
 from sessions_app.models import Session
@@ -103,6 +107,62 @@ def placement_for(session: Session) -> Placement | None:
 def placement_history(session: Session, *, limit: int = 20) -> list[PlacementHistory]:
     """The session's newest placement changes, newest first (one indexed query)."""
     return list(PlacementHistory.objects.filter(session=session).order_by("-id")[:limit])
+
+
+# The dispatch path of workers.md §1.3 in order; each stage is a placement state (§4.1's flow).
+DISPATCH_STAGES = (S.REQUESTED, S.PROVISIONING, S.SYNCING, S.STARTING, S.ACTIVE)
+
+
+@dataclass(frozen=True)
+class DispatchStage:
+    state: str  # one of DISPATCH_STAGES
+    status: str  # "done" | "current" | "pending" | "failed"
+    entered_at_ms: int | None = None  # None: the dispatch did not reach it
+    reason: str = ""  # a failed stage: the placement's terminal reason
+
+    @property
+    def entered_at(self) -> datetime | None:
+        return datetime.fromtimestamp(self.entered_at_ms / 1000, tz=UTC) if self.entered_at_ms is not None else None
+
+
+def dispatch_stages(placement: Placement | None) -> list[DispatchStage]:
+    """Where the placement's latest dispatch stands, stage by stage, read from its history since that
+    dispatch was requested (one indexed query). Empty when no dispatch stands behind the placement
+    (local, reclaimed, canceled, moved back). A failure after the worker took the session over
+    (active, or a move back in draining/reconciling) is the active stage's."""
+    if placement is None or placement.state in (S.LOCAL, S.RECLAIMED):
+        return []
+    started = (
+        PlacementHistory.objects.filter(session_id=placement.pk, to_state=S.REQUESTED).order_by("-id").values("id")[:1]
+    )
+    rows = PlacementHistory.objects.filter(session_id=placement.pk, id__gte=Subquery(started)).order_by("id")
+    entered: dict[str, int] = {}
+    failed_from: str | None = None
+    for from_state, to_state, at_ms in rows.values_list("from_state", "to_state", "at_ms"):
+        if to_state in (S.LOCAL, S.RECLAIMED):
+            return []  # that dispatch is over
+        if to_state == S.FAILED:
+            failed_from = failed_from or from_state
+        else:
+            entered.setdefault(to_state, at_ms)
+    if placement.state == S.FAILED:
+        if failed_from in OWNER_STATES:
+            failed_from = S.ACTIVE
+        if failed_from not in DISPATCH_STAGES:
+            return []
+        reached, reached_status = failed_from, "failed"
+    elif placement.state in DISPATCH_STAGES:
+        reached = placement.state
+        reached_status = "done" if reached == S.ACTIVE else "current"
+    else:  # draining or reconciling: the dispatch completed, a move back is under way
+        reached, reached_status = S.ACTIVE, "done"
+    at = DISPATCH_STAGES.index(reached)
+    stages = []
+    for index, state in enumerate(DISPATCH_STAGES):
+        status = "done" if index < at else reached_status if index == at else "pending"
+        reason = (placement.terminal_reason or "") if status == "failed" else ""
+        stages.append(DispatchStage(state=state, status=status, entered_at_ms=entered.get(state), reason=reason))
+    return stages
 
 
 def session_host_nodes() -> list[dict]:

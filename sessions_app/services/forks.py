@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import transaction
 
+from openclaw_site.gateway.audit import Actor, audit
 from openclaw_site.gateway.exceptions import (
     Conflict,
     GatewayError,
@@ -76,7 +77,8 @@ def _lock_unchanged(key: str, seen: Session) -> Session:
     return source
 
 
-def session_fork(*, session_key: str, entry_id: str) -> dict[str, Any]:
+def session_fork(*, session_key: str, entry_id: str, actor: Actor | None = None) -> dict[str, Any]:
+    """With ``actor`` (operator UI) the fork is also written to the audit log."""
     seen = Session.objects.filter(key=session_key).first()
     if seen is None:
         raise NotFound(f"session not found: {session_key}")
@@ -84,11 +86,17 @@ def session_fork(*, session_key: str, entry_id: str) -> dict[str, Any]:
         raise Unavailable(f"Session {session_key} is initializing; retry fork later.", retryable=True)
     link = links.link_read(seen.key, seen.agent_id)
     if link is not None:
-        return _upstream_fork(seen, link, entry_id)
-    return _local_fork(seen, entry_id)
+        return _upstream_fork(seen, link, entry_id, actor)
+    return _local_fork(seen, entry_id, actor)
 
 
-def _local_fork(seen: Session, entry_id: str) -> dict[str, Any]:
+def _audit_fork(actor: Actor | None, source: Session, entry_id: str, child_key: str) -> None:
+    if actor is not None:
+        data = {"entryId": entry_id, "sourceSessionId": source.session_id, "sessionKey": child_key}
+        audit(actor, "session.fork", "session", source.key, data)
+
+
+def _local_fork(seen: Session, entry_id: str, actor: Actor | None) -> dict[str, Any]:
     """Copy the active path before the entry into a new session, in one transaction."""
     with transaction.atomic():
         source = _lock_unchanged(seen.key, seen)
@@ -113,11 +121,12 @@ def _local_fork(seen: Session, entry_id: str) -> dict[str, Any]:
             bodies=[event.body for event in point.before],
             event_ids=[event.event_id for event in point.before],
         )
+        _audit_fork(actor, source, entry_id, child.key)
         events.publish_session_changed_on_commit(child, reason="fork")
     return {"sessionKey": child.key, "editorText": _text(point.entry)}
 
 
-def _upstream_fork(seen: Session, link: dict[str, Any], entry_id: str) -> dict[str, Any]:
+def _upstream_fork(seen: Session, link: dict[str, Any], entry_id: str, actor: Actor | None) -> dict[str, Any]:
     candidates = registry.for_upstream_kind(link["upstreamKind"])
     if len(candidates) != 1:
         raise InvalidRequest(EXTERNAL_HARNESS_MESSAGE)
@@ -171,6 +180,8 @@ def _upstream_fork(seen: Session, link: dict[str, Any], entry_id: str) -> dict[s
     child = Session.objects.filter(key=result.key).first()
     if child is not None:
         events.publish_session_changed_on_commit(child, reason="fork")
+    # The harness committed the child in its own initialization; the audit row follows it.
+    _audit_fork(actor, source, entry_id, result.key)
     return {"sessionKey": result.key, "editorText": result.editor_text or _text(point.entry)}
 
 

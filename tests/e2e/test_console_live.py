@@ -17,9 +17,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 PASSWORD = "a-long-enough-password"
 
 
-def logged_in(gateway, django_user_model) -> httpx.Client:
+def logged_in(gateway, django_user_model, **user_fields) -> httpx.Client:
     """An HTTP client holding a console login made through the real login form."""
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    django_user_model.objects.create_user(username="ops", password=PASSWORD, **user_fields)
     client = httpx.Client(base_url=gateway.http_url, follow_redirects=False, timeout=10)
     client.get("/ui/login/")
     response = client.post(
@@ -80,8 +80,46 @@ def test_a_turn_sent_from_the_console_streams_to_the_operators_page_socket(gatew
     assert "delta" in states and states.index("delta") < states.index("final")
     assert chat[-1]["message"]["content"][0]["text"] == "live from the console"
     assert any(frame["event"] == "sessions.changed" for frame in frames)
-    # The page shows the reply once it reloads its parts.
-    assert "live from the console" in client.get("/ui/sessions/agent:main:live/").text
+    # The page shows the reply once it reloads its parts, and no stop button for the turn that ended.
+    refreshed = client.get("/ui/sessions/agent:main:live/", headers={"X-Requested-With": "console"}).text
+    assert "live from the console" in refreshed
+    assert re.search(r'<div data-live-region="abort">\s*</div>', refreshed)
+
+
+def test_a_dispatch_from_the_console_reports_its_stages_to_the_page_socket(gateway_factory, django_user_model):
+    """A staff operator dispatches to a worker profile whose host is missing: each placement change reaches
+    the page's socket as it happens, and the part the page then fetches shows where the dispatch failed."""
+    profiles = {"dev": {"provider": "static-ssh", "install": "bundle", "settings": {}}}
+    gateway = gateway_factory(extra_env={"OPENCLAW_WORKER_PROFILES": json.dumps(profiles)})
+    client = logged_in(gateway, django_user_model, is_staff=True)
+    assert post_form(client, gateway, "/ui/sessions/new", {"key": "agent:main:placed"}).status_code == 302
+    assert 'value="profile:dev"' in client.get("/ui/sessions/agent:main:placed/").text
+
+    async def scenario():
+        socket = await open_live(gateway, origin=gateway.http_url, cookie=cookie_header(client))
+        try:
+            sent = await asyncio.to_thread(
+                post_form, client, gateway, "/ui/sessions/agent:main:placed/dispatch", {"target": "profile:dev"}
+            )
+            assert sent.status_code == 302
+            states = []
+            while "failed" not in states:
+                frame = json.loads(await asyncio.wait_for(socket.recv(), 15))
+                payload = frame["payload"]
+                if frame["event"] == "sessions.changed" and payload.get("reason") == "placement":
+                    assert payload["sessionKey"] == "agent:main:placed"
+                    states.append(payload["placement"]["state"])
+            return states
+        finally:
+            await socket.close()
+
+    states = asyncio.run(scenario())
+    assert states == ["local", "requested", "provisioning", "failed"]  # the first dispatch creates the row
+    part = client.get("/ui/sessions/agent:main:placed/", headers={"X-Requested-With": "console"}).text
+    stages = re.findall(r'<li class="stage stage-(\w+)"', part)
+    assert stages == ["done", "failed", "pending", "pending", "pending"]
+    assert "Worker dispatch failed in provisioning: " in part
+    assert "Dispatch failed in provisioning." in part
 
 
 @pytest.mark.parametrize("case", ["anonymous", "another origin", "no origin"])

@@ -6,7 +6,9 @@ import pytest
 
 from native_harness import services
 from native_harness.models import NativeThread
+from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import InvalidRequest, NotFound, Unavailable
+from openclaw_site.gateway.models import AuditLog
 from sessions_app.models import Session, TranscriptEvent
 from sessions_app.services import forks, initialization, links, sessions
 from sessions_app.services.transcripts import append_many
@@ -62,6 +64,25 @@ def test_upstream_fork_creates_a_ready_child_on_a_fresh_thread(seeded):
     # Nothing of the source changed.
     assert services.binding_read("main", seeded.source.session_id)["threadId"] == seeded.source_thread_id
     assert links.link_read(SOURCE_KEY, "main") == seeded.source_link
+
+
+def test_a_fork_with_an_actor_is_audited_as_that_actor_local_or_upstream(seeded):
+    sessions.session_create(spec=sessions.SessionSpec(key="agent:main:plain", agent_id="main"))
+    plain = Session.objects.get(key="agent:main:plain")
+    body = {"role": "user", "content": [{"type": "text", "text": "q"}], "timestamp": 1}
+    append_many(window_id=plain.session_id, session_key=plain.key, bodies=[body])
+    entry = TranscriptEvent.objects.get(window_id=plain.session_id).event_id
+    actor = Actor(label="user:ops")
+
+    local = forks.session_fork(session_key=plain.key, entry_id=entry, actor=actor)
+    upstream = forks.session_fork(session_key=SOURCE_KEY, entry_id=seeded.entry_id, actor=actor)
+    forks.session_fork(session_key=SOURCE_KEY, entry_id=seeded.entry_id)  # no actor (RPC): no row
+
+    rows = AuditLog.objects.filter(action="session.fork").order_by("id")
+    assert [(row.actor, row.target_id, row.data["sessionKey"], row.data["entryId"]) for row in rows] == [
+        ("user:ops", plain.key, local["sessionKey"], entry),
+        ("user:ops", SOURCE_KEY, upstream["sessionKey"], seeded.entry_id),
+    ]
 
 
 def test_local_fork_copies_the_active_path_before_the_entry(transactional_db):

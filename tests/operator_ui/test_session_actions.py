@@ -4,17 +4,23 @@ drawn is refused with the service's message and nothing changes."""
 
 from __future__ import annotations
 
+import html
+import re
+
 import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
+from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.models import AuditLog
 from sessions_app.models import Run, RunStatus
 from sessions_app.services import runs
 from tests.operator_ui.test_views import make
-from tests.workers_app.test_placement_store import ENV, dispatch_to_active, make_session
-from tests.workers_app.test_rpc import failed_without_environment
+from tests.workers_app.test_placement_store import DISPATCH_STEPS, ENV, dispatch_to_active, make_session, walk
+from tests.workers_app.test_rpc import dev_profile, failed_without_environment, use_profiles  # noqa: F401 (fixtures)
 from workers_app.models import Placement, PlacementState
+from workers_app.services import dispatch, reclaim
+from workers_app.services import placements as store
 
 pytestmark = pytest.mark.django_db
 S = PlacementState
@@ -118,3 +124,168 @@ def test_actions_on_an_unknown_session_are_404(operator_client):
 
     assert response.status_code == 404
     assert not Run.objects.filter(status=RunStatus.RUNNING).exists()
+
+
+# --- the dispatch's stages on the placement card ----------------------------------------------------
+
+STAGE = re.compile(
+    r'<li class="stage stage-(?P<status>\w+)"[^>]*>.*?<span class="name">(?P<name>[^<]+)</span>'
+    r'(?:(?!</li>).)*?(?:<div class="error">(?P<reason>[^<]*)</div>)?\s*</li>',
+    re.S,
+)
+NAMES = {
+    "Requested": S.REQUESTED,
+    "Provisioning the environment": S.PROVISIONING,
+    "Syncing the workspace": S.SYNCING,
+    "Starting the worker": S.STARTING,
+    "Active on the worker": S.ACTIVE,
+}
+
+
+def stages_of(page: str) -> list[tuple[str, str, str]]:
+    """The placement card's stage list as (stage, status, failure reason) rows."""
+    region = page.split('data-live-region="placement"', 1)[1].split('data-live-region="runs"', 1)[0]
+    return [(NAMES[m["name"]], m["status"], html.unescape(m["reason"] or "")) for m in STAGE.finditer(region)]
+
+
+def expected(done: int, then: str = "", reason: str = "") -> list[tuple[str, str, str]]:
+    """The first ``done`` stages done, the next one ``then`` (with its reason), the rest pending."""
+    order = [S.REQUESTED, S.PROVISIONING, S.SYNCING, S.STARTING, S.ACTIVE]
+    rows = [(state, "done", "") for state in order[:done]]
+    if then:
+        rows.append((order[done], then, reason))
+    return rows + [(state, "pending", "") for state in order[len(rows) :]]
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3])
+def test_a_dispatch_under_way_shows_its_stages_done_current_and_pending(operator_client, steps):
+    session = make_session()
+    placement = walk(session, DISPATCH_STEPS[:steps])
+    page = page_of(operator_client, session)
+
+    assert placement.state == [S.REQUESTED, S.PROVISIONING, S.SYNCING, S.STARTING][steps]
+    assert stages_of(page) == expected(steps, "current")
+    assert page.count('aria-current="step"') == 1
+    assert f"Dispatch in progress: {placement.state}." in page
+
+
+def test_an_active_placement_shows_every_stage_done(operator_client):
+    session = make_session()
+    dispatch_to_active(session)
+
+    page = page_of(operator_client, session)
+
+    assert stages_of(page) == expected(5)
+    assert 'aria-current="step"' not in page
+
+
+@pytest.mark.parametrize("steps", [0, 1, 3])
+def test_a_dispatch_failed_in_a_stage_shows_that_stage_failed_with_the_terminal_reason(operator_client, steps):
+    session = make_session()
+    walk(session, DISPATCH_STEPS[:steps])
+    stage = [S.REQUESTED, S.PROVISIONING, S.SYNCING, S.STARTING][steps]
+    reason = f"Worker dispatch failed in {stage}: static-ssh needs host <&>"
+    store.placement_fail(session=session, recovery_error=reason)
+
+    page = page_of(operator_client, session)
+
+    assert stages_of(page) == expected(steps, "failed", reason)
+    assert f"<dt>Terminal reason</dt><dd>{html.escape(reason)}</dd>" in page
+    assert f"Dispatch failed in {stage}." in page
+
+
+def test_a_worker_that_failed_after_it_took_over_shows_its_active_stage_failed(operator_client):
+    session = make_session()
+    active = dispatch_to_active(session)
+    store.placement_fail_owned(
+        session=session,
+        environment_id=ENV,
+        owner_epoch=1,
+        expected_generation=active.generation,
+        recovery_error="cloud worker disappeared: environment state orphaned",
+    )
+
+    assert stages_of(page_of(operator_client, session)) == expected(
+        4, "failed", "cloud worker disappeared: environment state orphaned"
+    )
+
+
+def test_a_redispatch_shows_only_its_own_stages(operator_client):
+    session = make_session()
+    failed_without_environment(session)
+    store.placement_start_dispatch(session=session)  # failed → requested: a second dispatch
+
+    assert stages_of(page_of(operator_client, session)) == expected(0, "current")
+
+
+def test_no_stages_show_without_a_dispatch_behind_the_placement(operator_client):
+    never = make("agent:main:never")
+    stopped = make_session("agent:main:stopped")
+    failed_without_environment(stopped)
+    reclaim.reclaim(session=stopped, recover_to_gateway_generation=None, actor=Actor.system())  # failed → local
+
+    for session in (never, stopped):
+        page = page_of(operator_client, session)
+        assert stages_of(page) == [] and "Dispatch stages" not in page
+        assert '<p class="visually-hidden" aria-live="polite" data-live-region="dispatch-status"></p>' in page
+
+
+@pytest.mark.usefixtures("dev_profile")
+def test_a_staff_dispatch_to_a_profile_shows_its_stages_until_it_fails(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user(username="boss", password="x" * 20, is_staff=True))
+    session = make("agent:main:to-profile")
+    assert '<option value="profile:dev">profile dev</option>' in page_of(client, session)
+
+    started = act(client, session, "dispatch", {"target": "profile:dev"})
+
+    assert messages_of(started) == ["Dispatch started: its stages show in the placement card."]
+    assert stages_of(started.content.decode()) == expected(1, "current")
+    placement = Placement.objects.get(pk=session.pk)
+    # The dispatch's task (run here: on_commit callbacks do not run in this test's transaction).
+    assert dispatch.dispatch_advance(session_pk=session.pk, generation=placement.generation) == S.FAILED
+    failed = Placement.objects.get(pk=session.pk)
+    assert failed.terminal_reason.startswith("Worker dispatch failed in provisioning: ")
+    assert stages_of(page_of(client, session)) == expected(1, "failed", failed.terminal_reason)
+
+
+@pytest.mark.usefixtures("dev_profile")
+def test_a_plain_operator_cannot_dispatch_to_a_profile(operator_client):
+    session = make("agent:main:not-staff")
+    assert "profile:dev" not in page_of(operator_client, session)
+
+    response = act(operator_client, session, "dispatch", {"target": "profile:dev"})
+
+    assert messages_of(response) == ["choose a node or a profile to dispatch to"]
+    assert not Placement.objects.filter(pk=session.pk).exclude(state=S.LOCAL).exists()
+
+
+# --- the stop button follows the turn ---------------------------------------------------------------
+
+
+def abort_region_of(page: str) -> str:
+    return page.split('<div data-live-region="abort">', 1)[1].split("</div>", 1)[0]
+
+
+def test_the_stop_button_lives_in_a_live_region_that_empties_when_the_turn_ends(operator_client):
+    session = make("agent:main:ending")
+    runs.run_submit(session_key=session.key, message="job", idempotency_key="ending-1")
+    runs.run_claim(run_id="ending-1", executor="test")
+    assert "Stop the running turn" in abort_region_of(page_of(operator_client, session))
+
+    runs.run_finish(run_id="ending-1", outcome=runs.TurnOutcome(status="ok", text="done"))
+
+    # What the page's script fetches when the turn's end arrives on its socket.
+    refreshed = operator_client.get(
+        reverse("ui:session", kwargs={"key": session.key}), headers={"X-Requested-With": "console"}
+    ).content.decode()
+    assert abort_region_of(refreshed).strip() == ""
+
+
+def test_a_move_back_under_way_shows_the_dispatch_it_ends_as_completed(operator_client):
+    session = make_session()
+    active = dispatch_to_active(session)
+    store.placement_start_drain(
+        session=session, environment_id=ENV, owner_epoch=1, expected_generation=active.generation
+    )
+
+    assert stages_of(page_of(operator_client, session)) == expected(5)

@@ -20,7 +20,19 @@
           var fresh = new DOMParser().parseFromString(html, "text/html");
           liveRegions.forEach(function (region) {
             var replacement = fresh.querySelector('[data-live-region="' + region.dataset.liveRegion + '"]');
-            if (replacement) region.innerHTML = replacement.innerHTML;
+            // Unchanged text is left alone (a screen reader would announce it again).
+            if (!replacement || region.innerHTML === replacement.innerHTML) return;
+            // A keyboard user's focus stays on the same control when its part is swapped in anew.
+            var focused = document.activeElement;
+            var focusedId = focused && focused.id && region.contains(focused) ? focused.id : null;
+            // So does a disclosure the operator opened (the placement's history).
+            var opened = Array.prototype.map.call(region.querySelectorAll("details"), function (d) { return d.open; });
+            region.innerHTML = replacement.innerHTML;
+            Array.prototype.forEach.call(region.querySelectorAll("details"), function (d, index) {
+              if (opened[index]) d.open = true;
+            });
+            var again = focusedId && document.getElementById(focusedId);
+            if (again) again.focus();
           });
           var streaming = document.getElementById("streaming-reply");
           if (streaming && body.dataset.streamingRun === "") streaming.hidden = true;
