@@ -484,7 +484,7 @@ def test_revoke_selected_tokens(admin_client, admin_user, make_device, make_toke
         "device.token.revoke",
         "user:admin",
         admin_user,
-        {"role": sc.ROLE_OPERATOR},
+        {"role": sc.ROLE_OPERATOR, "before": "active", "after": "revoked"},
     )
     history = LogEntry.objects.get()
     assert (history.object_id, history.change_message) == (str(active.pk), "Revoked via admin action.")
