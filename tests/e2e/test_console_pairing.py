@@ -76,7 +76,7 @@ def test_the_pairing_page_hears_pairing_live_and_a_rotated_token_is_the_nodes_ne
             post_form, client, gateway, f"/ui/pairing/devices/{device_id}/tokens/node/rotate", {}
         )
         assert rotated.status_code == 200, rotated.text
-        secret = re.search(r'id="new-token"[^>]* value="([^"]+)"', rotated.text).group(1)
+        secret = re.search(r'id="new-token"[^>]*>([^<]+)</textarea>', rotated.text).group(1)
 
         with pytest.raises(ConnectError) as old_refused:
             await node(gateway, commands=["echo"], state_dir=state_dir, token=None).connect()

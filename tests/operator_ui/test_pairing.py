@@ -346,7 +346,7 @@ def test_rotating_a_token_asks_first_then_shows_the_new_secret_once(staff_client
     assert response["Cache-Control"] == "no-store"
     page = response.content.decode()
     assert "Copy it now: it is not shown again." in page
-    secret = re.search(r'id="new-token"[^>]* value="([^"]+)"', page).group(1)
+    secret = re.search(r'id="new-token"[^>]*>([^<]+)</textarea>', page).group(1)
     record = tokens.device_token_verify(device_id=LAPTOP, role=sc.ROLE_OPERATOR, token=secret)
     assert record.scopes == [sc.READ, sc.WRITE] and record.revoked_at is None and record.rotated_at is not None
     with pytest.raises(tokens.DeviceTokenRejected):
@@ -371,7 +371,7 @@ def test_issuing_a_token_for_a_role_without_one(staff_client):
 
     response = staff_client.post(url("pairing-token-rotate", device_id=NODE, role="node"))
 
-    secret = re.search(r'id="new-token"[^>]* value="([^"]+)"', response.content.decode()).group(1)
+    secret = re.search(r'id="new-token"[^>]*>([^<]+)</textarea>', response.content.decode()).group(1)
     assert tokens.device_token_verify(device_id=NODE, role=sc.ROLE_NODE, token=secret).scopes == []
     assert AuditLog.objects.get(action="device.token.rotate").data["before"] == "none"
 
