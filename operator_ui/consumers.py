@@ -3,39 +3,66 @@
 Transport only: the consumer joins the gateway's ``sessions`` subscription group (the same events an
 operator client subscribed with ``sessions.subscribe`` receives) and passes ``sessions.changed`` and
 ``chat`` on as ``{"event", "payload"}`` frames. It acts on nothing it receives.
+
+A page asks for its topics in the query string (``?topics=pairing``; none means ``sessions``). The
+``pairing`` topic, for staff users only, joins the gateway's broadcast group and passes on the
+``device.pair.*`` and ``node.pair.*`` events (what an operator client with ``operator.pairing`` gets).
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import parse_qs
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from openclaw_site.gateway.broadcast import EVENT_MESSAGE_TYPE
-from openclaw_site.gateway.events import subscription_group
+from openclaw_site.gateway.events import BROADCAST_GROUP, subscription_group
 
 SESSIONS_GROUP = subscription_group("sessions")
 FORWARDED_EVENTS = frozenset({"sessions.changed", "chat"})
+PAIRING_EVENTS = frozenset(
+    {"device.pair.requested", "device.pair.resolved", "node.pair.requested", "node.pair.resolved"}
+)
 # Closed before accept: the browser sees a failed connection; the code names why in the server's log.
 CLOSE_NOT_LOGGED_IN = 4401
 
 
+def _topics(scope: dict[str, Any]) -> set[str]:
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    asked = {topic for value in query.get("topics", []) for topic in value.split(",") if topic}
+    return asked or {"sessions"}
+
+
 class ConsoleConsumer(AsyncWebsocketConsumer):
     joined = False
+    groups_joined: tuple[str, ...] = ()
+    forwarded: frozenset[str] = frozenset()
 
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated or not user.is_active:
             await self.close(code=CLOSE_NOT_LOGGED_IN)
             return
-        await self.channel_layer.group_add(SESSIONS_GROUP, self.channel_name)
+        topics = _topics(self.scope)
+        groups, forwarded = [], set()
+        if "sessions" in topics:
+            groups.append(SESSIONS_GROUP)
+            forwarded |= FORWARDED_EVENTS
+        if "pairing" in topics and user.is_staff:
+            groups.append(BROADCAST_GROUP)
+            forwarded |= PAIRING_EVENTS
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        self.groups_joined, self.forwarded = tuple(groups), frozenset(forwarded)
         self.joined = True
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
         if self.joined:
-            await self.channel_layer.group_discard(SESSIONS_GROUP, self.channel_name)
+            for group in self.groups_joined:
+                await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """The page has nothing to say; whatever it sends is ignored."""
@@ -48,6 +75,6 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
 
     async def _forward(self, message: dict[str, Any]) -> None:
         # A direct copy goes to the RPC connection that asked for the work; subscribers get their own.
-        if message.get("direct") or message.get("event") not in FORWARDED_EVENTS:
+        if message.get("direct") or message.get("event") not in self.forwarded:
             return
         await self.send(text_data=json.dumps({"event": message["event"], "payload": message.get("payload")}))

@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
-from . import views
+from . import pairing_views, views
 
 app_name = "ui"
 
@@ -28,4 +28,21 @@ urlpatterns = [
         name="node-request",
     ),
     path("nodes/<str:node_id>/remove", views.node_remove, name="node-remove"),
+    path("pairing/", pairing_views.pairing, name="pairing"),
+    path(
+        "pairing/requests/<str:request_id>/<str:decision>",
+        pairing_views.pairing_request_decide,
+        name="pairing-request",
+    ),
+    path("pairing/devices/<str:device_id>/remove", pairing_views.pairing_device_remove, name="pairing-device-remove"),
+    path(
+        "pairing/devices/<str:device_id>/tokens/<str:role>/revoke",
+        pairing_views.pairing_token_revoke,
+        name="pairing-token-revoke",
+    ),
+    path(
+        "pairing/devices/<str:device_id>/tokens/<str:role>/rotate",
+        pairing_views.pairing_token_rotate,
+        name="pairing-token-rotate",
+    ),
 ]

@@ -24,6 +24,7 @@ from openclaw_site.gateway.admin.common import (
     ReadOnlyAdmin,
     ReadOnlyTabularInline,
     ViewOnlyObjectsMixin,
+    audit_history_link,
     per_object_action,
     short_id,
 )
@@ -158,6 +159,7 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
                     "status",
                     "last_run_id",
                     "runs_link",
+                    "audit_history",
                 )
             },
         ),
@@ -197,6 +199,10 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     @admin.display(description="runs")
     def runs_link(self, obj: Session) -> str:
         return _changelist_link(Run, f"session__id__exact={obj.pk}", "runs of this session")
+
+    @admin.display(description="audit")
+    def audit_history(self, obj: Session) -> str:
+        return audit_history_link(obj.key, "session")
 
     @admin.action(description="Reset selected sessions", permissions=["change"])
     def reset_sessions(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:

@@ -6,19 +6,22 @@ audit row (who, what, before, after)."""
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
 from openclaw_site.gateway.admin.common import (
     EstimatedCountPaginator,
     ReadOnlyAdmin,
     ViewOnlyObjectsMixin,
+    audit_history_link,
     per_object_action,
 )
 from openclaw_site.gateway.audit import Actor
 
-from .models import Placement, PlacementHistory, PlacementMove, WorkerEnvironment
+from .models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementHistory, PlacementMove, WorkerEnvironment
 from .services import reclaim
 
 HISTORY_SHOWN = 200
@@ -36,8 +39,8 @@ class PlacementAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     list_select_related = ("session",)
-    readonly_fields = [*(field.name for field in Placement._meta.fields), "history"]
-    actions = ("stop_workers", "recover_to_gateway")
+    readonly_fields = [*(field.name for field in Placement._meta.fields), "history", "audit_history"]
+    actions = ("stop_workers", "recover_to_gateway", "fail_placements")
 
     @admin.action(description="Stop the worker / reclaim (sessions.reclaim)", permissions=["change"])
     def stop_workers(self, request: HttpRequest, queryset: QuerySet[Placement]) -> None:
@@ -63,6 +66,65 @@ class PlacementAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             return f"Recovered to the gateway via admin action: failed@{placement.generation} -> {after.state}."
 
         per_object_action(self, request, queryset, label=_placement_label, skip_reason=lambda p: None, act=recover)
+
+    @admin.action(description="Fail placement (gives its worker up; asks for confirmation)", permissions=["change"])
+    def fail_placements(self, request: HttpRequest, queryset: QuerySet[Placement]) -> TemplateResponse | None:
+        """Fail a dispatch or move that stopped moving, or a worker given up, as recovery fails an interrupted
+        one: the worker loses ownership, its environment is torn down, the placement ends ``failed`` (then
+        "Recover a failed placement to the gateway" continues the session here).
+
+        1. First POST (from the action bar): the confirmation page, with each placement as it is now.
+        2. Second POST (``post=yes``): ``placement_force_fail`` once per placement, for the state and
+           generation shown on the confirmation page (a placement that moved on since is refused).
+        """
+        placements = list(queryset.select_related("session"))
+        if request.POST.get("post") != "yes":
+            return self._fail_confirmation(request, placements)
+
+        def fail(placement: Placement, actor: Actor) -> str:
+            shown = request.POST.get(f"expected-{placement.pk}", "")
+            state, _, generation = shown.partition("@")
+            before = f"{placement.state}@{placement.generation}"
+            after = reclaim.placement_force_fail(
+                session=placement.session,
+                expected_state=state or placement.state,
+                expected_generation=int(generation) if generation.isdigit() else placement.generation,
+                actor=actor,
+            )
+            return f"Failed via admin action: {before} -> {after.state}@{after.generation}: {after.recovery_error}"
+
+        per_object_action(self, request, placements, label=_placement_label, skip_reason=lambda p: None, act=fail)
+        return None
+
+    def _fail_confirmation(self, request: HttpRequest, placements: list[Placement]) -> TemplateResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Fail worker placements?",
+            "subtitle": None,
+            "opts": self.opts,
+            "intro": (
+                f'Each placement fails with "{reclaim.FAILED_BY_OPERATOR}": a worker that owns it loses ownership, '
+                "its environment is torn down, and the session's work on the worker is given up. Only placements "
+                "still in the state shown here are failed; each is recorded in the audit log."
+            ),
+            "columns": ("Session", "State now", "Environment", "Updated (ms)"),
+            "rows": [
+                (p.session_key, f"{p.state}@{p.generation}", p.environment_id or "—", p.updated_at_ms)
+                for p in placements
+            ],
+            "queryset": placements,
+            "expected": [(f"expected-{p.pk}", f"{p.state}@{p.generation}") for p in placements],
+            "action_name": "fail_placements",
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "confirm_label": f"Yes, fail {len(placements)} placement{'s' if len(placements) != 1 else ''}",
+            "media": self.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/action_confirmation.html", context)
+
+    @admin.display(description="audit")
+    def audit_history(self, obj: Placement) -> str:
+        return audit_history_link(obj.session_key, "session")
 
     @admin.display(description="history (newest first)")
     def history(self, obj: Placement) -> str:
@@ -92,6 +154,31 @@ class PlacementHistoryAdmin(ReadOnlyAdmin):
     paginator = EstimatedCountPaginator
 
 
+def _teardown_pending(environment: WorkerEnvironment) -> bool:
+    return environment.destroy_requested_at_ms is not None and environment.state not in TERMINAL_ENVIRONMENT_STATES
+
+
+def _no_teardown_pending(environment: WorkerEnvironment) -> str | None:
+    if environment.state in TERMINAL_ENVIRONMENT_STATES:
+        return f"already {environment.state}"
+    return None if _teardown_pending(environment) else "no teardown pending"
+
+
+class TeardownPendingFilter(admin.SimpleListFilter):
+    """Environments whose teardown was asked for and has not finished (what "Retry teardown" is for)."""
+
+    title = "teardown"
+    parameter_name = "teardown"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("pending", "Pending")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "pending":
+            return queryset.filter(destroy_requested_at_ms__isnull=False).exclude(state__in=TERMINAL_ENVIRONMENT_STATES)
+        return queryset
+
+
 @admin.register(WorkerEnvironment)
 class WorkerEnvironmentAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     list_display = (
@@ -103,14 +190,40 @@ class WorkerEnvironmentAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
         "last_error",
         "updated_at_ms",
     )
-    list_filter = ("state", "provider_id")
+    list_filter = (TeardownPendingFilter, "state", "provider_id")
     search_fields = ("environment_id", "lease_id", "node_device_id")
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     # The SSH key reference stays out of the admin as it stays out of every API.
     exclude = ("ssh_key_ref",)
-    readonly_fields = [field.name for field in WorkerEnvironment._meta.fields if field.name != "ssh_key_ref"]
-    actions = ("destroy_environments",)
+    readonly_fields = [
+        *(field.name for field in WorkerEnvironment._meta.fields if field.name != "ssh_key_ref"),
+        "audit_history",
+    ]
+    actions = ("destroy_environments", "retry_teardowns")
+
+    @admin.display(description="audit")
+    def audit_history(self, obj: WorkerEnvironment) -> str:
+        return audit_history_link(obj.environment_id, "environment")
+
+    @admin.action(description="Retry teardown (environments.destroy, no force)", permissions=["change"])
+    def retry_teardowns(self, request: HttpRequest, queryset: QuerySet[WorkerEnvironment]) -> None:
+        """An environment whose teardown was requested but did not finish (its provider failed to release
+        the lease): the same service as "Destroy environment" asks the provider again. A refusal or a new
+        provider failure is reported with the service's message; the environment keeps its last error."""
+
+        def retry(environment: WorkerEnvironment, actor: Actor) -> str:
+            after = reclaim.environment_destroy(environment_id=environment.pk, force=False, actor=actor)
+            return f"Teardown retried via admin action: {environment.state} -> {after.state}."
+
+        per_object_action(
+            self,
+            request,
+            queryset,
+            label=lambda environment: environment.pk,
+            skip_reason=_no_teardown_pending,
+            act=retry,
+        )
 
     @admin.action(description="Destroy environment (environments.destroy, no force)", permissions=["change"])
     def destroy_environments(self, request: HttpRequest, queryset: QuerySet[WorkerEnvironment]) -> None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -8,9 +10,12 @@ from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import escape
 
 from openclaw_site.gateway import scopes as sc
+from openclaw_site.gateway.admin.common import audit_history_url
 from openclaw_site.gateway.audit import Actor, audit
+from openclaw_site.gateway.auth import hash_device_token
 from openclaw_site.gateway.exceptions import InvalidRequest
 from openclaw_site.gateway.models import (
     AuditLog,
@@ -21,7 +26,7 @@ from openclaw_site.gateway.models import (
     PairedDevice,
     PairingStatus,
 )
-from openclaw_site.gateway.services import pairing
+from openclaw_site.gateway.services import pairing, tokens
 
 pytestmark = pytest.mark.django_db
 
@@ -484,7 +489,133 @@ def test_revoke_selected_tokens(admin_client, admin_user, make_device, make_toke
         "device.token.revoke",
         "user:admin",
         admin_user,
-        {"role": sc.ROLE_OPERATOR},
+        {"role": sc.ROLE_OPERATOR, "before": "active", "after": "revoked"},
     )
     history = LogEntry.objects.get()
     assert (history.object_id, history.change_message) == (str(active.pk), "Revoked via admin action.")
+
+
+def test_rotate_tokens_asks_for_confirmation_first(admin_client, make_device, make_token, make_connection):
+    device = make_device(1)
+    token = make_token(device)
+    make_connection(device)
+
+    response = run_action(admin_client, DeviceToken, "rotate_tokens", [token], index=0)
+
+    assert response.status_code == 200
+    assert "admin/action_confirmation.html" in [t.name for t in response.templates]
+    content = response.content.decode()
+    assert 'name="post" value="yes"' in content and 'name="action" value="rotate_tokens"' in content
+    assert "Yes, rotate 1 token" in content
+    token.refresh_from_db()
+    assert token.token_hash == hash_device_token(f"secret-{device.device_id}-operator")
+    assert GatewayConnection.objects.filter(device_id=device.pk).exists()
+    assert not AuditLog.objects.exists()
+
+
+def test_rotate_tokens_shows_each_new_secret_once_and_audits_the_user(
+    admin_client, admin_user, make_device, make_token, make_connection
+):
+    device = make_device(1)
+    token = make_token(device)
+    make_connection(device)
+
+    response = run_action(admin_client, DeviceToken, "rotate_tokens", [token], post="yes")
+
+    assert response.status_code == 200
+    assert "no-store" in response["Cache-Control"]
+    content = response.content.decode()
+    assert "Copy each new token now: it is not shown again." in content
+    secret = re.search(r'<input type="text" readonly value="([^"]+)"', content).group(1)
+    record = tokens.device_token_verify(device_id=device.device_id, role=sc.ROLE_OPERATOR, token=secret)
+    assert record.scopes == [sc.READ, sc.WRITE]  # the device's approved scopes, as device.token.rotate gives
+    assert not GatewayConnection.objects.filter(device_id=device.pk).exists()  # its connections closed
+    assert messages_of(response) == ["1 done, 0 skipped"]
+    audit = AuditLog.objects.get()
+    assert (audit.action, audit.actor, audit.actor_user) == ("device.token.rotate", "user:admin", admin_user)
+    assert audit.data["tokenDelivery"] == "shown-to-operator" and secret not in str(audit.data)
+    history = LogEntry.objects.get()
+    assert (history.object_id, history.change_message) == (str(token.pk), "Rotated via admin action.")
+    assert secret not in admin_client.get(admin_url(DeviceToken, "change", token.pk)).content.decode()
+
+
+def test_rotate_tokens_skips_with_the_services_refusal_when_the_role_was_withdrawn(
+    admin_client, make_device, make_token
+):
+    device = make_device(1, roles=[sc.ROLE_OPERATOR])
+    stale = make_token(device, sc.ROLE_NODE)  # the node role is gone; its token row was left behind
+
+    response = run_action(admin_client, DeviceToken, "rotate_tokens", [stale], post="yes")
+
+    assert response.status_code == 200
+    assert messages_of(response) == [f"0 done, 1 skipped: {stale}: device token rotation denied"]
+    assert "No token was rotated." in response.content.decode()
+    stale.refresh_from_db()
+    assert stale.token_hash == hash_device_token(f"secret-{device.device_id}-node")
+    assert not AuditLog.objects.exists() and not LogEntry.objects.exists()
+
+
+# --- the audit trail ------------------------------------------------------------------------
+
+
+def test_the_audit_log_shows_who_what_before_and_after_and_filters_by_object(
+    admin_client, make_device, make_token, make_pairing_request
+):
+    approved = make_pairing_request(1)
+    pairing.pairing_request_approve(request_id=str(approved.request_id), actor=Actor.system("cli"))
+    other = make_device(2)
+    make_token(other)
+    run_action(admin_client, DeviceToken, "revoke_tokens", [DeviceToken.objects.get(device=other)], index=0)
+
+    response = admin_client.get(
+        admin_url(AuditLog, "changelist"), {"target_type__exact": "device", "target_id__exact": other.device_id}
+    )
+
+    assert response.status_code == 200
+    [row] = response.context["cl"].result_list
+    assert (row.action, row.actor, row.target_id) == ("device.token.revoke", "user:admin", other.device_id)
+    content = response.content.decode()
+    assert f"Audit history of device {other.device_id}" in content
+    assert '<td class="field-before_column">active</td>' in content
+    assert '<td class="field-after_column">revoked</td>' in content
+    everything = admin_client.get(admin_url(AuditLog, "changelist")).content.decode()
+    assert escape(audit_history_url(approved.device_id, "device")) in everything  # each row links its object
+    assert "&quot;roles&quot;: [&quot;operator&quot;]" in everything  # approval's after state
+    searched = admin_client.get(admin_url(AuditLog, "changelist"), {"q": approved.device_id})
+    assert [r.action for r in searched.context["cl"].result_list] == ["device.pair.approve"]
+
+
+def test_each_pairing_objects_page_links_its_audit_history(admin_client, make_device, make_token, make_pairing_request):
+    device = make_device(1)
+    token = make_token(device)
+    request = make_pairing_request(2)
+
+    pages = {
+        admin_url(PairedDevice, "change", device.pk): audit_history_url(device.device_id),
+        admin_url(DeviceToken, "change", token.pk): audit_history_url(device.device_id, "device"),
+        admin_url(DevicePairingRequest, "change", request.pk): audit_history_url(request.device_id),
+    }
+
+    for page, history in pages.items():
+        response = admin_client.get(page)
+        assert response.status_code == 200
+        assert escape(history) in response.content.decode(), page
+
+
+@pytest.mark.parametrize("model", [DevicePairingRequest, GatewayProcess], ids=lambda m: m.__name__)
+def test_request_and_process_changelists_have_no_n_plus_one(
+    admin_client, django_assert_max_num_queries, make_pairing_request, model
+):
+    now = timezone.now()
+    for n in range(25):
+        make_pairing_request(n + 1)
+        GatewayProcess.objects.create(
+            boot_id=uuid.uuid4(), hostname=f"gw-{n}", pid=n + 1, started_at=now, heartbeat_at=now
+        )
+
+    # Session, user, the counts, the page and the value filters' lists (hostname, reason): none per row.
+    with django_assert_max_num_queries(10):
+        response = admin_client.get(admin_url(model, "changelist"))
+
+    assert response.status_code == 200
+    assert len(response.context["cl"].result_list) == 25

@@ -12,7 +12,9 @@ from django.core.cache import cache
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import escape
 
+from openclaw_site.gateway.admin.common import audit_history_url
 from openclaw_site.gateway.models import AuditLog
 from sessions_app.models import Run, RunStatus, Session, SessionWindow, TranscriptEvent
 from sessions_app.services import runs, sessions
@@ -339,3 +341,17 @@ def test_services_write_no_audit_row_without_an_actor():
     sessions.session_reset(key=session.key)
 
     assert not AuditLog.objects.exists()
+
+
+def test_the_session_page_links_its_audit_history(admin_client):
+    session = make()
+    run_action(admin_client, Session, "reset_sessions", [session])
+    other = make("agent:main:other")
+    run_action(admin_client, Session, "reset_sessions", [other])
+
+    page = admin_client.get(admin_url(Session, "change", session.pk)).content.decode()
+    history_url = audit_history_url(session.key, "session")
+    listed = admin_client.get(history_url)
+
+    assert escape(history_url) in page
+    assert [(row.action, row.target_id) for row in listed.context["cl"].result_list] == [("session.reset", session.key)]

@@ -16,6 +16,10 @@ from .teardown import composed_error, fail_in_flight, reclaim_active, teardown_e
 S = PlacementState
 STOPPED_BY_OPERATOR = "Cloud worker stopped by operator"
 PROVISIONING_CANCELED = "Cloud worker provisioning canceled"
+FAILED_BY_OPERATOR = "Worker placement failed by operator"
+# What an operator may fail: a dispatch or move that stopped moving, or a worker given up (its
+# environment is torn down). Failed, reclaimed and local placements have nothing left to fail.
+FORCE_FAILABLE_STATES = (S.REQUESTED, S.PROVISIONING, S.SYNCING, S.STARTING, S.ACTIVE, S.DRAINING, S.RECONCILING)
 
 
 def reclaim(*, session: Session, recover_to_gateway_generation: int | None = None, actor: Actor) -> Placement:
@@ -121,3 +125,36 @@ def environment_destroy(*, environment_id: str, force: bool, actor: Actor) -> Wo
         data["abandonedSessions"] = sorted(sessions[owner.pk].key for owner in owners)
     audit(actor, "environment.destroy", "environment", environment_id, data)
     return destroyed
+
+
+def placement_force_fail(*, session: Session, expected_state: str, expected_generation: int, actor: Actor) -> Placement:
+    """Fail a placement an operator gave up on, exactly as recovery fails an interrupted one
+    (``fail_in_flight``: a worker that owns it loses ownership first, then its environment is torn
+    down; a teardown error joins the ``recovery_error``). Only for the state and generation the
+    operator saw; audited with the placement's state and generation before and after."""
+    placement = Placement.objects.filter(pk=session.pk).first()
+    found = f"{placement.state}@{placement.generation}" if placement is not None else "missing"
+    if found != f"{expected_state}@{expected_generation}":
+        raise InvalidRequest(
+            f"Worker session placement {session.session_id} changed: expected "
+            f"{expected_state}@{expected_generation}, found {found}"
+        )
+    if placement.state not in FORCE_FAILABLE_STATES:
+        raise InvalidRequest(f"Cannot fail worker session placement from {placement.state}")
+    if PlacementMove.objects.filter(session=session).exists():
+        # A move carries its own recovery (``move_recover``), which a forced failure would strand.
+        raise InvalidRequest(f"Session {session.key} is being moved; its move finishes or fails on its own")
+    failed = fail_in_flight(session, placement, FAILED_BY_OPERATOR, actor=actor)
+    audit(
+        actor,
+        "placement.fail",
+        "session",
+        session.key,
+        {
+            "before": found,
+            "after": f"{failed.state}@{failed.generation}",
+            "environmentId": failed.environment_id,
+            "reason": failed.recovery_error,
+        },
+    )
+    return failed

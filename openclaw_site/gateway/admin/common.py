@@ -11,8 +11,11 @@ from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.http import urlencode
 
 from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import GatewayError
@@ -31,6 +34,18 @@ def short_id(value: object, size: int = 12) -> str:
 
 def join_or_dash(values: Iterable[str] | None) -> str:
     return ", ".join(values or []) or "—"
+
+
+def audit_history_url(target_id: str, target_type: str | None = None) -> str:
+    """The audit log's list filtered to one object (``target_id``, and its type when ids could clash)."""
+    query = {"target_id__exact": target_id}
+    if target_type is not None:
+        query["target_type__exact"] = target_type
+    return f"{reverse('admin:gateway_auditlog_changelist')}?{urlencode(query)}"
+
+
+def audit_history_link(target_id: str, target_type: str | None = None) -> str:
+    return format_html('<a href="{}">audit history</a>', audit_history_url(target_id, target_type))
 
 
 def report_outcome(modeladmin: admin.ModelAdmin, request: HttpRequest, done: int, skipped: list[str]) -> None:

@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from openclaw_site.gateway import scopes as sc
 from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.exceptions import GatewayError
 from openclaw_site.gateway.models import (
@@ -31,6 +32,7 @@ from .common import (
     RoleFilter,
     TokenStateFilter,
     ViewOnlyObjectsMixin,
+    audit_history_link,
     join_or_dash,
     per_object_action,
     report_outcome,
@@ -67,7 +69,19 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     inlines = (DeviceTokenInline,)
     actions = ("remove_devices", "revoke_device_tokens")
     fieldsets = (
-        (None, {"fields": ("device_id", "public_key", "display_name", "operator_label", "live_connections")}),
+        (
+            None,
+            {
+                "fields": (
+                    "device_id",
+                    "public_key",
+                    "display_name",
+                    "operator_label",
+                    "live_connections",
+                    "audit_history",
+                )
+            },
+        ),
         ("Approval", {"fields": ("roles", "approved_scopes", "approved_commands", "approved_caps")}),
         ("Approval (node permissions)", {"fields": ("approved_permissions",), "classes": ("collapse",)}),
         (
@@ -157,6 +171,11 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
                 ),
             ),
         )
+
+    @admin.display(description="audit")
+    def audit_history(self, obj: PairedDevice) -> str:
+        # By id only: a device's rows are under "device" and, for its node role, "node".
+        return audit_history_link(obj.device_id)
 
     def has_remove_permission(self, request: HttpRequest) -> bool:
         """Removing goes through the service, so it is gated by the model's delete permission."""
@@ -296,6 +315,7 @@ class DevicePairingRequestAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
         "client_mode",
         "client_version",
         "remote_ip",
+        "audit_history",
     )
     fields = readonly_fields
 
@@ -327,6 +347,10 @@ class DevicePairingRequestAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
         return format_html(
             '<a href="{}">{}</a>', reverse("admin:gateway_paireddevice_change", args=[device.pk]), str(device)
         )
+
+    @admin.display(description="audit")
+    def audit_history(self, obj: DevicePairingRequest) -> str:
+        return audit_history_link(obj.device_id)
 
     def _not_open_reason(self, obj: DevicePairingRequest) -> str | None:
         if obj.status != PairingStatus.PENDING:
@@ -374,8 +398,8 @@ class DeviceTokenAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     list_select_related = ("device",)
     search_fields = ("device__device_id", "device__display_name", "device__operator_label")
     ordering = ("-created_at",)
-    actions = ("revoke_tokens",)
-    fields = ("device", "role", "scopes", "created_at", "rotated_at", "revoked_at", "last_used_at")
+    actions = ("revoke_tokens", "rotate_tokens")
+    fields = ("device", "role", "scopes", "created_at", "rotated_at", "revoked_at", "last_used_at", "audit_history")
     readonly_fields = fields
     exclude = ("token_hash",)
 
@@ -393,6 +417,10 @@ class DeviceTokenAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     def is_active(self, obj: DeviceToken) -> bool:
         return obj.revoked_at is None
 
+    @admin.display(description="audit")
+    def audit_history(self, obj: DeviceToken) -> str:
+        return audit_history_link(obj.device_id, "device")
+
     @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[DeviceToken]) -> None:
         def revoke(token: DeviceToken, actor: Actor) -> str:
@@ -407,3 +435,87 @@ class DeviceTokenAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             skip_reason=lambda token: "already revoked" if token.revoked_at is not None else None,
             act=revoke,
         )
+
+    @admin.action(description="Rotate selected tokens (shows the new tokens once)", permissions=["change"])
+    def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[DeviceToken]) -> TemplateResponse:
+        """Destructive: the old secret stops working and the device's connections with that role close.
+
+        1. First POST (from the action bar): render the confirmation page.
+        2. Second POST (``post=yes``): ``device_token_rotate`` once per token (as ``device.token.rotate``
+           with the device's approved scopes), then a page that shows each new secret this once.
+        """
+        selected = list(queryset.select_related("device"))
+        if request.POST.get("post") != "yes":
+            return self._rotate_confirmation(request, selected)
+        actor = Actor.for_user(request.user)
+        rotated, skipped = [], []
+        for token in selected:
+            try:
+                result = tokens.device_token_rotate(
+                    device_id=token.device_id, role=token.role, scopes=None, actor=actor, show_to_operator=True
+                )
+            except GatewayError as exc:
+                skipped.append(f"{token}: {exc.message}")
+                continue
+            token.refresh_from_db()
+            self.log_change(request, token, "Rotated via admin action.")
+            rotated.append(
+                {
+                    "device": token.device.label,
+                    "device_id": token.device_id,
+                    "role": token.role,
+                    "scopes": result["scopes"],
+                    "token": result["token"],
+                }
+            )
+        report_outcome(self, request, len(rotated), skipped)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "New device tokens",
+            "subtitle": None,
+            "opts": self.opts,
+            "rotated": rotated,
+        }
+        request.current_app = self.admin_site.name
+        response = TemplateResponse(request, "admin/gateway/devicetoken/rotated.html", context)
+        response["Cache-Control"] = "no-store"  # the secrets must not stay in a cache or the history
+        return response
+
+    def _rotate_confirmation(self, request: HttpRequest, selected: list[DeviceToken]) -> TemplateResponse:
+        live_by_device = dict(
+            live_connections()
+            .filter(device_id__in={t.device_id for t in selected})
+            .values_list("device_id")
+            .annotate(n=Count("pk"))
+            .order_by()
+        )
+        rows = [
+            (
+                token.device.label,
+                token.role,
+                "active" if token.revoked_at is None else "revoked",
+                join_or_dash(token.device.approved_scopes if token.role == sc.ROLE_OPERATOR else []),
+                live_by_device.get(token.device_id, 0),
+            )
+            for token in selected
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Rotate device tokens?",
+            "subtitle": None,
+            "opts": self.opts,
+            "intro": (
+                "Each selected token gets a new secret, shown once on the next page: the old one stops working "
+                "and the device's live connections with that role are closed until it connects with the new "
+                "token. Each rotation is recorded in the audit log."
+            ),
+            "columns": ("Device", "Role", "State now", "Scopes after", "Live connections of the device"),
+            "rows": rows,
+            "queryset": selected,
+            "action_name": "rotate_tokens",
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "confirm_label": f"Yes, rotate {len(rows)} token{'s' if len(rows) != 1 else ''}",
+            "media": self.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/action_confirmation.html", context)

@@ -159,6 +159,13 @@ def _grant(device: PairedDevice, source: PairingClaim | DevicePairingRequest, *,
     device.approved_at = now
 
 
+def _approval_state(device: PairedDevice) -> dict | str:
+    """A device's approval as an audit row records it before and after a change."""
+    if device._state.adding:
+        return "unpaired"
+    return {"roles": list(device.roles or []), "scopes": list(device.approved_scopes or [])}
+
+
 def _required_approval_scopes(request: DevicePairingRequest) -> list[str]:
     if request.role != sc.ROLE_NODE or not request.commands:
         return [sc.PAIRING]
@@ -196,6 +203,7 @@ def pairing_request_approve(*, request_id: str, actor: Actor, role: str | None =
         # Locked: a concurrent approval of another role for this device must not lose ours.
         if device is None:
             device = PairedDevice(device_id=request.device_id, approved_at=now)
+        before = _approval_state(device)
         _grant(device, request, role=request.role, now=now)
         device.save()
         audit(
@@ -208,6 +216,8 @@ def pairing_request_approve(*, request_id: str, actor: Actor, role: str | None =
                 "role": request.role,
                 "scopes": request.scopes,
                 "commands": request.commands,
+                "before": before,
+                "after": _approval_state(device),
             },
         )
         pairing_request_publish_resolved(request, "approved")
@@ -222,7 +232,13 @@ def pairing_request_reject(*, request_id: str, actor: Actor, role: str | None = 
         )
         if claimed != 1:
             raise InvalidRequest("unknown requestId")
-        audit(actor, "device.pair.reject", "device", request.device_id, {"requestId": str(request.request_id)})
+        audit(
+            actor,
+            "device.pair.reject",
+            "device",
+            request.device_id,
+            {"requestId": str(request.request_id), "before": "pending", "after": "rejected"},
+        )
         pairing_request_publish_resolved(request, "rejected")
     return request
 
@@ -230,13 +246,14 @@ def pairing_request_reject(*, request_id: str, actor: Actor, role: str | None = 
 def paired_device_remove(*, device_id: str, actor: Actor) -> None:
     """Forget a device: its tokens die with it and its live connections are closed."""
     with transaction.atomic():
+        device = PairedDevice.objects.filter(device_id=device_id).first()
         deleted, _ = PairedDevice.objects.filter(device_id=device_id).delete()
-        if not deleted:
+        if device is None or not deleted:
             raise NotFound("unknown deviceId")
         connections.connections_close(
             list(GatewayConnection.objects.filter(device_id=device_id)), reason="device removed"
         )
-        audit(actor, "device.pair.remove", "device", device_id)
+        audit(actor, "device.pair.remove", "device", device_id, {"before": _approval_state(device), "after": "removed"})
         node_catalog_changed()
         events.publish_on_commit(
             events.EVENT_DEVICE_PAIR_RESOLVED,
@@ -251,6 +268,7 @@ def node_remove(*, node_id: str, actor: Actor) -> None:
         # Locked so that a concurrent approval cannot re-add the role we are removing.
         if device is None or not device.has_role(sc.ROLE_NODE):
             raise NotFound("unknown nodeId")
+        before = _approval_state(device)
         remaining = [r for r in device.roles if r != sc.ROLE_NODE]
         if remaining:
             device.roles = remaining
@@ -263,7 +281,8 @@ def node_remove(*, node_id: str, actor: Actor) -> None:
             list(GatewayConnection.objects.filter(device_id=node_id, role=sc.ROLE_NODE)),
             reason="node pairing removed",
         )
-        audit(actor, "node.pair.remove", "node", node_id)
+        after = {"roles": remaining, "scopes": list(device.approved_scopes or [])} if remaining else "removed"
+        audit(actor, "node.pair.remove", "node", node_id, {"before": before, "after": after})
         node_catalog_changed()
         events.publish_on_commit(
             events.EVENT_NODE_PAIR_RESOLVED,

@@ -68,8 +68,24 @@ def device_token_touch(record: DeviceToken) -> None:
     DeviceToken.objects.filter(pk=record.pk).update(last_used_at=timezone.now())
 
 
-def device_token_rotate(*, device_id: str, role: str, scopes: list[str] | None, actor: Actor) -> dict:
-    """Issue a fresh token; the secret is returned only to the device itself."""
+TOKEN_DELIVERY_IN_BAND = "in-band"
+TOKEN_DELIVERY_WITHHELD = "withheld-cross-device"
+# Not a wire value: the console and the admin, never the RPC, show the secret once to the Django user
+# who rotated it, to hand it over to the device (a node host's token file, say).
+TOKEN_DELIVERY_SHOWN_TO_OPERATOR = "shown-to-operator"
+
+
+def token_state(record: DeviceToken | None) -> str:
+    if record is None:
+        return "none"
+    return "active" if record.revoked_at is None else "revoked"
+
+
+def device_token_rotate(
+    *, device_id: str, role: str, scopes: list[str] | None, actor: Actor, show_to_operator: bool = False
+) -> dict:
+    """Issue a fresh token; the secret is returned only to the device itself, or with
+    ``show_to_operator`` to the Django user acting in the console or the admin (audited as such)."""
     with transaction.atomic():
         device = PairedDevice.objects.filter(device_id=device_id).first()
         if device is None:
@@ -83,6 +99,7 @@ def device_token_rotate(*, device_id: str, role: str, scopes: list[str] | None, 
             raise InvalidRequest("device token rotation denied")
         if not sc.scopes_cover(actor.scopes, wanted) and actor.device_id != device_id:
             raise InvalidRequest("device token rotation denied")
+        before = token_state(DeviceToken.objects.filter(device=device, role=role).first())
         token = new_device_token()
         now = timezone.now()
         DeviceToken.objects.update_or_create(
@@ -94,16 +111,27 @@ def device_token_rotate(*, device_id: str, role: str, scopes: list[str] | None, 
         if actor.conn_id:
             others = others.exclude(conn_id=actor.conn_id)
         connections.connections_close(list(others), reason="device token rotated")
-        audit(actor, "device.token.rotate", "device", device_id, {"role": role, "scopes": wanted})
-    in_band = actor.device_id == device_id
+        if actor.device_id == device_id:
+            delivery = TOKEN_DELIVERY_IN_BAND
+        elif show_to_operator and actor.user is not None:
+            delivery = TOKEN_DELIVERY_SHOWN_TO_OPERATOR
+        else:
+            delivery = TOKEN_DELIVERY_WITHHELD
+        audit(
+            actor,
+            "device.token.rotate",
+            "device",
+            device_id,
+            {"role": role, "scopes": wanted, "before": before, "after": "active", "tokenDelivery": delivery},
+        )
     result = {
         "deviceId": device_id,
         "role": role,
         "scopes": wanted,
         "rotatedAtMs": to_ms(now),
-        "tokenDelivery": "in-band" if in_band else "withheld-cross-device",
+        "tokenDelivery": delivery,
     }
-    if in_band:
+    if delivery != TOKEN_DELIVERY_WITHHELD:
         result["token"] = token
     return result
 
@@ -124,5 +152,5 @@ def device_token_revoke(*, device_id: str, role: str, actor: Actor) -> dict:
         if actor.conn_id:
             others = others.exclude(conn_id=actor.conn_id)
         connections.connections_close(list(others), reason="device token revoked")
-        audit(actor, "device.token.revoke", "device", device_id, {"role": role})
+        audit(actor, "device.token.revoke", "device", device_id, {"role": role, "before": "active", "after": "revoked"})
     return {"deviceId": device_id, "role": role, "revokedAtMs": to_ms(now)}

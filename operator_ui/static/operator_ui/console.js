@@ -5,6 +5,9 @@
   var body = document.body;
   var sessionKey = body.dataset.sessionKey || null;
   var liveRegions = Array.prototype.slice.call(document.querySelectorAll("[data-live-region]"));
+  // A page other than the sessions' names its socket topics and the events that refresh its parts.
+  var liveTopics = body.dataset.liveTopics || "";
+  var liveEvents = (body.dataset.liveEvents || "").split(" ").filter(Boolean);
   if (!sessionKey && liveRegions.length === 0) return;
 
   var refreshTimer = null;
@@ -63,6 +66,8 @@
       }
     } else if (frame.event === "sessions.changed") {
       if (!sessionKey || payload.sessionKey === sessionKey) refreshRegions();
+    } else if (liveEvents.indexOf(frame.event) !== -1) {
+      refreshRegions();
     }
   }
 
@@ -70,7 +75,8 @@
   var opened = false;
   function connect() {
     var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
-    var socket = new WebSocket(scheme + window.location.host + "/ui/live/");
+    var query = liveTopics ? "?topics=" + encodeURIComponent(liveTopics) : "";
+    var socket = new WebSocket(scheme + window.location.host + "/ui/live/" + query);
     socket.onopen = function () {
       // What happened before the socket opened (a turn that ended meanwhile) comes with one refresh.
       if (opened || body.dataset.running === "true") refreshRegions();
