@@ -52,7 +52,7 @@ def test_pairing_approval_over_http():
     assert AuditLog.objects.get().actor == "api:token"
 
     again = client.post(f"/api/gateway/pairing/{request.pk}/approve", **auth())
-    assert again.status_code == 400
+    assert again.status_code == 404  # no longer open: the same refusal as an unknown request
     assert again.json() == {"error": {"code": "INVALID_REQUEST", "message": "unknown requestId"}}
 
 
