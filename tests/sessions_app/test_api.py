@@ -99,7 +99,8 @@ def test_openapi_schema_lists_the_sessions_paths():
     assert set(paths["/api/sessions/{key}/history"]) == {"get"}
     assert set(paths["/api/sessions/{key}/messages"]) == {"post"}
     assert set(paths["/api/sessions/{key}/abort"]) == {"post"}
-    assert set(paths["/api/sessions/runs/{run_id}"]) == {"get"}
+    assert set(paths["/api/sessions/runs/{runId}"]) == {"get"}
+    assert set(paths["/api/sessions/runs"]) == {"get"}
     patch = paths["/api/sessions/{key}"]["patch"]
     assert patch["tags"] == ["sessions"]
     assert {"200", "400", "404", "409", "503"} <= set(patch["responses"])
