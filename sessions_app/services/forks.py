@@ -14,6 +14,7 @@ from typing import Any
 from django.db import transaction
 
 from openclaw_site.gateway.exceptions import (
+    Busy,
     Conflict,
     GatewayError,
     InvalidRequest,
@@ -71,7 +72,7 @@ def _lock_unchanged(key: str, seen: Session) -> Session:
     if source is None or (source.session_id, source.lifecycle_revision) != (seen.session_id, seen.lifecycle_revision):
         raise Conflict(f"Session {key} changed; retry fork.", details={"code": "SESSION_CHANGED"})
     if Run.objects.filter(session=source, status=RunStatus.RUNNING).exists():
-        raise Unavailable("Fork is unavailable while the agent is working.", retryable=True)
+        raise Busy("Fork is unavailable while the agent is working.", retryable=True)
     action_guards.check(source, SessionAction.FORK)
     return source
 
@@ -81,7 +82,7 @@ def session_fork(*, session_key: str, entry_id: str) -> dict[str, Any]:
     if seen is None:
         raise NotFound(f"session not found: {session_key}")
     if seen.initialization_pending:
-        raise Unavailable(f"Session {session_key} is initializing; retry fork later.", retryable=True)
+        raise Busy(f"Session {session_key} is initializing; retry fork later.", retryable=True)
     link = links.link_read(seen.key, seen.agent_id)
     if link is not None:
         return _upstream_fork(seen, link, entry_id)

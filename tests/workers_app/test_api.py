@@ -514,3 +514,21 @@ def test_changes_are_audited_as_the_gateway_token(client):
     reclaim(client)
 
     assert AuditLog.objects.filter(action="placement.reclaim", actor="api:token", target_id=KEY).exists()
+
+
+def test_a_turn_for_a_session_whose_worker_failed_is_refused_as_a_conflict(client):
+    session = make_session()
+    failed_without_environment(session)
+    turns = session.runs.count()
+
+    response = client.post(
+        f"/api/sessions/{KEY}/messages", {"message": "hi", "wait": False}, content_type="application/json"
+    )
+
+    assert response.status_code == 409
+    assert response.json()["error"] == {
+        "code": "UNAVAILABLE",
+        "message": f"Session {KEY} worker placement failed: cloud worker disappeared: environment record missing",
+        "details": {"code": "PLACEMENT_FAILED", "placementState": "failed"},
+    }
+    assert session.runs.count() == turns
