@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .protocol import ClosedModel
 
@@ -44,9 +44,10 @@ def error_responses(*statuses: int) -> dict[int, type[ErrorOut]]:
     return dict.fromkeys(sorted({*ALWAYS_ERRORS, *statuses}), ErrorOut)
 
 
-class OpenSchema(Schema):
+class OpenSchema(BaseModel):
     """A projection other apps may add fields to (node rows, session rows): the documented fields are
-    checked, the others are passed on as they are."""
+    checked, the others are passed on as they are. A plain pydantic model: ninja's ``Schema`` reads
+    its input attribute by attribute and would drop the undeclared fields."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -13,8 +13,11 @@ import asyncio
 import pytest
 from django.test import Client
 
+from openclaw_site.gateway import selectors as gateway_selectors
 from openclaw_site.gateway.models import AuditLog
+from sessions_app import rpc as session_rpc
 from sessions_app import selectors as session_selectors
+from sessions_app.schemas import SessionRef
 from sessions_app.services.sessions import session_patch
 from tests.support.api import API_TOKEN
 from workers_app import rpc, selectors
@@ -26,6 +29,7 @@ from workers_app.services import placements as store
 from workers_app.services.placements import FORCED_WORKER_ABANDONMENT_ERROR, Actor
 
 from . import test_rpc
+from .test_device_provider import HOSTING, declare
 from .test_placement_store import ENV, dispatch_to_active, make_session
 from .test_rpc import MOVE_FAILED, NODE, ctx, failed_without_environment, paired_node, world
 
@@ -532,3 +536,26 @@ def test_a_turn_for_a_session_whose_worker_failed_is_refused_as_a_conflict(clien
         "details": {"code": "PLACEMENT_FAILED", "placementState": "failed"},
     }
     assert session.runs.count() == turns
+
+
+def test_the_fields_workers_app_adds_to_session_and_node_rows_reach_the_api(client):
+    """Session rows carry the placement, node rows the worker host facts: the response schemas document
+    the core fields and pass the contributed ones on."""
+    session = make_session()
+    dispatch_to_active(session)
+    paired_node(connected=True)
+    declare(HOSTING)
+
+    described = client.get(f"/api/sessions/{KEY}").json()
+    listed = client.get("/api/sessions/").json()
+    node = client.get(f"/api/gateway/nodes/{NODE}").json()
+    nodes = client.get("/api/gateway/nodes").json()["nodes"]
+    environments = client.get("/api/workers/environments").json()["environments"]
+
+    assert described == session_rpc.sessions_describe_rpc(ctx(), SessionRef(key=KEY))
+    assert described["session"]["placement"]["state"] == S.ACTIVE
+    assert listed["sessions"][0]["placement"] == described["session"]["placement"]
+    assert (node["sessionHost"], node["workerSlots"]) == (True, {"total": 2, "available": 2})
+    assert nodes == gateway_selectors.node_catalog(include_pending=True)
+    node_row = next(row for row in environments if row["id"] == f"node:{NODE}")
+    assert (node_row["type"], node_row["sessionHost"], node_row["workerSlots"]) == ("node", True, HOSTING["capacity"])
