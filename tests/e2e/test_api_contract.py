@@ -31,7 +31,12 @@ from tests.sessions_app.test_api import finished_turn, make
 from tests.workers_app.test_rpc import failed_without_environment
 from workers_app.models import WorkerEnvironment
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True, databases=["default", "harness"])]
+# About a minute: in the README's test command (PostgreSQL + Redis), left out of CI's second, embedded pass.
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True, databases=["default", "harness"]),
+]
 
 EXAMPLES_PER_OPERATION = 12
 CHECKS = ("not_a_server_error", "status_code_conformance", "response_schema_conformance")
