@@ -17,6 +17,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.operation import Operation
 
 from openclaw_site.gateway.api import router as gateway_router
 from openclaw_site.gateway.exceptions import (
@@ -39,9 +40,24 @@ API_PREFIX = "/api/"
 PARAMETER_SOURCES = {"body": "body", "query": "query", "path": "path", "header": "header", "cookie": "cookie"}
 
 
-api = NinjaAPI(
+class GatewayAPI(NinjaAPI):
+    def get_openapi_operation_id(self, operation: Operation) -> str:
+        """The view's name (``session_list``, ``placement_dispatch``): unique across the API (a test
+        checks it), and unchanged when a module moves."""
+        return operation.view_func.__name__
+
+
+api = GatewayAPI(
     title="OpenClaw gateway API",
     version="1",
+    description=(
+        "The gateway's operations for scripts, over the same services as its WebSocket methods (named in "
+        "each operation's description). Send `Authorization: Bearer <gateway token>` (or "
+        f'`{TOKEN_HEADER}: <gateway token>`). Every error is `{{"error": {{code, message, details?, retryable?, '
+        "retryAfterMs?}}`: bad input 400 (nothing changed), no or a wrong token 401, unknown ids 404, a "
+        "state that moved on 409 or 400 with the service's own message, a backend that failed 503, and an "
+        "unexpected failure 500 with a reference the gateway's log has the cause under."
+    ),
     auth=OPERATOR_AUTH,
     urls_namespace="api",
 )

@@ -2,7 +2,7 @@
 
 Payloads are the gateway methods' (``selectors.*_payload``), except that a missing session is a
 404 here where the RPC answers ``null`` or ``deleted: false``. Session keys go in the path as they
-are (``agent:main:main``; a bare key is placed under the default agent). The ``runs/`` routes are
+are (``agent:main:main``; a bare key is placed under the default agent). The ``runs`` routes are
 registered before the ``{key}`` ones, so a session whose bare key is ``runs`` needs its full key.
 """
 
@@ -12,30 +12,41 @@ import uuid
 
 from channels.db import database_sync_to_async
 from django.http import HttpRequest
-from ninja import Query, Router, Status
+from ninja import Path, Query, Router, Status
 
 from openclaw_site.gateway.exceptions import NotFound
-from openclaw_site.gateway.schemas import ErrorOut
+from openclaw_site.gateway.schemas import error_responses
 
 from . import keys, selectors
 from .schemas import (
     AbortTarget,
+    ChatAbortOut,
+    ChatHistoryOut,
     ExpectedRevision,
     ForkEntry,
     HistoryPage,
     MessageIn,
+    MessageOut,
     RunOut,
+    RunRef,
+    RunsListParams,
+    RunsPageOut,
+    SessionAdoptedOut,
     SessionChanges,
+    SessionCreatedOut,
+    SessionDeletedOut,
+    SessionDescribeOut,
+    SessionEntryOut,
+    SessionForkOut,
     SessionsAdoptParams,
     SessionsCreateParams,
+    SessionsListOut,
     SessionsListParams,
 )
 from .services import creation, forks, runs, sessions
 from .waiters import wait_for_run
 
 router = Router(tags=["sessions"])
-
-ERRORS = {400: ErrorOut, 404: ErrorOut, 409: ErrorOut, 503: ErrorOut}
 
 
 def _key(key: str) -> str:
@@ -45,51 +56,87 @@ def _key(key: str) -> str:
 # --- runs (before the {key} routes) ---------------------------------------------------------
 
 
-@router.get("/runs/{run_id}", response={200: RunOut, **ERRORS})
-def run_detail(request: HttpRequest, run_id: str):
-    run = selectors.run_get(run_id)
+@router.get("/runs", response={200: RunsPageOut, **error_responses()}, summary="List runs")
+def run_list(request: HttpRequest, query: Query[RunsListParams]):
+    """Chat turns of every session (or of ``sessionKey``), newest first, optionally of one ``status``.
+    Pass a page's ``nextCursor`` as ``cursor`` for the next page; it is null on the last."""
+    return selectors.runs_list_payload(query)
+
+
+@router.get("/runs/{runId}", response={200: RunOut, **error_responses(404)}, summary="Get a run")
+def run_detail(request: HttpRequest, params: Path[RunRef]):
+    """One chat turn by its id (the ``idempotencyKey`` it was sent with), with its reply once it ended."""
+    run = selectors.run_get(params.runId)
     if run is None:
-        raise NotFound(f"run not found: {run_id}")
+        raise NotFound(f"run not found: {params.runId}")
     return selectors.run_row(run)
 
 
 # --- sessions -------------------------------------------------------------------------------
 
 
-@router.get("/", response={200: dict, **ERRORS})
-@router.get("", response={200: dict, **ERRORS}, include_in_schema=False)  # /api/sessions, without the slash
+@router.get("/", response={200: SessionsListOut, **error_responses()}, summary="List sessions", exclude_unset=True)
+@router.get(
+    "", response={200: SessionsListOut, **error_responses()}, include_in_schema=False, exclude_unset=True
+)  # /api/sessions, without the slash
 def session_list(request: HttpRequest, filters: Query[SessionsListParams]):
+    """``sessions.list``: newest first, ``limit``/``offset`` pages; unarchived ones unless ``archived``."""
     return selectors.sessions_list_payload(filters)
 
 
-@router.post("/", response={201: dict, **ERRORS})
-@router.post("", response={201: dict, **ERRORS}, include_in_schema=False)  # /api/sessions, without the slash
+@router.post(
+    "/",
+    response={201: SessionCreatedOut, **error_responses(404, 409, 503)},
+    summary="Create a session",
+    exclude_unset=True,
+)
+@router.post(
+    "",
+    response={201: SessionCreatedOut, **error_responses(404, 409, 503)},
+    include_in_schema=False,
+    exclude_unset=True,
+)  # /api/sessions, without the slash
 def session_create(request: HttpRequest, payload: SessionsCreateParams):
-    """sessions.create: the body is its params."""
+    """``sessions.create``: the body is its params. With ``message``, the first turn starts at once."""
     created = creation.session_create_requested(request=payload)
     return Status(201, selectors.session_created_payload(created.session, worktree=created.worktree, run=created.run))
 
 
-@router.post("/adopt", response={201: dict, **ERRORS})
+@router.post(
+    "/adopt",
+    response={201: SessionAdoptedOut, **error_responses(409, 503)},
+    summary="Adopt a native thread",
+    exclude_unset=True,
+)
 def session_adopt(request: HttpRequest, payload: SessionsAdoptParams):
-    """A new locked session continuing an existing native thread of an agent harness."""
+    """``sessions.adopt``: a new locked session continuing an existing native thread of an agent harness."""
     session = forks.session_adopt_requested(request=payload)
     return Status(201, selectors.session_adopted_payload(session))
 
 
-@router.post("/{key}/fork", response={201: dict, **ERRORS})
+@router.post("/{key}/fork", response={201: SessionForkOut, **error_responses(404, 503)}, summary="Fork a session")
 def session_fork(request: HttpRequest, key: str, payload: ForkEntry):
-    """A new session from the history before one of the source's user messages."""
+    """``sessions.fork``: a new session from the history before one of the source's user messages."""
     return Status(201, forks.session_fork(session_key=_key(key), entry_id=payload.entryId))
 
 
-@router.get("/{key}", response={200: dict, **ERRORS})
+@router.get(
+    "/{key}", response={200: SessionDescribeOut, **error_responses(404)}, summary="Get a session", exclude_unset=True
+)
 def session_describe(request: HttpRequest, key: str):
+    """``sessions.describe``; an unknown key is a 404."""
     return {"session": selectors.session_row(selectors.session_require(_key(key)))}
 
 
-@router.patch("/{key}", response={200: dict, **ERRORS})
+@router.patch(
+    "/{key}",
+    response={200: SessionEntryOut, **error_responses(404, 409, 503)},
+    summary="Change a session",
+    exclude_unset=True,
+)
 def session_patch(request: HttpRequest, key: str, payload: SessionChanges):
+    """``sessions.patch``: only the fields sent change; ``expectedSessionId`` /
+    ``expectedLifecycleRevision`` refuse the change (409) when the session moved on."""
     session = sessions.session_patch(
         key=_key(key),
         changes=payload.changes(),
@@ -99,8 +146,11 @@ def session_patch(request: HttpRequest, key: str, payload: SessionChanges):
     return selectors.session_entry_payload(session, resolved=True)
 
 
-@router.delete("/{key}", response={200: dict, **ERRORS})
+@router.delete(
+    "/{key}", response={200: SessionDeletedOut, **error_responses(404, 409, 503)}, summary="Delete a session"
+)
 def session_delete(request: HttpRequest, key: str, expected: Query[ExpectedRevision]):
+    """``sessions.delete``, guarded like ``PATCH``; refused while a turn of the session runs."""
     key = _key(key)
     deleted = sessions.session_delete(
         key=key,
@@ -115,14 +165,22 @@ def session_delete(request: HttpRequest, key: str, expected: Query[ExpectedRevis
 # --- chat -----------------------------------------------------------------------------------
 
 
-@router.get("/{key}/history", response={200: dict, **ERRORS})
+@router.get(
+    "/{key}/history", response={200: ChatHistoryOut, **error_responses(404)}, summary="Read a session's history"
+)
 def session_history(request: HttpRequest, key: str, query: Query[HistoryPage]):
+    """``chat.history``: the newest ``limit`` messages of the session's transcript, oldest first."""
     return selectors.chat_history(selectors.session_require(_key(key)), limit=query.limit)
 
 
-@router.post("/{key}/messages", response={200: dict, **ERRORS})
+@router.post(
+    "/{key}/messages",
+    response={200: MessageOut, **error_responses(404, 409, 503)},
+    summary="Send a message",
+    exclude_unset=True,
+)
 async def session_send(request: HttpRequest, key: str, payload: MessageIn):
-    """chat.send, then (``wait``) agent.wait: the run's outcome, or ``status: "timeout"``.
+    """``chat.send``, then (``wait``) ``agent.wait``: the run's outcome, or ``status: "timeout"``.
 
     The wait sleeps on the run-finished notification (re-reading the run on a slow timer in case
     one is lost), so a long wait costs no database polling.
@@ -137,7 +195,8 @@ async def session_send(request: HttpRequest, key: str, payload: MessageIn):
     return await wait_for_run(submitted.run.run_id, payload.timeoutMs)
 
 
-@router.post("/{key}/abort", response={200: dict, **ERRORS})
+@router.post("/{key}/abort", response={200: ChatAbortOut, **error_responses(404)}, summary="Stop a session's turns")
 def session_abort(request: HttpRequest, key: str, payload: AbortTarget | None = None):
+    """``chat.abort``: the one run named by ``runId``, else every queued and running turn of the session."""
     run_ids = runs.run_abort(session_key=_key(key), run_id=payload.runId if payload is not None else None)
     return selectors.chat_abort_payload(run_ids)

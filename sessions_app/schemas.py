@@ -7,12 +7,13 @@ once, with the column it protects in mind, so bad input is refused before any wr
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import Field
 
 from openclaw_site.gateway.protocol import ClosedModel, NulCheckedByService
+from openclaw_site.gateway.schemas import OpenSchema
 
 WORKTREE_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
 MAX_WAIT_MS = 24 * 3600 * 1000
@@ -168,11 +169,194 @@ class MessageIn(ClosedModel):
     timeoutMs: WaitTimeoutMs = 30_000
 
 
+# --- runs (the JSON API's view of chat turns) -------------------------------------------------
+
+RunStatusName = Literal["queued", "running", "ok", "error", "aborted"]
+RunsLimit = Annotated[int, Field(ge=1, le=500)]
+# A cursor is what a page's ``nextCursor`` said, passed back unchanged.
+Cursor = Annotated[str, Field(min_length=1, max_length=500)]
+
+
+class RunsListParams(ClosedModel):
+    """Turns of every session, newest first; a page goes on from the previous page's ``nextCursor``."""
+
+    status: RunStatusName | None = None
+    sessionKey: Annotated[str, Field(min_length=1, max_length=300)] | None = None
+    limit: RunsLimit = 50
+    cursor: Cursor | None = None
+
+
+class RunRef(ClosedModel):
+    runId: IdempotencyKey
+
+
+class RunRowOut(Schema):
+    runId: str
+    sessionKey: str
+    status: RunStatusName
+    createdAt: int
+    startedAt: int | None
+    endedAt: int | None
+    error: str | None
+
+
+class RunsPageOut(Schema):
+    runs: list[RunRowOut]
+    nextCursor: str | None
+
+
 class RunOut(Schema):
     runId: str
     sessionKey: str
-    status: Literal["queued", "running", "ok", "error", "aborted"]
+    status: RunStatusName
     startedAt: int | None
     endedAt: int | None
     error: str | None
     outputText: str | None
+
+
+# --- what the sessions and chat operations answer -----------------------------------------------
+
+
+class ForkSourceOut(Schema):
+    sessionKey: str
+    sessionId: str
+    entryId: str | None = None
+
+
+class WorktreeOut(Schema):
+    id: str
+    branch: str
+    path: str
+
+
+class SessionRowOut(OpenSchema):
+    """A session as ``sessions.list`` and ``sessions.describe`` show it; unset fields are left out.
+    Other apps add their fields (workers_app: ``placement``)."""
+
+    key: str
+    kind: str
+    agentId: str
+    sessionId: str
+    lifecycleRevision: str
+    updatedAt: int | None = None
+    createdAt: int | None = None
+    lastInteractionAt: int | None = None
+    label: str | None = None
+    displayName: str | None = None
+    category: str | None = None
+    archived: bool
+    pinned: bool
+    initializationPending: bool
+    createdVia: str
+    parentSessionKey: str | None = None
+    status: str | None = None
+    model: str | None = None
+    modelProvider: str | None = None
+    inputTokens: int | None = None
+    outputTokens: int | None = None
+    lastRunId: str | None = None
+    forkSource: ForkSourceOut | None = None
+    spawnedCwd: str | None = None
+    worktree: WorktreeOut | None = None
+
+
+class SessionDefaultsOut(Schema):
+    defaultAgentId: str
+    mainKey: str
+    mainSessionKey: str
+    modelProvider: str
+    model: str
+
+
+class SessionsListOut(Schema):
+    ts: int
+    count: int
+    limitApplied: int
+    offset: int
+    nextOffset: int | None
+    hasMore: bool
+    defaults: SessionDefaultsOut
+    sessions: list[SessionRowOut]
+
+
+class SessionDescribeOut(Schema):
+    session: SessionRowOut
+
+
+class ResolvedModelOut(Schema):
+    modelProvider: str
+    model: str
+
+
+class SessionCreatedOut(Schema):
+    ok: bool
+    key: str
+    sessionId: str
+    entry: SessionRowOut
+    runStarted: bool
+    resolved: ResolvedModelOut
+    worktree: WorktreeOut | None = None
+    runId: str | None = None
+
+
+class SessionAdoptedOut(Schema):
+    ok: bool
+    key: str
+    sessionId: str
+    entry: SessionRowOut
+
+
+class SessionEntryOut(Schema):
+    """``sessions.patch`` (with ``resolved``) and ``sessions.reset``."""
+
+    ok: bool
+    key: str
+    entry: SessionRowOut
+    resolved: ResolvedModelOut | None = None
+
+
+class SessionDeletedOut(Schema):
+    ok: bool
+    key: str
+    deleted: bool
+
+
+class SessionForkOut(Schema):
+    sessionKey: str
+    editorText: str
+
+
+class ChatHistoryOut(Schema):
+    sessionKey: str
+    sessionId: str
+    messages: list[dict[str, Any]]
+    totalMessages: int
+    hasMore: bool
+
+
+class TerminalReplyOut(Schema):
+    disposition: str
+    text: str
+
+
+class MessageOut(Schema):
+    """``chat.send``'s acknowledgement (``wait: false``: ``started``, or for a repeated key ``in_flight``,
+    ``ok`` or ``error`` with its ``summary``), or the turn's outcome as ``agent.wait`` gives it (``ok``,
+    ``error``, or ``timeout`` when the wait ran out first)."""
+
+    runId: str
+    status: Literal["started", "in_flight", "ok", "error", "timeout"]
+    summary: str | None = None
+    startedAt: int | None = None
+    endedAt: int | None = None
+    outputText: str | None = None
+    terminalReply: TerminalReplyOut | None = None
+    error: str | None = None
+    aborted: bool | None = None
+
+
+class ChatAbortOut(Schema):
+    ok: bool
+    aborted: bool
+    runIds: list[str]

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
+from openclaw_site.gateway.cursors import cursor_decode, cursor_encode, cursor_str
 from openclaw_site.gateway.exceptions import NotFound
 
 from . import keys
 from .extensions import session_projections
 from .model_providers import default_model
 from .models import Run, Session, SessionWindow, TranscriptEvent
-from .schemas import SessionsListParams
+from .schemas import RunsListParams, SessionsListParams
 
 
 def _ms(value) -> int | None:
@@ -274,6 +276,44 @@ def runs_page(*, limit: int, offset: int, status: str | None = None) -> tuple[li
         qs = qs.filter(status=status)
     rows = list(qs[offset : offset + limit + 1])
     return rows[:limit], len(rows) > limit
+
+
+def _created_at(value) -> datetime:
+    moment = datetime.fromisoformat(cursor_str(value))
+    if moment.tzinfo is None:
+        raise ValueError("naive time")
+    return moment
+
+
+def runs_list_payload(query: RunsListParams) -> dict:
+    """The JSON API's runs list: one page, newest first, and the cursor of the next (None on the last).
+
+    Keyset on ``(created_at, run_id)``; one query (the long text columns left out)."""
+    qs = Run.objects.only("run_id", "session_key", "status", "created_at", "started_at", "ended_at", "error")
+    if query.status is not None:
+        qs = qs.filter(status=query.status)
+    if query.sessionKey is not None:
+        qs = qs.filter(session__key=keys.canonical_key(query.sessionKey))
+    if query.cursor is not None:
+        created_at, run_id = cursor_decode(query.cursor, _created_at, cursor_str)
+        qs = qs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, run_id__lt=run_id))
+    rows = list(qs.order_by("-created_at", "-run_id")[: query.limit + 1])
+    page, more = rows[: query.limit], len(rows) > query.limit
+    return {
+        "runs": [
+            {
+                "runId": run.run_id,
+                "sessionKey": run.session_key,
+                "status": run.status,
+                "createdAt": _ms(run.created_at),
+                "startedAt": _ms(run.started_at),
+                "endedAt": _ms(run.ended_at),
+                "error": run.error or None,
+            }
+            for run in page
+        ],
+        "nextCursor": cursor_encode(page[-1].created_at.isoformat(), page[-1].run_id) if more else None,
+    }
 
 
 def run_get(run_id: str) -> Run | None:

@@ -7,7 +7,7 @@ A failed placement is a terminal sink for turns until an operator recovers it (w
 
 from __future__ import annotations
 
-from openclaw_site.gateway.exceptions import Unavailable
+from openclaw_site.gateway.exceptions import Busy
 from sessions_app.extensions import SessionAction
 from sessions_app.models import Session
 
@@ -28,14 +28,14 @@ def placement_barrier(session: Session, action: SessionAction) -> None:
     if placement is None:
         return
     if placement.state in DISPATCH_BARRIER_STATES:
-        raise Unavailable(
+        raise Busy(
             f"Session {session.key} cannot {ACTION_WORDS[action]} while its worker placement is {placement.state}; "
             "retry when the move is done.",
             details={"code": "PLACEMENT_BARRIER", "placementState": placement.state},
             retryable=True,
         )
     if placement.state == PlacementState.FAILED and action == SessionAction.SEND:
-        raise Unavailable(
+        raise Busy(
             f"Session {session.key} worker placement failed: {placement.terminal_reason or placement.recovery_error}",
             details={"code": "PLACEMENT_FAILED", "placementState": placement.state},
         )

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from openclaw_site.gateway.protocol import ClosedModel
+from openclaw_site.gateway.schemas import OpenSchema
+from sessions_app.schemas import SessionRef
 
 Generation = Annotated[int, Field(ge=0, le=2**53 - 1)]
 OwnerEpoch = Annotated[int, Field(ge=1, le=2**53 - 1)]
@@ -15,9 +18,9 @@ DeviceId = Annotated[str, Field(min_length=1, max_length=128)]
 EnvironmentId = Annotated[str, Field(min_length=1, max_length=128)]
 
 
-class SessionsDispatchParams(ClosedModel):
-    key: str = Field(min_length=1)
-    agentId: str | None = None
+class DispatchTarget(ClosedModel):
+    """Where ``sessions.dispatch`` places a session (the JSON API's dispatch body)."""
+
     profileId: ProfileId | None = None
     deviceId: DeviceId | None = None
     autoDevice: Literal[True] | None = None
@@ -25,7 +28,7 @@ class SessionsDispatchParams(ClosedModel):
     os: Annotated[str, Field(min_length=1, max_length=64)] | None = None
 
     @model_validator(mode="after")
-    def _one_target(self) -> SessionsDispatchParams:
+    def _one_target(self) -> DispatchTarget:
         # autoDevice mixed with a target is the handler's refusal (OpenClaw answers it before validating
         # params, with the bare message); deviceId with profileId fails the schema's oneOf.
         if self.deviceId is not None and self.profileId is not None:
@@ -33,6 +36,10 @@ class SessionsDispatchParams(ClosedModel):
         if self.machineClass is not None and self.profileId is None:
             raise ValueError("machineClass needs a profileId target")
         return self
+
+
+class SessionsDispatchParams(DispatchTarget, SessionRef):
+    pass
 
 
 class ExpectedSource(ClosedModel):
@@ -57,28 +64,37 @@ class DeviceTarget(ClosedModel):
     deviceId: DeviceId
 
 
-class SessionsMoveParams(ClosedModel):
-    key: str = Field(min_length=1)
-    agentId: str | None = None
+class MoveRequest(ClosedModel):
+    """``sessions.move`` of the placement the caller saw (the JSON API's move body)."""
+
     expected: ExpectedSource
     target: Annotated[GatewayTarget | ProfileTarget | DeviceTarget, Field(discriminator="kind")]
     abandonSource: Literal[True] | None = None
 
     @model_validator(mode="after")
-    def _abandon_only_to_gateway(self) -> SessionsMoveParams:
+    def _abandon_only_to_gateway(self) -> MoveRequest:
         if self.abandonSource and self.target.kind != "gateway":
             raise ValueError("abandonSource is only valid with the gateway target")
         return self
+
+
+class SessionsMoveParams(MoveRequest, SessionRef):
+    pass
 
 
 class RecoverToGateway(ClosedModel):
     expectedGeneration: Generation
 
 
-class SessionsReclaimParams(ClosedModel):
-    key: str = Field(min_length=1)
-    agentId: str | None = None
+class ReclaimOptions(ClosedModel):
+    """``sessions.reclaim``: stop the worker; with ``recoverToGateway``, continue that failed generation on
+    the gateway (the JSON API's reclaim body)."""
+
     recoverToGateway: RecoverToGateway | None = None
+
+
+class SessionsReclaimParams(ReclaimOptions, SessionRef):
+    pass
 
 
 class EnvironmentsListParams(ClosedModel):
@@ -88,14 +104,140 @@ class EnvironmentsListParams(ClosedModel):
     includePreparedDetails: bool | None = None
 
 
-class EnvironmentsStatusParams(ClosedModel):
+class EnvironmentRef(ClosedModel):
     environmentId: EnvironmentId
+
+
+class PreparedDetails(ClosedModel):
     includePreparedDetails: bool | None = None
 
 
-class EnvironmentsDestroyParams(ClosedModel):
-    environmentId: EnvironmentId
+class EnvironmentsStatusParams(PreparedDetails, EnvironmentRef):
+    pass
+
+
+class DestroyOptions(ClosedModel):
+    """``force``: destroy even while a session is attached (its placement fails, its work is given up)."""
+
     force: bool | None = None
+
+
+class EnvironmentsDestroyParams(DestroyOptions, EnvironmentRef):
+    pass
+
+
+# --- the JSON API's placement list (no gateway method lists placements) ---------------------------
+
+PlacementStateName = Literal[
+    "local",
+    "requested",
+    "provisioning",
+    "syncing",
+    "starting",
+    "active",
+    "draining",
+    "reconciling",
+    "reclaimed",
+    "failed",
+]
+
+
+class PlacementsListParams(ClosedModel):
+    """Placements, most recently changed first; a page goes on from the previous page's ``nextCursor``."""
+
+    state: PlacementStateName | None = None
+    environmentId: EnvironmentId | None = None
+    limit: Annotated[int, Field(ge=1, le=500)] = 100
+    cursor: Annotated[str, Field(min_length=1, max_length=500)] | None = None
+
+
+# --- what the placement and environment operations answer ------------------------------------------
+
+
+class PlacementOut(Schema):
+    """The public placement projection (workers.md §4.4): which fields show depends on the state; a
+    session never dispatched shows ``{"state": "local"}``."""
+
+    state: PlacementStateName
+    generation: int | None = None
+    createdAtMs: int | None = None
+    updatedAtMs: int | None = None
+    stateChangedAtMs: int | None = None
+    environmentId: str | None = None
+    activeOwnerEpoch: int | None = None
+    workerBundleHash: str | None = None
+    workspaceBaseManifestRef: str | None = None
+    remoteWorkspaceDir: str | None = None
+    lastTranscriptAckCursor: int | None = None
+    lastLiveEventAckCursor: int | None = None
+    terminalReason: str | None = None
+    terminalAtMs: int | None = None
+    recoveryError: str | None = None
+    recoveryAction: Literal["restart", "stop-first"] | None = None
+    providerId: str | None = None
+    profileId: str | None = None
+
+
+class PlacementResultOut(Schema):
+    """What ``sessions.dispatch``, ``sessions.move`` and ``sessions.reclaim`` answer."""
+
+    ok: bool
+    key: str
+    sessionId: str
+    placement: PlacementOut
+
+
+class PlacementRowOut(Schema):
+    key: str
+    sessionId: str
+    placement: PlacementOut
+
+
+class PlacementsPageOut(Schema):
+    placements: list[PlacementRowOut]
+    nextCursor: str | None
+
+
+class WorkerFactsOut(Schema):
+    profileId: str
+    providerId: str
+    state: str
+    ageMs: int
+    attachedSessionIds: list[str]
+    tunnelStatus: str
+    leaseId: str | None = None
+    nodeId: str | None = None
+    destroyRequestedAtMs: int | None = None
+    idleMs: int | None = None
+    error: str | None = None
+
+
+class EnvironmentOut(OpenSchema):
+    """A row of ``environments.list`` (workers.md §2.3): a worker environment, or a paired node
+    (``id: "node:<nodeId>"``, with its node fields)."""
+
+    id: str
+    type: Literal["worker", "node"]
+    status: Literal["starting", "available", "stopping", "unavailable", "error"]
+    trust: Literal["persistent", "disposable"] | None = None
+    worker: WorkerFactsOut | None = None
+    label: str | None = None
+    sessionHost: bool | None = None
+
+
+class ProfileOut(Schema):
+    id: str
+    providerId: str
+
+
+class EnvironmentsListOut(Schema):
+    environments: list[EnvironmentOut]
+    profiles: list[ProfileOut] | None = None
+
+
+class EnvironmentDestroyOut(Schema):
+    ok: bool
+    environment: EnvironmentOut
 
 
 class RunnerInventoryParams(ClosedModel):

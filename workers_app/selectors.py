@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db.models import Subquery
+from django.db.models import Q, Subquery
 
 from openclaw_site.gateway import selectors as gateway_selectors
+from openclaw_site.gateway.cursors import cursor_decode, cursor_encode, cursor_int
 from sessions_app.models import Session
 
 from .bundle import current_bundle
@@ -23,6 +24,7 @@ from .models import (
     PlacementState,
     WorkerEnvironment,
 )
+from .schemas import PlacementsListParams
 
 S = PlacementState
 PRE_OWNER_STATES = (S.PROVISIONING, S.SYNCING, S.STARTING)
@@ -102,6 +104,52 @@ def placement_fields(sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
 
 def placement_for(session: Session) -> Placement | None:
     return Placement.objects.filter(pk=session.pk).first()
+
+
+def placement_result(session: Session) -> dict[str, Any]:
+    """What sessions.dispatch / move / reclaim answer (and the JSON API's placement of one session)."""
+    placement = placement_for(session)
+    environment = environment_for(placement)
+    return {
+        "ok": True,
+        "key": session.key,
+        "sessionId": session.session_id,
+        "placement": placement_projection(placement, environment) if placement else {"state": "local"},
+    }
+
+
+def _placement_key(placement: Placement) -> str:
+    return cursor_encode(placement.updated_at_ms, placement.pk)
+
+
+def placements_list_payload(query: PlacementsListParams) -> dict[str, Any]:
+    """The JSON API's placement list: one page, most recently changed first, and the next page's cursor.
+
+    Keyset on ``(updated_at_ms, session)``; two queries per page (the placements with their sessions,
+    then their environments)."""
+    qs = Placement.objects.select_related("session")
+    if query.state is not None:
+        qs = qs.filter(state=query.state)
+    if query.environmentId is not None:
+        qs = qs.filter(environment_id=query.environmentId)
+    if query.cursor is not None:
+        updated_at_ms, session_pk = cursor_decode(query.cursor, cursor_int, cursor_int)
+        qs = qs.filter(Q(updated_at_ms__lt=updated_at_ms) | Q(updated_at_ms=updated_at_ms, pk__lt=session_pk))
+    rows = list(qs.order_by("-updated_at_ms", "-pk")[: query.limit + 1])
+    page, more = rows[: query.limit], len(rows) > query.limit
+    environment_ids = {p.environment_id for p in page if p.environment_id}
+    environments = WorkerEnvironment.objects.in_bulk(environment_ids) if environment_ids else {}
+    return {
+        "placements": [
+            {
+                "key": p.session.key,
+                "sessionId": p.session.session_id,
+                "placement": placement_projection(p, environments.get(p.environment_id)),
+            }
+            for p in page
+        ],
+        "nextCursor": _placement_key(page[-1]) if more else None,
+    }
 
 
 def placement_history(session: Session, *, limit: int = 20) -> list[PlacementHistory]:

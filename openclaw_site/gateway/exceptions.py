@@ -84,6 +84,14 @@ class Unavailable(GatewayError):
     http_status = 503
 
 
+class Busy(Unavailable):
+    """A sound request the target's current state refuses for now: a turn running, a session initializing,
+    a placement moving or failed. OpenClaw answers these ``UNAVAILABLE`` and so does the RPC; over HTTP
+    they are 409, since nothing failed on the server's side (a 5xx is for that)."""
+
+    http_status = 409
+
+
 class AgentTimeout(GatewayError):
     code = "AGENT_TIMEOUT"
     http_status = 504

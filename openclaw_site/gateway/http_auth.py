@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja.security import APIKeyHeader, HttpBearer
 
+from .audit import Actor
 from .auth import hash_device_token, secret_matches
 from .conf import shared_token
 from .models import DeviceToken
@@ -49,3 +50,11 @@ class NodeDeviceBearer(HttpBearer):
 
 OPERATOR_AUTH = [GatewayBearer(), GatewayTokenHeader()]
 NODE_OR_OPERATOR_AUTH = [GatewayBearer(), GatewayTokenHeader(), NodeDeviceBearer()]
+
+
+def request_actor(request: HttpRequest) -> Actor:
+    """Who a JSON API change is audited as: the logged-in user, else the gateway token (a full operator)."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        return Actor.for_user(user)
+    return Actor.system("api:token")

@@ -6,10 +6,10 @@ validate with these models before any service runs.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .protocol import ClosedModel
 
@@ -34,6 +34,24 @@ class ErrorOut(Schema):
     error: ErrorShape
 
 
+# What every JSON API route under the gateway token may answer besides its own refusals: bad input
+# (400), a missing or wrong token (401) and an unexpected failure (500, a reference, never the cause).
+ALWAYS_ERRORS = (400, 401, 500)
+
+
+def error_responses(*statuses: int) -> dict[int, type[ErrorOut]]:
+    """The error part of a route's ``response`` dict: :data:`ALWAYS_ERRORS` plus ``statuses``."""
+    return dict.fromkeys(sorted({*ALWAYS_ERRORS, *statuses}), ErrorOut)
+
+
+class OpenSchema(BaseModel):
+    """A projection other apps may add fields to (node rows, session rows): the documented fields are
+    checked, the others are passed on as they are. A plain pydantic model: ninja's ``Schema`` reads
+    its input attribute by attribute and would drop the undeclared fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 # --- pairing, tokens, nodes -------------------------------------------------------------------
 
 
@@ -49,20 +67,236 @@ class NodeIdParams(ClosedModel):
     nodeId: Identifier
 
 
-class TokenRotateParams(ClosedModel):
+class DeviceRoleParams(ClosedModel):
+    """A device's token of one role (the JSON API has both in its path)."""
+
     deviceId: Identifier
     role: ScopeName
+
+
+class TokenScopes(ClosedModel):
+    """The scopes a rotated token gets (the JSON API's rotate body); none: the device's approved ones."""
+
     scopes: list[ScopeName] | None = Field(default=None, max_length=MAX_SCOPES)
 
 
-class TokenRevokeParams(ClosedModel):
-    deviceId: Identifier
-    role: ScopeName
+class TokenRotateParams(TokenScopes, DeviceRoleParams):
+    pass
 
 
-class NodeRenameParams(ClosedModel):
-    nodeId: Identifier
+class TokenRevokeParams(DeviceRoleParams):
+    pass
+
+
+class NodeRename(ClosedModel):
     displayName: str = Field(min_length=1, max_length=200)
+
+
+class NodeRenameParams(NodeRename, NodeIdParams):
+    pass
+
+
+class PairingRequestsQuery(ClosedModel):
+    """The JSON API's list of open pairing requests, all roles or one."""
+
+    role: Literal["operator", "node"] | None = None
+
+
+# --- what the pairing, token and node operations answer ----------------------------------------
+
+
+class HealthOut(Schema):
+    ok: bool
+    ts: int
+
+
+class PairingRequestOut(Schema):
+    """An open device pairing request (``device.pair.list``'s ``pending``)."""
+
+    requestId: str
+    deviceId: str
+    publicKey: str | None = None
+    displayName: str | None = None
+    platform: str | None = None
+    deviceFamily: str | None = None
+    clientId: str | None = None
+    clientMode: str | None = None
+    role: str
+    roles: list[str]
+    scopes: list[str]
+    remoteIp: str | None = None
+    silent: bool | None = None
+    isRepair: bool | None = None
+    reason: str | None = None
+    ts: int | None = None
+
+
+class TokenSummaryOut(Schema):
+    role: str
+    scopes: list[str]
+    createdAtMs: int | None = None
+    rotatedAtMs: int | None = None
+    revokedAtMs: int | None = None
+    lastUsedAtMs: int | None = None
+
+
+class PairedDeviceOut(Schema):
+    deviceId: str
+    publicKey: str | None = None
+    displayName: str | None = None
+    operatorLabel: str | None = None
+    platform: str | None = None
+    deviceFamily: str | None = None
+    clientId: str | None = None
+    clientMode: str | None = None
+    role: str | None = None
+    roles: list[str]
+    scopes: list[str]
+    remoteIp: str | None = None
+    createdAtMs: int | None = None
+    approvedAtMs: int | None = None
+    lastSeenAtMs: int | None = None
+    lastSeenReason: str | None = None
+    tokens: list[TokenSummaryOut]
+    connected: bool
+
+
+class DevicePairListOut(Schema):
+    pending: list[PairingRequestOut]
+    paired: list[PairedDeviceOut]
+
+
+class PairingRequestsOut(Schema):
+    pending: list[PairingRequestOut]
+
+
+class DevicePairApproveOut(Schema):
+    requestId: str
+    device: PairedDeviceOut
+
+
+class DevicePairRejectOut(Schema):
+    requestId: str
+    deviceId: str
+
+
+class DeviceRemovedOut(Schema):
+    deviceId: str
+
+
+class TokenRotateOut(Schema):
+    deviceId: str
+    role: str
+    scopes: list[str]
+    rotatedAtMs: int
+    tokenDelivery: Literal["in-band", "withheld-cross-device"]
+    token: str | None = None
+
+
+class TokenRevokeOut(Schema):
+    deviceId: str
+    role: str
+    revokedAtMs: int | None
+
+
+class NodePairingRequestOut(Schema):
+    """An open pairing request of a node (``node.pair.list``'s ``pending``)."""
+
+    requestId: str
+    nodeId: str
+    displayName: str | None = None
+    platform: str | None = None
+    version: str | None = None
+    deviceFamily: str | None = None
+    modelIdentifier: str | None = None
+    caps: list[str]
+    commands: list[str]
+    permissions: dict[str, Any] | None = None
+    remoteIp: str | None = None
+    silent: bool | None = None
+    isRepair: bool | None = None
+    ts: int | None = None
+
+
+class PairedNodeOut(Schema):
+    nodeId: str
+    displayName: str | None = None
+    platform: str | None = None
+    version: str | None = None
+    deviceFamily: str | None = None
+    modelIdentifier: str | None = None
+    caps: list[str]
+    commands: list[str]
+    permissions: dict[str, Any] | None = None
+    remoteIp: str | None = None
+    createdAtMs: int | None = None
+    approvedAtMs: int | None = None
+    lastConnectedAtMs: int | None = None
+
+
+class NodePairListOut(Schema):
+    pending: list[NodePairingRequestOut]
+    paired: list[PairedNodeOut]
+
+
+class NodePairApproveOut(Schema):
+    requestId: str
+    node: PairedNodeOut
+
+
+class NodePairRejectOut(Schema):
+    requestId: str
+    nodeId: str
+
+
+class NodeRemovedOut(Schema):
+    nodeId: str
+
+
+class NodeRenameOut(Schema):
+    nodeId: str
+    displayName: str
+
+
+class NodeOut(OpenSchema):
+    """A node of the catalog (``node.list``, ``node.describe``): paired, pending or only connected.
+    Other apps add their fields (workers_app: ``sessionHost``, ``workerSlots``, ``workerBundle``, ``issues``)."""
+
+    nodeId: str
+    displayName: str | None = None
+    platform: str | None = None
+    version: str | None = None
+    clientId: str | None = None
+    clientMode: str | None = None
+    deviceFamily: str | None = None
+    modelIdentifier: str | None = None
+    remoteIp: str | None = None
+    caps: list[str] | None = None
+    commands: list[str] | None = None
+    permissions: dict[str, Any] | None = None
+    pathEnv: str | None = None
+    paired: bool
+    connected: bool
+    connectedAtMs: int | None = None
+    lastConnectedAtMs: int | None = None
+    lastDisconnectedAtMs: int | None = None
+    lastSeenAtMs: int | None = None
+    lastSeenReason: str | None = None
+    approvedAtMs: int | None = None
+    approvalState: Literal["approved", "pending-reapproval", "pending-approval", "unapproved"]
+    pendingRequestId: str | None = None
+    pendingDeclaredCaps: list[str] | None = None
+    pendingDeclaredCommands: list[str] | None = None
+    pendingDeclaredPermissions: dict[str, Any] | None = None
+
+
+class NodeListOut(Schema):
+    ts: int
+    nodes: list[NodeOut]
+
+
+class NodeDescribeOut(NodeOut):
+    ts: int
 
 
 # --- node.invoke and what nodes send back -------------------------------------------------------

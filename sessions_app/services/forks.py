@@ -15,6 +15,7 @@ from django.db import transaction
 
 from openclaw_site.gateway.audit import Actor, audit
 from openclaw_site.gateway.exceptions import (
+    Busy,
     Conflict,
     GatewayError,
     InvalidRequest,
@@ -72,7 +73,7 @@ def _lock_unchanged(key: str, seen: Session) -> Session:
     if source is None or (source.session_id, source.lifecycle_revision) != (seen.session_id, seen.lifecycle_revision):
         raise Conflict(f"Session {key} changed; retry fork.", details={"code": "SESSION_CHANGED"})
     if Run.objects.filter(session=source, status=RunStatus.RUNNING).exists():
-        raise Unavailable("Fork is unavailable while the agent is working.", retryable=True)
+        raise Busy("Fork is unavailable while the agent is working.", retryable=True)
     action_guards.check(source, SessionAction.FORK)
     return source
 
@@ -83,7 +84,7 @@ def session_fork(*, session_key: str, entry_id: str, actor: Actor | None = None)
     if seen is None:
         raise NotFound(f"session not found: {session_key}")
     if seen.initialization_pending:
-        raise Unavailable(f"Session {session_key} is initializing; retry fork later.", retryable=True)
+        raise Busy(f"Session {session_key} is initializing; retry fork later.", retryable=True)
     link = links.link_read(seen.key, seen.agent_id)
     if link is not None:
         return _upstream_fork(seen, link, entry_id, actor)

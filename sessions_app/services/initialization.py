@@ -26,7 +26,7 @@ from typing import Any
 from django.db import transaction
 
 from openclaw_site.gateway.audit import audit
-from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, Unavailable
+from openclaw_site.gateway.exceptions import Busy, Conflict, InvalidRequest
 
 from .. import events, stages
 from ..harnesses import DeletionTarget, registry
@@ -200,7 +200,7 @@ def create_session_entry(
         if Session.objects.filter(key=key).exists():
             busy = Run.objects.filter(session__key=key, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).exists()
             if busy:
-                raise Unavailable(f'Session "{key}" is still active; retry creation later.', retryable=True)
+                raise Busy(f'Session "{key}" is still active; retry creation later.', retryable=True)
             raise Conflict(f"session already exists: {key}", details={"code": "SESSION_EXISTS"})
         session = Session.objects.create(
             key=key,
@@ -344,7 +344,7 @@ def delete_session_guarded(
             if row is None or (expected is not None and row_snapshot(key) != expected):
                 deleted = False
             elif Run.objects.filter(session=row, status=RunStatus.RUNNING).exists():
-                raise Unavailable(
+                raise Busy(
                     f"Cannot mutate session while competing work is in flight for {key}; retry after the run completes",
                     retryable=True,
                 )

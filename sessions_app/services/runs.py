@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from openclaw_site.gateway import state
 from openclaw_site.gateway.audit import Actor, audit
-from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, Unavailable
+from openclaw_site.gateway.exceptions import Busy, Conflict, InvalidRequest
 from openclaw_site.gateway.selectors import live_process_boot_ids
 
 from .. import events
@@ -93,7 +93,7 @@ def run_submit(*, session_key: str, message: str, idempotency_key: str, origin_c
         with transaction.atomic():
             session = session_lock(session_key)
             if session.initialization_pending:
-                raise Unavailable(f"Session {session_key} is initializing; retry later.", retryable=True)
+                raise Busy(f"Session {session_key} is initializing; retry later.", retryable=True)
             action_guards.check(session, SessionAction.SEND)
             run = Run.objects.create(
                 run_id=idempotency_key,

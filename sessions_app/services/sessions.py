@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from openclaw_site.gateway.audit import Actor, audit
-from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
+from openclaw_site.gateway.exceptions import Busy, Conflict, InvalidRequest, NotFound
 
 from .. import events, keys
 from ..extensions import SessionAction, action_guards
@@ -164,9 +164,9 @@ def session_reset(
         session = session_lock(key)
         _check_expected(session, expected_session_id, expected_lifecycle_revision)
         if session.initialization_pending:
-            raise Unavailable(f"Session {key} is initializing; retry later.", retryable=True)
+            raise Busy(f"Session {key} is initializing; retry later.", retryable=True)
         if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
-            raise Unavailable("Reset is unavailable while the agent is working.", retryable=True)
+            raise Busy("Reset is unavailable while the agent is working.", retryable=True)
         action_guards.check(session, SessionAction.RESET)
         previous = session.session_id
         session.session_id = new_id()
@@ -204,9 +204,9 @@ def session_delete(
             return False
         _check_expected(session, expected_session_id, expected_lifecycle_revision)
         if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
-            raise Unavailable("Delete is unavailable while the agent is working; abort the run first.", retryable=True)
+            raise Busy("Delete is unavailable while the agent is working; abort the run first.", retryable=True)
         if session.initialization_pending:
-            raise Unavailable(f"Session {key} is initializing; retry later.", retryable=True)
+            raise Busy(f"Session {key} is initializing; retry later.", retryable=True)
         action_guards.check(session, SessionAction.DELETE)
         if not session.agent_harness_id:
             events.publish_session_changed_on_commit(session, reason="delete", deleted=True)

@@ -99,7 +99,8 @@ def test_openapi_schema_lists_the_sessions_paths():
     assert set(paths["/api/sessions/{key}/history"]) == {"get"}
     assert set(paths["/api/sessions/{key}/messages"]) == {"post"}
     assert set(paths["/api/sessions/{key}/abort"]) == {"post"}
-    assert set(paths["/api/sessions/runs/{run_id}"]) == {"get"}
+    assert set(paths["/api/sessions/runs/{runId}"]) == {"get"}
+    assert set(paths["/api/sessions/runs"]) == {"get"}
     patch = paths["/api/sessions/{key}"]["patch"]
     assert patch["tags"] == ["sessions"]
     assert {"200", "400", "404", "409", "503"} <= set(patch["responses"])
@@ -295,14 +296,15 @@ def test_delete_removes_the_session_and_404s_after(client):
 
 
 @pytest.mark.django_db
-def test_delete_is_unavailable_while_a_turn_runs(client):
+def test_delete_is_refused_while_a_turn_runs(client):
+    """The session's state refuses it, nothing failed: 409 over HTTP, UNAVAILABLE as the RPC says it."""
     session = make()
     runs.run_submit(session_key=session.key, message="hi", idempotency_key="busy")
     runs.run_claim(run_id="busy", executor="test")
 
     response = client.delete(f"/api/sessions/{session.key}")
 
-    assert response.status_code == 503
+    assert response.status_code == 409
     assert response.json() == error(
         "UNAVAILABLE", "Delete is unavailable while the agent is working; abort the run first.", retryable=True
     )

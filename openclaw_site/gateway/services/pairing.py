@@ -180,9 +180,9 @@ def _open_request(request_id: str, *, role: str | None) -> DevicePairingRequest:
             request_id=request_id, status=PairingStatus.PENDING, expires_at__gt=timezone.now()
         )
     except (DevicePairingRequest.DoesNotExist, ValidationError, ValueError, TypeError):
-        raise InvalidRequest("unknown requestId") from None
+        raise NotFound("unknown requestId") from None
     if role is not None and request.role != role:
-        raise InvalidRequest("unknown requestId")
+        raise NotFound("unknown requestId")
     return request
 
 
@@ -198,7 +198,7 @@ def pairing_request_approve(*, request_id: str, actor: Actor, role: str | None =
             status=PairingStatus.APPROVED, resolved_at=now, resolved_by=actor.label
         )
         if claimed != 1:
-            raise InvalidRequest("unknown requestId")
+            raise NotFound("unknown requestId")
         device = PairedDevice.objects.select_for_update(no_key=True).filter(device_id=request.device_id).first()
         # Locked: a concurrent approval of another role for this device must not lose ours.
         if device is None:
@@ -231,7 +231,7 @@ def pairing_request_reject(*, request_id: str, actor: Actor, role: str | None = 
             status=PairingStatus.REJECTED, resolved_at=timezone.now(), resolved_by=actor.label
         )
         if claimed != 1:
-            raise InvalidRequest("unknown requestId")
+            raise NotFound("unknown requestId")
         audit(
             actor,
             "device.pair.reject",
