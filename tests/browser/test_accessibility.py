@@ -9,6 +9,7 @@ from playwright.sync_api import Page, expect
 from pytest_playwright_axe import OPTIONS_WCAG_22AA, Axe
 
 from tests.browser.test_console import PASSWORD, REPLY_WAIT_S, create_session, log_in, reload_until_visible
+from tests.operator_ui.test_pairing import operator_request
 from tests.support.browser import AXE_REPORTS
 from tests.workers_app.test_placement_store import make_session
 from tests.workers_app.test_rpc import failed_without_environment
@@ -31,7 +32,9 @@ def blocking_violations(page: Page, name: str) -> list[str]:
 
 
 def test_the_main_pages_have_no_serious_accessibility_violations(page, gateway, django_user_model):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    # Staff: the pages show everything they can (the pairing page, dispatch profiles) to be checked.
+    django_user_model.objects.create_user(username="ops", password=PASSWORD, is_staff=True)
+    operator_request()
     failed_without_environment(make_session("agent:main:failed-placement"))
     problems: list[str] = []
 
@@ -49,7 +52,7 @@ def test_the_main_pages_have_no_serious_accessibility_violations(page, gateway, 
     expect(page.get_by_role("button", name="Recover to this gateway")).to_be_visible()
     problems += blocking_violations(page, "session-with-a-failed-placement")
 
-    for name in ("sessions", "runs", "environments", "nodes"):
+    for name in ("sessions", "runs", "environments", "nodes", "pairing"):
         page.goto(f"{gateway.http_url}/ui/{name}/")
         expect(page.get_by_role("heading", level=1)).to_be_visible()
         problems += blocking_violations(page, name)

@@ -1,11 +1,13 @@
 """Operator flows of the console in Debian's Chromium against real gateway processes: a reply that streams
-onto the page while its turn still runs, approving a real node host's pairing request, recovering a failed
-placement from its terminal reason, and an admin recovery action with its audit row. Every page visited is
+onto the page while its turn still runs, forking a session from one of its messages, approving a real node
+host's pairing request, dispatching a session to that node while its stages show on the page, recovering a
+failed placement from its terminal reason, and an admin recovery action with its audit row. Every page visited is
 saved at the desktop and the phone size under ``test-artifacts/screenshots/``."""
 
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from playwright.sync_api import expect
@@ -13,6 +15,8 @@ from playwright.sync_api import expect
 from openclaw_site.gateway.models import AuditLog, PairedDevice
 from sessions_app.models import Run, RunStatus
 from tests.browser.test_console import PASSWORD, REPLY_WAIT_S, create_session, log_in, reload_until_visible
+from tests.e2e.test_seed_004_paired_node_worker_lifecycle import model_env, publish_workspace
+from tests.support.clients import call_once
 from tests.support.mock_openai import slow
 from tests.support.processes import start_node_host
 from tests.workers_app.test_placement_store import make_session
@@ -25,6 +29,12 @@ pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.django_db(transa
 STREAMED_WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa"
 WORD_DELAY_S = 0.4
 NODE_WAIT_S = 30.0
+
+
+def call_beside_the_browser(gateway, method: str, params: dict) -> dict:
+    """One gateway call from a thread of its own: Playwright's sync API holds this thread's event loop."""
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        return executor.submit(call_once, gateway, method, params).result()
 
 
 def test_a_streamed_reply_shows_on_the_page_before_its_turn_ends(
@@ -47,12 +57,49 @@ def test_a_streamed_reply_shows_on_the_page_before_its_turn_ends(
     assert STREAMED_WORDS.startswith(shown_while_streaming.strip())
     assert turn_status == RunStatus.RUNNING
     expect(page.get_by_role("button", name="Stop the running turn")).to_be_visible()
+    # The status line follows the turn that started after the page was rendered.
+    expect(page.locator('[data-live-region="status"]')).to_contain_text("status running")
 
     transcript = page.locator('[data-live-region="transcript"]')
     final = transcript.locator("article.role-assistant").filter(has_text=STREAMED_WORDS)
     reload_until_visible(page, final, timeout_s=REPLY_WAIT_S)
     screenshots.take(page, "reply-finished")
     assert Run.objects.get(session__key="agent:main:streamed").status == RunStatus.OK
+
+
+def test_an_operator_forks_a_session_from_one_of_its_messages(page, gateway, django_user_model, screenshots):
+    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    log_in(page, gateway, "ops", PASSWORD)
+    create_session(page, "agent:main:fork-source")
+    transcript = page.locator('[data-live-region="transcript"]')
+    for marker in ("first answer", "second answer"):
+        page.get_by_label("Message").fill(f"Reply exactly: {marker}")
+        page.get_by_role("button", name="Send").click()
+        reply = transcript.locator("article.role-assistant").filter(has_text=marker)
+        reload_until_visible(page, reply, timeout_s=REPLY_WAIT_S)
+    screenshots.take(page, "fork-source")
+
+    second_question = transcript.locator("article.role-user").filter(has_text="second answer")
+    second_question.get_by_role("button", name=re.compile("^Fork from here")).click()
+
+    expect(page.locator(".messages li")).to_contain_text("Forked from agent:main:fork-source")
+    expect(page.get_by_role("heading", level=1)).not_to_have_text("agent:main:fork-source")
+    expect(page.get_by_label("Message")).to_have_value("Reply exactly: second answer")
+    forked = page.locator('[data-live-region="transcript"]')
+    expect(forked.locator("article.role-user")).to_have_count(1)
+    expect(forked.locator("article.role-assistant")).to_have_text(re.compile("first answer"))
+    screenshots.take(page, "fork-opened")
+
+    # The draft is the operator's to send: the forked session goes on from there.
+    page.get_by_role("button", name="Send").click()
+    reload_until_visible(
+        page, forked.locator("article.role-assistant").filter(has_text="second answer"), timeout_s=REPLY_WAIT_S
+    )
+    screenshots.take(page, "fork-continued")
+    fork_key = page.get_by_role("heading", level=1).inner_text()
+    assert Run.objects.filter(session__key=fork_key, status=RunStatus.OK).count() == 1
+    assert Run.objects.filter(session__key="agent:main:fork-source").count() == 2
+    assert AuditLog.objects.filter(action="session.fork", actor="user:ops", target_id="agent:main:fork-source").exists()
 
 
 def test_an_operator_approves_a_node_hosts_pairing_request(page, gateway, django_user_model, screenshots):
@@ -75,6 +122,62 @@ def test_an_operator_approves_a_node_hosts_pairing_request(page, gateway, django
         assert PairedDevice.objects.filter(display_name="test-node-host", is_node=True).exists()
         assert AuditLog.objects.filter(action__contains="approve", actor="user:ops").exists()
     finally:
+        node_host.stop()
+
+
+def test_an_operator_dispatches_a_session_to_a_node_and_watches_its_stages(
+    page, gateway_factory, mock_openai, django_user_model, screenshots, tmp_path
+):
+    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    workspace_root = tmp_path / "allowed"
+    workspace_root.mkdir()
+    published = publish_workspace(workspace_root)
+    gateway = gateway_factory(extra_env=model_env(mock_openai, workspace_root))
+    node_host = start_node_host(gateway, capacity=1, capacity_wait_ms=500)
+    try:
+        call_beside_the_browser(
+            gateway, "node.pair.approve", {"requestId": node_host.pairing_request(timeout=NODE_WAIT_S)}
+        )
+        node_host.wait_connects(1, timeout=NODE_WAIT_S)
+        key = "agent:qa:browser-dispatch"
+        call_beside_the_browser(
+            gateway,
+            "sessions.create",
+            {"key": key, "agentId": "qa", "worktree": True, "worktreeName": "browser-dispatch",
+             "worktreeBaseRef": "main", "cwd": str(published)},
+        )  # fmt: skip
+        log_in(page, gateway, "ops", PASSWORD)
+        page.goto(f"{gateway.http_url}/ui/sessions/{key}/")
+        target = page.get_by_label("Dispatch to")
+        # The node host is connected (above): the page offers it among the dispatch targets.
+        expect(target.locator("option", has_text="test-node-host")).to_have_count(1)
+        target.select_option(label="node test-node-host (1/1 free)")
+        screenshots.take(page, "dispatch-chosen")
+        page.get_by_role("button", name="Dispatch", exact=True).click()
+        expect(page.locator(".messages li")).to_contain_text("Dispatch started")
+
+        # The stages come in over the live socket while the dispatch runs, up to the placement being active.
+        card = page.locator('[data-live-region="placement"]')
+        expect(card.locator("ol.stages li").first).to_contain_text("Requested")
+        reload_until_visible(page, card.locator(".state", has_text=re.compile("^active$")), timeout_s=NODE_WAIT_S * 2)
+        screenshots.take(page, "dispatch-active")
+        assert card.locator("ol.stages li .name").all_inner_texts() == [
+            "Requested", "Provisioning the environment", "Syncing the workspace", "Starting the worker",
+            "Active on the worker",
+        ]  # fmt: skip
+        assert "failed" not in card.locator("ol.stages li .status").all_inner_texts()
+        assert Placement.objects.get(session_key=key).state == PlacementState.ACTIVE
+
+        # A turn of the dispatched session runs on the node and its reply reaches the page.
+        page.get_by_label("Message").fill("Reply exactly: answered on the node")
+        page.get_by_role("button", name="Send").click()
+        reply = page.locator('[data-live-region="transcript"] article.role-assistant').filter(
+            has_text="answered on the node"
+        )
+        reload_until_visible(page, reply, timeout_s=REPLY_WAIT_S * 2)
+        screenshots.take(page, "dispatch-turn")
+    finally:
+        mock_openai.release()
         node_host.stop()
 
 

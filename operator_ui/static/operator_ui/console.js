@@ -51,6 +51,9 @@
     var text = parts.map(function (part) { return part.type === "text" ? part.text : ""; }).join("");
     streaming.querySelector(".text").textContent = text;
     streaming.hidden = false;
+    // The first delta of a turn the page has not seen start: its status line and stop button come
+    // with one refresh, so the page does not read "idle" while a reply streams in.
+    if (body.dataset.streamingRun !== payload.runId) refreshRegions();
     body.dataset.streamingRun = payload.runId;
   }
 
