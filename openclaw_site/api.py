@@ -129,7 +129,6 @@ def body_too_large(request: HttpRequest, exc: RequestDataTooBig):
 @api.exception_handler(Exception)
 def unexpected_error(request: HttpRequest, exc: Exception):
     error = internal_error(logger, f"{request.method} {request.path}")
-    error.http_status = 500
     return error_response(error)
 
 

@@ -63,7 +63,6 @@ async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
         if chunks is not None:
             await chunks.aclose()
         error = internal_error(logger, f"POST {INFERENCE_PATH}")
-        error.http_status = 500  # as the API answers an unexpected failure
         await _send_error(send, error)
         return
     await _stream_until_hangup(send, receive, chunks)

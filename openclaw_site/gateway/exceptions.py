@@ -92,6 +92,13 @@ class Busy(Unavailable):
     http_status = 409
 
 
+class InternalError(Unavailable):
+    """An unexpected failure inside the gateway, told as a reference (``internal_error``). The wire says
+    ``UNAVAILABLE`` (retryable), as OpenClaw does; over HTTP it is a 500, the server's own fault."""
+
+    http_status = 500
+
+
 class AgentTimeout(GatewayError):
     code = "AGENT_TIMEOUT"
     http_status = 504
@@ -114,7 +121,7 @@ def internal_error(
     summary: str = "internal error",
     exc: BaseException | None = None,
     details: dict[str, Any] | None = None,
-) -> Unavailable:
+) -> InternalError:
     """What a client is told about an unexpected exception: a reference, never the exception's text.
 
     The traceback of ``exc`` (default: the exception being handled) goes to ``logger`` under the
@@ -122,7 +129,7 @@ def internal_error(
     """
     error_id = uuid.uuid4().hex[:16]
     logger.error("%s failed (errorId=%s)", context, error_id, exc_info=exc if exc is not None else True)
-    return Unavailable(
+    return InternalError(
         f"{summary}; reference {error_id}", details={**(details or {}), "errorId": error_id}, retryable=True
     )
 

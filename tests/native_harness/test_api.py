@@ -6,6 +6,7 @@ import pytest
 from django.test import Client
 
 from native_harness import services
+from native_harness.harness import harness
 from sessions_app.models import Session
 from tests.support.api import API_TOKEN
 
@@ -46,3 +47,25 @@ def test_adopt_and_fork_over_http(seeded):
     assert bad.json()["error"]["message"] == "message entry not found: nope"
     unknown = post("/api/sessions/agent:main:nobody/fork", {"entryId": "x"})
     assert unknown.status_code == 404
+
+
+def test_an_unexpected_adoption_failure_is_a_500_with_a_reference_and_creates_nothing(seeded, monkeypatch):
+    thread = services.thread_create([("user", "hello"), ("assistant", "hi")])
+    sessions_before = Session.objects.count()
+
+    def broken(**kwargs):
+        raise RuntimeError("database password is hunter2")
+
+    monkeypatch.setattr(harness, "adopt_thread", broken)
+    response = post("/api/sessions/adopt", {"threadId": thread.thread_id})
+
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert (error["code"], error["retryable"], error["details"]["reason"]) == (
+        "UNAVAILABLE",
+        True,
+        "initialization-failed",
+    )
+    assert error["message"] == f"session initialization failed; reference {error['details']['errorId']}"
+    assert "hunter2" not in response.content.decode()
+    assert Session.objects.count() == sessions_before
