@@ -110,10 +110,9 @@ class HealthOut(Schema):
     ts: int
 
 
-class PairingRequestOut(Schema):
-    """An open device pairing request (``device.pair.list``'s ``pending``)."""
+class DeviceIdentityOut(Schema):
+    """What a device says of itself when it pairs: on its open request and on its paired record."""
 
-    requestId: str
     deviceId: str
     publicKey: str | None = None
     displayName: str | None = None
@@ -121,10 +120,17 @@ class PairingRequestOut(Schema):
     deviceFamily: str | None = None
     clientId: str | None = None
     clientMode: str | None = None
-    role: str
+    role: str | None = None
     roles: list[str]
     scopes: list[str]
     remoteIp: str | None = None
+
+
+class PairingRequestOut(DeviceIdentityOut):
+    """An open device pairing request (``device.pair.list``'s ``pending``)."""
+
+    requestId: str
+    role: str
     silent: bool | None = None
     isRepair: bool | None = None
     reason: str | None = None
@@ -140,19 +146,8 @@ class TokenSummaryOut(Schema):
     lastUsedAtMs: int | None = None
 
 
-class PairedDeviceOut(Schema):
-    deviceId: str
-    publicKey: str | None = None
-    displayName: str | None = None
+class PairedDeviceOut(DeviceIdentityOut):
     operatorLabel: str | None = None
-    platform: str | None = None
-    deviceFamily: str | None = None
-    clientId: str | None = None
-    clientMode: str | None = None
-    role: str | None = None
-    roles: list[str]
-    scopes: list[str]
-    remoteIp: str | None = None
     createdAtMs: int | None = None
     approvedAtMs: int | None = None
     lastSeenAtMs: int | None = None
@@ -199,10 +194,9 @@ class TokenRevokeOut(Schema):
     revokedAtMs: int | None
 
 
-class NodePairingRequestOut(Schema):
-    """An open pairing request of a node (``node.pair.list``'s ``pending``)."""
+class NodeIdentityOut(Schema):
+    """What a node says of itself when it pairs: on its open request and on its paired record."""
 
-    requestId: str
     nodeId: str
     displayName: str | None = None
     platform: str | None = None
@@ -213,22 +207,18 @@ class NodePairingRequestOut(Schema):
     commands: list[str]
     permissions: dict[str, Any] | None = None
     remoteIp: str | None = None
+
+
+class NodePairingRequestOut(NodeIdentityOut):
+    """An open pairing request of a node (``node.pair.list``'s ``pending``)."""
+
+    requestId: str
     silent: bool | None = None
     isRepair: bool | None = None
     ts: int | None = None
 
 
-class PairedNodeOut(Schema):
-    nodeId: str
-    displayName: str | None = None
-    platform: str | None = None
-    version: str | None = None
-    deviceFamily: str | None = None
-    modelIdentifier: str | None = None
-    caps: list[str]
-    commands: list[str]
-    permissions: dict[str, Any] | None = None
-    remoteIp: str | None = None
+class PairedNodeOut(NodeIdentityOut):
     createdAtMs: int | None = None
     approvedAtMs: int | None = None
     lastConnectedAtMs: int | None = None

@@ -428,7 +428,8 @@ def _nothing_changed(old_hash: str, request: DevicePairingRequest) -> None:
     assert not AuditLog.objects.exclude(actor="gateway").exists()
 
 
-def test_a_user_without_staff_status_is_refused_everything(operator_client):
+def _refused_everywhere(client, check) -> None:
+    """Every page and action, as ``client``: each answer passes ``check``, and nothing changes."""
     paired()
     request = operator_request(PHONE)
     old_hash = token_of().token_hash
@@ -438,28 +439,25 @@ def test_a_user_without_staff_status_is_refused_everything(operator_client):
     ]
 
     for method, path in calls:
-        response = getattr(operator_client, method)(path)
+        check(getattr(client, method)(path), path)
+
+    _nothing_changed(old_hash, request)
+
+
+def test_a_user_without_staff_status_is_refused_everything(operator_client):
+    def forbidden(response, path):
         assert response.status_code == 403, path
         assert "new-token" not in response.content.decode()
 
-    _nothing_changed(old_hash, request)
+    _refused_everywhere(operator_client, forbidden)
 
 
 def test_an_anonymous_visitor_is_sent_to_the_login_page(client):
-    paired()
-    request = operator_request(PHONE)
-    old_hash = token_of().token_hash
-    calls = [
-        *_every_page_and_action(),
-        ("post", url("pairing-request", request_id=request.request_id, decision="approve")),
-    ]
-
-    for method, path in calls:
-        response = getattr(client, method)(path)
+    def to_login(response, path):
         assert response.status_code == 302, path
         assert response["Location"].startswith(url("login")), path
 
-    _nothing_changed(old_hash, request)
+    _refused_everywhere(client, to_login)
 
 
 def test_posts_without_the_csrf_token_are_refused(django_user_model):
