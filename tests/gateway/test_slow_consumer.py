@@ -14,11 +14,11 @@ import threading
 from typing import Any
 
 import pytest
+from autobahn.exception import Disconnected
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer
 from daphne import ws_protocol
 from twisted.internet import abstract
-from autobahn.exception import Disconnected
 from twisted.internet.address import IPv4Address
 from twisted.internet.protocol import Protocol
 from twisted.internet.testing import MemoryReactorClock
