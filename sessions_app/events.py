@@ -65,13 +65,13 @@ def publish_session_changed_on_commit(
         payload["runId"] = run_id
     if deleted:
         payload["deleted"] = True
-    publish_on_commit(EVENT_SESSIONS_CHANGED, payload)
+    publish_on_commit(EVENT_SESSIONS_CHANGED, payload, drop_if_slow=True)
 
 
 def publish_session_changed_payload_on_commit(session: Session, *, reason: str, extra: dict[str, Any]) -> None:
     """``sessions.changed`` carrying fields an extension contributes (say, ``placement``)."""
     payload = {**session_event_fields(session), "reason": reason, "ts": int(time.time() * 1000), **extra}
-    publish_on_commit(EVENT_SESSIONS_CHANGED, payload)
+    publish_on_commit(EVENT_SESSIONS_CHANGED, payload, drop_if_slow=True)
 
 
 # --- the turn's stream and its end ----------------------------------------------------------
@@ -113,10 +113,10 @@ class TurnEmitter:
         self.emitted_at: float | None = None  # None: nothing emitted yet (the first chunk goes at once)
         self.origin_channel = run.origin_channel
 
-    def _publish(self, event: str, payload: dict[str, Any]) -> None:
-        publish_rollback_unsafe(event, payload)
+    def _publish(self, event: str, payload: dict[str, Any], *, drop_if_slow: bool = False) -> None:
+        publish_rollback_unsafe(event, payload, drop_if_slow=drop_if_slow)
         if self.origin_channel:
-            send_direct_rollback_unsafe(self.origin_channel, event, payload)
+            send_direct_rollback_unsafe(self.origin_channel, event, payload, drop_if_slow=drop_if_slow)
 
     def _chat(self, state: str, **fields: Any) -> None:
         self.chat_seq += 1
@@ -128,7 +128,9 @@ class TurnEmitter:
             "state": state,
             **fields,
         }
-        self._publish(EVENT_CHAT, payload)
+        # As in OpenClaw, a slow connection may miss deltas (the final carries the whole text) but
+        # not the terminal states.
+        self._publish(EVENT_CHAT, payload, drop_if_slow=state == "delta")
 
     def _agent(self, stream: str, data: dict[str, Any]) -> None:
         self.agent_seq += 1

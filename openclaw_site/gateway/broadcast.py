@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from . import state
-from .protocol import EncodedEvent
+from .protocol import DROP_IF_SLOW_KEY, EncodedEvent
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,12 @@ async def fan_out(message: dict[str, Any], connections: Iterable[BroadcastReceiv
 
     A connection that fails (or closed meanwhile) does not keep the event from the others.
     """
-    encoded = EncodedEvent.of(message["event"], message["payload"], state_version=message.get("stateVersion"))
+    encoded = EncodedEvent.of(
+        message["event"],
+        message["payload"],
+        state_version=message.get("stateVersion"),
+        drop_if_slow=bool(message.get(DROP_IF_SLOW_KEY)),
+    )
     offered = 0
     for consumer in state.local_connections if connections is None else connections:
         offered += 1

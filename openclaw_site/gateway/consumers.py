@@ -34,7 +34,7 @@ from .exceptions import (
 )
 from .handshake import ConnectContext, FirstFrameInvalid, parse_connect
 from .hello import accept_connect, presence_changed
-from .protocol import EncodedEvent, decode_frame, encode_frame
+from .protocol import DROP_IF_SLOW_KEY, EncodedEvent, decode_frame, encode_frame
 from .registry import registry
 from .services import connections
 from .visibility import event_visible
@@ -97,7 +97,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self.phase = "closed"
             self.close_task = asyncio.ensure_future(self.close(code=1000, reason="handshake timeout"))
 
-    async def _send_frame(self, frame: dict[str, Any]) -> None:
+    async def _send_frame(self, frame: dict[str, Any], *, drop_if_slow: bool = False) -> None:
         """Send one frame. A frame that cannot be sent never leaves the connection silent.
 
         A response that cannot be encoded is replaced by a generic internal error for the same id
@@ -119,11 +119,15 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             except (TypeError, ValueError):
                 await self._close_for_internal_error(error)
                 return
-        await self._send_text(text, frame.get("type"))
+        await self._send_text(text, frame.get("type"), drop_if_slow=drop_if_slow)
 
-    async def _send_text(self, text: str, frame_type: Any) -> None:
+    async def _send_text(self, text: str, frame_type: Any, *, drop_if_slow: bool = False) -> None:
         try:
-            await self.send(text_data=text)
+            if drop_if_slow:
+                # The transport skips it for a connection past maxBufferedBytes (daphne_server.py).
+                await self.base_send({"type": "websocket.send", "text": text, DROP_IF_SLOW_KEY: True})
+            else:
+                await self.send(text_data=text)
         except Disconnected:
             # The socket closed before its disconnect reached this consumer (a tick or a broadcast got
             # there first): nothing is wrong, and the disconnect cleans up.
@@ -141,7 +145,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         with contextlib.suppress(Exception):  # the transport may be gone already
             await self.close(code=INTERNAL_ERROR_CLOSE, reason=error.message)
 
-    async def send_event(self, event: str, payload: Any, *, state_version: dict | None = None) -> None:
+    async def send_event(
+        self, event: str, payload: Any, *, state_version: dict | None = None, drop_if_slow: bool = False
+    ) -> None:
         """A broadcast event: stamped with this connection's next ``seq``."""
         if self.phase != "open":
             return
@@ -149,7 +155,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         frame = {"type": "event", "event": event, "payload": payload, "seq": self.seq}
         if state_version is not None:
             frame["stateVersion"] = state_version
-        await self._send_frame(frame)
+        await self._send_frame(frame, drop_if_slow=drop_if_slow)
 
     async def send_encoded_event(self, encoded: EncodedEvent) -> None:
         """An event encoded once for every local connection (ticks, broadcasts): stamped with this
@@ -157,10 +163,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if self.phase != "open":
             return
         if encoded.body is None:
-            await self.send_event(encoded.event, encoded.payload, state_version=encoded.state_version)
+            await self.send_event(
+                encoded.event, encoded.payload, state_version=encoded.state_version, drop_if_slow=encoded.drop_if_slow
+            )
             return
         self.seq += 1
-        await self._send_text(encoded.frame_text(self.seq), "event")
+        await self._send_text(encoded.frame_text(self.seq), "event", drop_if_slow=encoded.drop_if_slow)
 
     async def send_broadcast(self, encoded: EncodedEvent) -> None:
         """A broadcast-group event this process fans out to its connections (``broadcast.py``): the
@@ -307,7 +315,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             direct=bool(message.get("direct")),
         ):
             return
-        await self.send_event(message["event"], message["payload"], state_version=message.get("stateVersion"))
+        await self.send_event(
+            message["event"],
+            message["payload"],
+            state_version=message.get("stateVersion"),
+            drop_if_slow=bool(message.get(DROP_IF_SLOW_KEY)),
+        )
 
     async def gateway_close(self, message: dict[str, Any]) -> None:
         if self.phase == "open":

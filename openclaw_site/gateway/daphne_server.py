@@ -1,8 +1,15 @@
-"""Running Daphne for the gateway: close reasons on the wire and a shutdown broadcast.
+"""Running Daphne for the gateway: close reasons on the wire, slow consumers and a shutdown broadcast.
 
 Daphne 4 drops the ``reason`` of ``websocket.close``; OpenClaw clients show it (for example
 ``pairing required: … (requestId: …)``), so the protocol class sends it. Before the reactor stops,
 every local connection receives the ``shutdown`` event.
+
+Slow consumers (OpenClaw's policy, ``policy.maxBufferedBytes`` in hello-ok): Twisted keeps whatever
+the socket did not take in a buffer of its own, which grows for as long as a client does not read.
+Before each frame the protocol looks at that buffer; past ``MAX_BUFFERED_BYTES`` a frame published
+as droppable (``dropIfSlow``) is skipped, any other closes the connection with 1008 ``slow
+consumer``. Nothing more is written to it, and the close handshake waits at most
+:data:`SLOW_CONSUMER_CLOSE_TIMEOUT_S` before the TCP connection is aborted, which frees the buffer.
 """
 
 from __future__ import annotations
@@ -14,8 +21,11 @@ from daphne import server as daphne_server
 from daphne import ws_protocol
 from daphne.http_protocol import HTTPFactory
 from daphne.server import Server
+from twisted.internet import abstract
 
 from . import lifecycle
+from .conf import gateway_setting
+from .protocol import DROP_IF_SLOW_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +39,35 @@ def truncate_close_reason(reason: str) -> str:
     return encoded[: MAX_CLOSE_REASON_BYTES - 3].decode("utf-8", errors="ignore") + "..."
 
 
+SLOW_CONSUMER_CLOSE_CODE = 1008
+SLOW_CONSUMER_CLOSE_REASON = "slow consumer"
+# How long a slow consumer has to read up to the close frame and answer it before the TCP connection
+# is aborted; ws (OpenClaw's WebSocket library) waits 30 s for the peer's close frame as well.
+SLOW_CONSUMER_CLOSE_TIMEOUT_S = 30
+
+
+def unsent_bytes(transport) -> int:
+    """Bytes written to ``transport`` that the kernel has not accepted yet (Twisted's own buffer).
+
+    Protocol wrappers (``twisted.protocols.policies``) hold the real transport in ``.transport``; the
+    file descriptor at the bottom keeps ``dataBuffer`` (from ``offset`` on) and the writes queued
+    since its last flush. A transport that is gone (``None``) holds nothing.
+    """
+    while transport is not None and not isinstance(transport, abstract.FileDescriptor):
+        transport = getattr(transport, "transport", None)
+    if transport is None:
+        return 0
+    return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+
+
+def over_buffer_limit(unsent: int, limit: int) -> bool:
+    # The frame about to go is not counted: like OpenClaw, a connection at the limit still gets one
+    # more frame, so the buffer stays under the limit plus one frame.
+    return unsent > limit
+
+
 class ReasonCarryingWebSocketProtocol(ws_protocol.WebSocketProtocol):
-    """Sends protocol close codes (1008, 1002, 1009, …) with their reason.
+    """Sends protocol close codes (1008, 1002, 1009, …) with their reason, and closes slow consumers.
 
     Autobahn's ``sendClose`` only admits 1000 and 3000-4999 from applications, so the close frame
     is sent the way Daphne itself sends 1011.
@@ -40,8 +77,13 @@ class ReasonCarryingWebSocketProtocol(ws_protocol.WebSocketProtocol):
         super()._connectionMade()
         # Frames over the hard size limit get a 1009 close frame instead of a dropped TCP stream.
         self.failByDrop = False
+        self.max_buffered_bytes = gateway_setting("MAX_BUFFERED_BYTES")
+        self.dropped_while_slow = 0
 
     def handle_reply(self, message):
+        if message.get("type") == "websocket.send" and self.state == self.STATE_OPEN:
+            if self._refuse_slow_consumer_frame(message):
+                return
         if message.get("type") == "websocket.close" and self.state != self.STATE_CONNECTING:
             reason = message.get("reason") or ""
             self.sendCloseFrame(
@@ -51,6 +93,36 @@ class ReasonCarryingWebSocketProtocol(ws_protocol.WebSocketProtocol):
             )
             return
         super().handle_reply(message)
+
+    def _refuse_slow_consumer_frame(self, message) -> bool:
+        """True when the frame is not sent: dropped (``dropIfSlow``), or the connection is closing."""
+        unsent = unsent_bytes(self.transport)
+        if not over_buffer_limit(unsent, self.max_buffered_bytes):
+            self.dropped_while_slow = 0
+            return False
+        if message.get(DROP_IF_SLOW_KEY):
+            if not self.dropped_while_slow:
+                logger.warning(
+                    "WebSocket %s: %d bytes unsent (limit %d), dropping droppable events",
+                    self.client_addr,
+                    unsent,
+                    self.max_buffered_bytes,
+                )
+            self.dropped_while_slow += 1
+            return True
+        logger.warning(
+            "WebSocket %s: %d bytes unsent (limit %d), closing as a slow consumer",
+            self.client_addr,
+            unsent,
+            self.max_buffered_bytes,
+        )
+        # The close frame queues behind what is buffered; a client that never reads it is cut off
+        # when the close handshake times out (autobahn aborts the TCP connection, freeing the buffer).
+        self.closeHandshakeTimeout = SLOW_CONSUMER_CLOSE_TIMEOUT_S
+        self.sendCloseFrame(
+            code=SLOW_CONSUMER_CLOSE_CODE, reasonUtf8=SLOW_CONSUMER_CLOSE_REASON.encode("utf-8"), isReply=False
+        )
+        return True
 
 
 # A connection that has not sent a complete request line and headers within this many seconds

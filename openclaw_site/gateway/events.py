@@ -14,6 +14,7 @@ from django.db import transaction
 
 from . import publisher
 from . import scopes as sc
+from .protocol import DROP_IF_SLOW_KEY
 from .registry import registry
 
 logger = logging.getLogger(__name__)
@@ -41,31 +42,43 @@ EVENT_NODE_PAIR_RESOLVED = registry.event("node.pair.resolved", scope=sc.PAIRING
 EVENT_NODE_INVOKE_REQUEST = registry.event("node.invoke.request", scope=None, operators_only=False)
 
 
-def broadcast_message(event: str, payload: Any, *, state_version: dict | None = None) -> dict:
+def broadcast_message(
+    event: str, payload: Any, *, state_version: dict | None = None, drop_if_slow: bool = False
+) -> dict:
+    """``drop_if_slow``: a connection past ``maxBufferedBytes`` skips this event (its ``seq`` is
+    spent, so the client sees a gap and refetches) instead of being closed as a slow consumer."""
     message = {"type": "gateway.event", "event": event, "payload": payload}
     if state_version is not None:
         message["stateVersion"] = state_version
+    if drop_if_slow:
+        message[DROP_IF_SLOW_KEY] = True
     return message
 
 
-def publish_rollback_unsafe(event: str, payload: Any, *, state_version: dict | None = None) -> None:
+def publish_rollback_unsafe(
+    event: str, payload: Any, *, state_version: dict | None = None, drop_if_slow: bool = False
+) -> None:
     """Send now, whatever the surrounding transaction does. Prefer :func:`publish_on_commit`."""
-    message = broadcast_message(event, payload, state_version=state_version)
+    message = broadcast_message(event, payload, state_version=state_version, drop_if_slow=drop_if_slow)
     group = event_group(event)
     publisher.post(lambda: get_channel_layer().group_send(group, message), what=event)
 
 
-def send_direct_rollback_unsafe(channel_name: str, event: str, payload: Any) -> None:
+def send_direct_rollback_unsafe(channel_name: str, event: str, payload: Any, *, drop_if_slow: bool = False) -> None:
     """An event for one connection (the one that asked for the work), besides its subscribers.
 
     A connection that is subscribed anyway drops the direct copy, so nobody receives it twice.
     """
-    message = {**broadcast_message(event, payload), "direct": True}
+    message = {**broadcast_message(event, payload, drop_if_slow=drop_if_slow), "direct": True}
     publisher.post(lambda: get_channel_layer().send(channel_name, message), what=f"{event} to {channel_name}")
 
 
-def publish_on_commit(event: str, payload: Any, *, state_version: dict | None = None) -> None:
-    transaction.on_commit(lambda: publish_rollback_unsafe(event, payload, state_version=state_version))
+def publish_on_commit(
+    event: str, payload: Any, *, state_version: dict | None = None, drop_if_slow: bool = False
+) -> None:
+    transaction.on_commit(
+        lambda: publish_rollback_unsafe(event, payload, state_version=state_version, drop_if_slow=drop_if_slow)
+    )
 
 
 def send_to_channels_on_commit(channel_names: list[str], message: dict) -> None:

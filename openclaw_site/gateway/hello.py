@@ -183,7 +183,8 @@ async def _publish_presence(snapshot: Snapshot) -> None:
     """To every connection of every process (each process fans it out to its own, broadcast.py)."""
     presence, version = snapshot
     await get_channel_layer().group_send(
-        BROADCAST_GROUP, broadcast_message(EVENT_PRESENCE, {"presence": presence}, state_version=version)
+        BROADCAST_GROUP,
+        broadcast_message(EVENT_PRESENCE, {"presence": presence}, state_version=version, drop_if_slow=True),
     )
 
 

@@ -195,6 +195,12 @@ def encode_frame(frame: Any) -> str:
     return text
 
 
+# Set on a ``websocket.send`` message (and on a published event, ``dropIfSlow``) whose frame a
+# connection past ``maxBufferedBytes`` skips instead of being closed as a slow consumer
+# (``daphne_server.py``). OpenClaw marks presence, ``sessions.changed`` and chat deltas so.
+DROP_IF_SLOW_KEY = "dropIfSlow"
+
+
 @dataclass(frozen=True)
 class EncodedEvent:
     """An event frame encoded once for many connections (ticks, broadcasts); each adds its own ``seq``.
@@ -207,9 +213,12 @@ class EncodedEvent:
     payload: Any
     state_version: dict | None
     body: str | None
+    drop_if_slow: bool = False
 
     @classmethod
-    def of(cls, event: str, payload: Any, *, state_version: dict | None = None) -> EncodedEvent:
+    def of(
+        cls, event: str, payload: Any, *, state_version: dict | None = None, drop_if_slow: bool = False
+    ) -> EncodedEvent:
         frame: dict[str, Any] = {"type": "event", "event": event, "payload": payload}
         if state_version is not None:
             frame["stateVersion"] = state_version
@@ -217,7 +226,7 @@ class EncodedEvent:
             body: str | None = encode_frame(frame)[:-1]
         except (TypeError, ValueError):
             body = None
-        return cls(event=event, payload=payload, state_version=state_version, body=body)
+        return cls(event=event, payload=payload, state_version=state_version, body=body, drop_if_slow=drop_if_slow)
 
     def frame_text(self, seq: int) -> str:
         assert self.body is not None
