@@ -45,7 +45,7 @@ TEST_TOKEN = "test-gateway-token-0123456789"
 STOP_TIMEOUT_S = 20.0
 # Inherited variables that choose the profile under test (database, channel layer, task mode, model, ...);
 # ``clean_env`` leaves them out so that the profile is exactly the one the caller's settings describe.
-PROFILE_ENV_PREFIXES = ("OPENCLAW_", "DATABASE_URL", "HARNESS_DATABASE_URL", "REDIS_URL", "DJANGO_DEBUG")
+PROFILE_ENV_PREFIXES = ("OPENCLAW_", "DATABASE_URL", "HARNESS_DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "DJANGO_DEBUG")
 # What ``manage.py serve`` prints once Daphne listens (openclaw_site/gateway/management/commands/serve.py).
 ANNOUNCEMENT = re.compile(r"listening on (\S+) \(database: ([^,]+), channel layer: ([^)]+)\)")
 MOCK_URL_PREFIX = "MOCK_OPENAI_URL="
