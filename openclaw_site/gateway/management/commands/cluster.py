@@ -239,12 +239,18 @@ class Supervisor:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, lambda signum, _frame: received.append(signum))
         try:
-            for child in self.children:
+            balancer = self.children[-1]
+            for child in self.children[:-1]:
                 self.start(child)
             self.write_state()
             announced = False
             while not received:
-                if not announced and self.healthy():
+                # HAProxy once every gateway answers: it then starts with all of them up, not waiting for
+                # its checks to find them (a client connecting meanwhile would get a 503).
+                if balancer.process is None and self.healthy():
+                    self.start(balancer)
+                    self.write_state()
+                elif balancer.process is not None and not announced and self.healthy() and self.balancer_answers():
                     announced = True
                     self.say("cluster", f"ready: {self.url} → {', '.join(self.describe())}")
                 if not self.watch():
@@ -312,13 +318,12 @@ class Supervisor:
         for child in self.children:
             if child.port is None:
                 continue
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{child.port}{HEALTH_PATH}", timeout=1) as answer:
-                    if answer.status != 200:
-                        return False
-            except (OSError, urllib.error.URLError):
+            if not _answers(f"http://127.0.0.1:{child.port}{HEALTH_PATH}"):
                 return False
         return True
+
+    def balancer_answers(self) -> bool:
+        return _answers(self.url.replace("ws://", "http://", 1) + HEALTH_PATH)
 
     def describe(self) -> list[str]:
         return [
@@ -365,6 +370,14 @@ class Supervisor:
             if child.reader is not None:
                 child.reader.join(timeout=2)
         self.say("cluster", "stopped")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as answer:
+            return answer.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 def _wait(process: subprocess.Popen, timeout: float) -> bool:
