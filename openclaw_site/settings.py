@@ -190,9 +190,14 @@ OPENCLAW_TASK_MODE = env_choice("OPENCLAW_TASK_MODE", "celery" if REDIS_URL else
 if OPENCLAW_TASK_MODE == "celery" and not REDIS_URL:
     raise SettingsError("OPENCLAW_TASK_MODE=celery needs REDIS_URL (the Celery broker)")
 
-CELERY_BROKER_URL = REDIS_URL or "memory://"
-# Deployments (and concurrent test runs) sharing one Redis must not take each other's tasks.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{REDIS_PREFIX}:celery:"}
+# The broker: Redis (REDIS_URL) unless CELERY_BROKER_URL names another; the spec allows RabbitMQ
+# (amqp://user:password@host:5672/vhost). The channel layer and the cache stay on Redis either way.
+CELERY_BROKER_URL = (
+    env_url("CELERY_BROKER_URL", schemes=("redis", "rediss", "amqp", "amqps")) or REDIS_URL or "memory://"
+)
+if CELERY_BROKER_URL.startswith(("redis", "unix")):
+    # Deployments (and concurrent test runs) sharing one Redis must not take each other's tasks.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{REDIS_PREFIX}:celery:"}
 CELERY_TASK_DEFAULT_QUEUE = env_str("OPENCLAW_CELERY_QUEUE", "openclaw")
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True

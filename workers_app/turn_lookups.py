@@ -35,6 +35,9 @@ class NodeRoute:
     channel_name: str
     conn_id: str
     commands: list[str]
+    # The gateway process holding the connection (its boot id): a turn that loses the connection tells
+    # whether that process died.
+    process_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ def _node_turn_sql() -> str:
     # A node has one connection at most (a unique constraint); it counts while its process heartbeats.
     return """
         SELECT e.environment_id, e.node_device_id, e.lease_id, e.attached_session_ids,
-               e.bootstrap_bundle_hash, c.channel_name, c.conn_id, c.commands
+               e.bootstrap_bundle_hash, c.channel_name, c.conn_id, c.commands, c.process_id
         FROM {placement} p
         JOIN {run} r ON r.session_id = p.session_id
         JOIN {environment} e ON e.environment_id = p.environment_id
@@ -105,11 +108,16 @@ def node_turn_place(run_id: str) -> NodeTurnPlace | None:
         row = cursor.fetchone()
     if row is None or not row[1]:
         return None
-    environment_id, node_id, lease_id, attached, bundle_hash, channel_name, conn_id, commands = row
+    environment_id, node_id, lease_id, attached, bundle_hash, channel_name, conn_id, commands, process_id = row
     attached = _json(attached) or []
     route = None
     if channel_name is not None and conn_id is not None:
-        route = NodeRoute(channel_name=channel_name, conn_id=str(_uuid(conn_id)), commands=list(_json(commands) or []))
+        route = NodeRoute(
+            channel_name=channel_name,
+            conn_id=str(_uuid(conn_id)),
+            commands=list(_json(commands) or []),
+            process_id=str(_uuid(process_id)),
+        )
     return NodeTurnPlace(
         node_id=node_id,
         environment_id=environment_id,

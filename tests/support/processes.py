@@ -45,7 +45,14 @@ TEST_TOKEN = "test-gateway-token-0123456789"
 STOP_TIMEOUT_S = 20.0
 # Inherited variables that choose the profile under test (database, channel layer, task mode, model, ...);
 # ``clean_env`` leaves them out so that the profile is exactly the one the caller's settings describe.
-PROFILE_ENV_PREFIXES = ("OPENCLAW_", "DATABASE_URL", "HARNESS_DATABASE_URL", "REDIS_URL", "DJANGO_DEBUG")
+PROFILE_ENV_PREFIXES = (
+    "OPENCLAW_",
+    "DATABASE_URL",
+    "HARNESS_DATABASE_URL",
+    "REDIS_URL",
+    "CELERY_BROKER_URL",
+    "DJANGO_DEBUG",
+)
 # What ``manage.py serve`` prints once Daphne listens (openclaw_site/gateway/management/commands/serve.py).
 ANNOUNCEMENT = re.compile(r"listening on (\S+) \(database: ([^,]+), channel layer: ([^)]+)\)")
 MOCK_URL_PREFIX = "MOCK_OPENAI_URL="
@@ -572,3 +579,99 @@ def start_node_host(
     ]
     env = {**os.environ, "OPENCLAW_GATEWAY_TOKEN": server.token, "PYTHONUNBUFFERED": "1"}
     return NodeHostProcess(_spawn(argv, env, log_path), state_dir, log_path, argv, env)
+
+
+CLUSTER_READY = re.compile(r"^cluster\s+\| ready: (\S+)", re.MULTILINE)
+
+
+@dataclass
+class ClusterProcess:
+    """``manage.py cluster`` (the documented ``./dev cluster``): HAProxy on ``port`` in front of the gateway
+    processes, Celery workers and beat. ``url`` and ``token`` are the balancer's, as clients see them."""
+
+    process: subprocess.Popen
+    port: int
+    token: str
+    state_dir: str
+    log_path: str
+    env: dict[str, str] = field(repr=False, default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return read_log(self.log_path)
+
+    def processes(self) -> dict[str, dict[str, Any]]:
+        """``{name: {"pid", "port"}}`` as the supervisor wrote them (``<state dir>/cluster/cluster.json``)."""
+        state = json.loads((Path(self.state_dir) / "cluster" / "cluster.json").read_text(encoding="utf-8"))
+        return state["processes"]
+
+    def gateway_pids(self) -> dict[str, int]:
+        return {name: entry["pid"] for name, entry in self.processes().items() if name.startswith("gateway-")}
+
+    def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
+        """One of the cluster's processes (by pid, one the supervisor started)."""
+        if pid not in {entry["pid"] for entry in self.processes().values()}:
+            raise ValueError(f"pid {pid} is not one of the cluster's processes")
+        os.kill(pid, sig)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGINT, as Ctrl-C: the supervisor stops every process it started."""
+        stop_process(self.process, signal.SIGINT, timeout)
+        return self.process.returncode
+
+
+def start_cluster(
+    settings: Mapping[str, str],
+    *,
+    gateways: int = 2,
+    workers: int = 1,
+    worker_concurrency: int = 2,
+    extra_args: tuple[str, ...] = (),
+    clean_env: bool = False,
+    timeout: float = 90.0,
+) -> ClusterProcess:
+    """``manage.py cluster`` with ``settings`` over this process's environment; returns once it says ready
+    (HAProxy up, every gateway process answering its health check). Backends on free ports."""
+    launch = GatewayLaunch.prepare(settings=settings, clean_env=clean_env, state_prefix="cluster-state-")
+    first_backend = free_port()
+    log_path = os.path.join(launch.state_dir, "cluster.log")
+    argv = [
+        sys.executable,
+        str(ROOT / "manage.py"),
+        "cluster",
+        "--port",
+        str(launch.port),
+        "--backend-port",
+        str(first_backend),
+        "--gateways",
+        str(gateways),
+        "--workers",
+        str(workers),
+        "--worker-concurrency",
+        str(worker_concurrency),
+        "--haproxy",
+        os.environ.get("OPENCLAW_HAPROXY", "/usr/sbin/haproxy"),
+        *extra_args,
+    ]
+    process = _spawn(argv, launch.env, log_path)
+    cluster = ClusterProcess(process, launch.port, launch.token, launch.state_dir, log_path, launch.env)
+    try:
+        _wait_ready(
+            process,
+            lambda: CLUSTER_READY.search(read_log(log_path)) is not None,
+            what="cluster",
+            timeout=timeout,
+            log_path=log_path,
+            poll=0.1,
+        )
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster

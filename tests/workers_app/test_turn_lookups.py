@@ -62,7 +62,9 @@ def test_a_placed_run_finds_its_node_environment_and_the_nodes_live_connection()
     assert place.lease_id == f"device:{NODE}:op"
     assert place.session_id == session.session_id
     assert place.bundle_hash == WorkerEnvironment.objects.get(pk=ENVIRONMENT).bootstrap_bundle_hash
-    assert place.route == NodeRoute(connection.channel_name, str(connection.conn_id), COMMANDS)
+    assert place.route == NodeRoute(
+        connection.channel_name, str(connection.conn_id), COMMANDS, process_id=str(connection.process_id)
+    )
     # The same connection the invoke's own lookup picks.
     target = invoke_target(NODE)
     assert (target.channel_name, target.conn_id, target.commands) == (

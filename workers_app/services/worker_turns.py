@@ -27,6 +27,7 @@ from django.db.models import QuerySet, Subquery
 from openclaw_site.gateway import publisher
 from openclaw_site.gateway.background import executor_label
 from openclaw_site.gateway.invoke import InvokeTarget, invoke_private
+from openclaw_site.gateway.selectors import live_process_boot_ids
 from sessions_app import turns as gateway_turns
 from sessions_app.events import TurnEmitter
 from sessions_app.model_providers import default_model, get_model_provider
@@ -48,6 +49,10 @@ RUNNER_OFFLINE_MESSAGE = (
 )
 CAPACITY_EXHAUSTED = "WORKER_CAPACITY_EXHAUSTED"
 CAPACITY_MESSAGE = "device worker capacity remained full"
+GATEWAY_PROCESS_LOST = (
+    "device worker turn interrupted: the gateway process holding the node's connection stopped mid-turn; "
+    "the node reconnects through another process, retry the turn"
+)
 HEARTBEAT_INTERVAL_S = 5.0
 POLL_INTERVAL_S = 0.05
 CANCEL_TIMEOUT_MS = 10_000
@@ -231,6 +236,16 @@ class NodeTurn:
             return None
         return self._outcome(result)
 
+    def _connection_process_died(self) -> bool:
+        """The connection the launch went to was lost with its gateway process (killed, crashed), not
+        closed by the node: the reason then names the process, since the node itself may be fine."""
+        route = self.place.route
+        if route is None or not route.process_id:
+            return False
+        alive = route.process_id in live_process_boot_ids()
+        release_database_connections()
+        return not alive
+
     def _abort_requested(self, now: float) -> bool:
         """The run's abort flag, read at most every :data:`ABORT_POLL_INTERVAL_S` (as a local turn reads it)."""
         if now - self.abort_checked_at < ABORT_POLL_INTERVAL_S:
@@ -277,6 +292,8 @@ class NodeTurn:
 
     def _failed(self, failure: NodeCommandFailed) -> TurnOutcome:
         if failure.code == "NOT_CONNECTED":
+            if self._connection_process_died():
+                return self._error(f"{GATEWAY_PROCESS_LOST} ({RUNNER_OFFLINE})", RUNNER_OFFLINE)
             return _offline(self.provider_name, self.model)
         if failure.code == CAPACITY_EXHAUSTED:
             return self._error(f"{CAPACITY_MESSAGE} ({CAPACITY_EXHAUSTED})", CAPACITY_EXHAUSTED)

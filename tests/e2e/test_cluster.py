@@ -1,0 +1,289 @@
+"""The deployable topology, started as documented (``manage.py cluster``, what ``./dev cluster`` runs): HAProxy in
+front of two gateway processes, a Celery worker and beat, on the test run's PostgreSQL + Redis.
+
+Clients connect through the balancer only and land on different processes (the ``bootId`` of hello-ok); a turn, a
+``node.invoke`` and a dispatched session's turn on the project's node host work across them; one gateway process is
+killed with SIGKILL mid-traffic: nothing committed is lost, the reconnecting client and the node host come back through
+HAProxy on the other process and resume (subscription, retried ``agent.wait``), and the node turn that was running
+through the killed process ends with a clear reason. Once more with RabbitMQ as the Celery broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from openclaw_client.client import ConnectError
+from openclaw_site.gateway.models import GatewayConnection, GatewayProcess
+from tests.e2e.test_node_invoke import node_commands
+from tests.e2e.test_seed_004_paired_node_worker_lifecycle import (
+    Wire,
+    model_env,
+    node_id_of,
+    publish_workspace,
+    wait_connected,
+)
+from tests.support.clients import call_once, node, operator
+from tests.support.processes import gateway_settings_for_tests, start_cluster, start_node_host
+
+pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+HAPROXY = os.environ.get("OPENCLAW_HAPROXY", "/usr/sbin/haproxy")
+RABBITMQ_URL = os.environ.get("OPENCLAW_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
+# A killed process is known dead within seconds (the pid check notices it at once on this host).
+FAST_LEASES = {"OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS": "500", "OPENCLAW_PROCESS_STALE_AFTER_MS": "3000"}
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def _require(available: bool, what: str) -> None:
+    """CI runs every test (``./dev test`` installs HAProxy, ``.ci/run`` starts RabbitMQ); elsewhere a missing tool
+    leaves its test out."""
+    if available:
+        return
+    if _ci():
+        pytest.fail(f"CI: {what} is missing")
+    pytest.skip(f"{what} is missing")
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def haproxy():
+    _require(os.access(HAPROXY, os.X_OK), f"HAProxy ({HAPROXY})")
+
+
+def cluster_settings(extra: dict[str, str]) -> dict[str, str]:
+    """The test databases and Redis prefix, one Celery queue for this cluster, fast process leases."""
+    port_tag = os.getpid()
+    return {
+        **gateway_settings_for_tests(port_tag),
+        # Beat's sweeps are part of the topology under test.
+        "OPENCLAW_SWEEP_INTERVAL_MS": "15000",
+        **FAST_LEASES,
+        **extra,
+    }
+
+
+def boot_of_node(node_id: str) -> str:
+    return str(GatewayConnection.objects.get(role="node", node_id=node_id).process_id)
+
+
+def pid_of_boot(boot_id: str) -> int:
+    return GatewayProcess.objects.get(boot_id=boot_id).pid
+
+
+def test_clients_spread_over_processes_and_survive_one_being_killed(haproxy, mock_openai, tmp_path):
+    workspace_root = tmp_path / "allowed"
+    workspace_root.mkdir()
+    published = publish_workspace(workspace_root)
+    cluster = start_cluster(
+        cluster_settings(model_env(mock_openai, workspace_root)), extra_args=("--no-migrate", "--no-restart")
+    )
+    node_host = start_node_host(cluster, capacity=2, capacity_wait_ms=500, gateway_url=cluster.url)
+    try:
+        call_once(cluster, "node.pair.approve", {"requestId": node_host.pairing_request()})
+        outcome = asyncio.run(scenario(cluster, node_host, mock_openai, published))
+    finally:
+        mock_openai.release()
+        node_host.stop()
+        cluster.stop()
+    log = cluster.log()
+    (
+        boots,
+        killed_boot,
+        survivor_boot,
+        local_before,
+        invoked,
+        node_turn,
+        reconnected_boots,
+        held_local,
+        interrupted,
+        history,
+        listed_keys,
+        node_turn_after,
+        invoked_after,
+    ) = outcome
+
+    # Through one balancer, the clients landed on both processes.
+    assert len(set(boots.values())) == 2, boots
+    assert local_before["status"] == "ok" and invoked["payload"] == {"echoed": {"from": "cluster"}}
+    assert node_turn["status"] == "ok"
+    # After the kill, the reconnecting client resumed on the surviving process.
+    assert reconnected_boots[0] == killed_boot and reconnected_boots[-1] == survivor_boot
+    # The local turn ran in the Celery worker: the gateway's death did not touch it; the retried wait got its end.
+    assert held_local["status"] == "ok", held_local
+    # The node turn whose node connection was on the killed process ended with a reason that says so.
+    assert interrupted["status"] == "error", interrupted
+    assert interrupted["error"] == (
+        "device worker turn interrupted: the gateway process holding the node's connection stopped mid-turn; "
+        "the node reconnects through another process, retry the turn (runner-offline)"
+    ), interrupted
+    # Nothing committed was lost: the turn before the kill is in the transcript, every session still listed.
+    assert any(m.get("role") == "assistant" for m in history), history
+    assert {"agent:main:cluster-local", "agent:qa:paired-node-worker-lifecycle:node"} <= set(listed_keys)
+    assert node_turn_after["status"] == "ok" and invoked_after["payload"] == {"echoed": {"from": "after"}}
+    assert "Traceback" not in node_host.log(), node_host.log()
+    assert "ready:" in log
+
+
+async def scenario(cluster, node_host, mock, published: Path):
+    admin = operator(cluster)
+    await admin.connect()
+    wire = Wire(admin, published)
+    node_id = node_id_of(node_host)
+    await wait_connected(wire, node_id)
+
+    # The test's own node (for node.invoke), kept connected by the client's reconnecting runner.
+    stop = asyncio.Event()
+    invoker = node(cluster, invoke_handler=node_commands)
+    invoker_boots: list[str] = []
+
+    async def invoker_connected(client):
+        invoker_boots.append(client.hello["server"]["bootId"])
+
+    with pytest.raises(ConnectError) as refused:
+        await invoker.connect()
+    await admin.request("node.pair.approve", {"requestId": refused.value.details["requestId"]})
+    invoker_task = asyncio.create_task(
+        invoker.run_forever(on_connected=invoker_connected, backoff_initial=0.2, stop=stop)
+    )
+    await until(lambda: invoker_boots)
+
+    node_boot = await sync_to_async(boot_of_node)(node_id)
+    # An operator on the node host's process, kept connected by the reconnecting runner; it resubscribes each time.
+    watcher_boots: list[str] = []
+    watcher = None
+    extras = []
+    for _attempt in range(4):
+        candidate = operator(cluster)
+        probe = asyncio.Event()
+
+        async def connected(client, probe=probe):
+            watcher_boots.append(client.hello["server"]["bootId"])
+            await client.request("sessions.subscribe", {})
+            probe.set()
+
+        task = asyncio.create_task(candidate.run_forever(on_connected=connected, backoff_initial=0.2, stop=stop))
+        await asyncio.wait_for(probe.wait(), 30)
+        if watcher_boots[-1] == node_boot:
+            watcher, watcher_task = candidate, task
+            break
+        # leastconn sends the next connection to the less busy process: this one stays open meanwhile.
+        watcher_boots.clear()
+        extras.append((candidate, task))
+    assert watcher is not None, "no connection landed on the node host's process"
+    boots = {"admin": admin.hello["server"]["bootId"], "node-host": node_boot, "invoker": invoker_boots[-1]}
+    boots["watcher"] = watcher_boots[-1]
+
+    # Work across processes: a local turn, a node.invoke, a dispatch and a node turn.
+    local_key = "agent:main:cluster-local"
+    await admin.request("sessions.create", {"key": local_key})
+    run_id = await wire.start_turn(local_key, "LOCAL-BEFORE")
+    local_before = await watcher.request("agent.wait", {"runId": run_id, "timeoutMs": 30_000}, timeout=35)
+    caller = admin if boots["admin"] != boots["invoker"] else watcher
+    invoked = await caller.request(
+        "node.invoke",
+        {"nodeId": invoker.device_id, "command": "echo", "params": {"from": "cluster"}, "idempotencyKey": "c1"},
+    )
+    node_key = await wire.create_session("node")
+    await wire.dispatch_node_session(node_key, node_id)
+    node_run = await wire.start_turn(node_key, "NODE-BEFORE")
+    node_turn = await wire.wait_for_turn(node_run)
+
+    # Mid-traffic: a local turn and a node turn both waiting on the model; then SIGKILL the node host's process.
+    mock.hold("HELD-LOCAL", "HELD-NODE")
+    held_local_id = await wire.start_turn(local_key, "HELD-LOCAL")
+    held_node_id = await wire.start_turn(node_key, "HELD-NODE")
+    await until(lambda: set(mock.held()) == {"HELD-LOCAL", "HELD-NODE"})
+    survivor_boot = next(b for b in boots.values() if b != node_boot)
+    killed_pid = await sync_to_async(pid_of_boot)(node_boot)
+    cluster.kill(killed_pid)
+
+    # The watcher and the node host come back through HAProxy, on the surviving process.
+    await until(lambda: len(watcher_boots) >= 2)
+    await asyncio.to_thread(node_host.wait_connects, 2, 30)
+    await wait_connected(wire, node_id)
+    assert await sync_to_async(boot_of_node)(node_id) == survivor_boot
+    # The node turn that ran through the killed process is ended (the local one keeps waiting on the model).
+    interrupted = await watcher.request("agent.wait", {"runId": held_node_id, "timeoutMs": 60_000}, timeout=65)
+    mock.release()
+    # Retried on the new connection: agent.wait is idempotent.
+    held_local = await watcher.request("agent.wait", {"runId": held_local_id, "timeoutMs": 30_000}, timeout=35)
+    history = await wire.history(local_key)
+    listed = await watcher.request("sessions.list", {})
+    listed_keys = [row["key"] for row in listed["sessions"]]
+    node_run_after = await wire.start_turn(node_key, "NODE-AFTER")
+    node_turn_after = await wire.wait_for_turn(node_run_after)
+    await until(lambda: invoker_boots[-1] == survivor_boot)
+    invoked_after = await watcher.request(
+        "node.invoke",
+        {"nodeId": invoker.device_id, "command": "echo", "params": {"from": "after"}, "idempotencyKey": "c2"},
+    )
+    stop.set()
+    tasks = [invoker_task, watcher_task, *(task for _client, task in extras)]
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
+    await admin.close()
+    return (
+        boots,
+        node_boot,
+        survivor_boot,
+        local_before,
+        invoked,
+        node_turn,
+        watcher_boots,
+        held_local,
+        interrupted,
+        history,
+        listed_keys,
+        node_turn_after,
+        invoked_after,
+    )
+
+
+async def until(predicate, timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.05)
+
+
+def test_the_topology_with_rabbitmq_as_the_celery_broker(haproxy):
+    _require(_reachable("127.0.0.1", 5672), "RabbitMQ (127.0.0.1:5672)")
+    cluster = start_cluster(
+        cluster_settings({"CELERY_BROKER_URL": RABBITMQ_URL}), extra_args=("--no-migrate", "--no-restart")
+    )
+
+    async def scenario_rabbitmq():
+        first, second = operator(cluster), operator(cluster)
+        await first.connect()
+        await second.connect()
+        await first.request("sessions.create", {"key": "agent:main:rabbit"})
+        sent = await first.request(
+            "chat.send", {"sessionKey": "agent:main:rabbit", "message": "over amqp", "idempotencyKey": "r1"}
+        )
+        waited = await second.request("agent.wait", {"runId": sent["runId"], "timeoutMs": 30_000}, timeout=35)
+        boots = {first.hello["server"]["bootId"], second.hello["server"]["bootId"]}
+        await first.close()
+        await second.close()
+        return boots, waited
+
+    try:
+        boots, waited = asyncio.run(scenario_rabbitmq())
+    finally:
+        cluster.stop()
+    assert len(boots) == 2
+    assert (waited["status"], waited["outputText"]) == ("ok", "over amqp")
+    assert "transport:   amqp://guest:**@127.0.0.1:5672//" in cluster.log()
