@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import secrets
 
+import psycopg
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
-from django.db import IntegrityError, transaction
+from django.core.management.base import BaseCommand, CommandError
+from django.db import IntegrityError, connections, transaction
+from psycopg import sql
 
 from openclaw_site.gateway import secret_files
 from openclaw_site.gateway.conf import ensure_gateway_token
@@ -22,6 +24,9 @@ class Command(BaseCommand):
         parser.add_argument("--admin-username", default=os.environ.get("OPENCLAW_ADMIN_USERNAME", "admin"))
 
     def handle(self, *args, **options):
+        for alias in ("default", "harness"):
+            if self._create_postgres_database(alias):
+                self.stdout.write(f"Created the PostgreSQL database {connections[alias].settings_dict['NAME']}")
         call_command("migrate", interactive=False, verbosity=0)
         call_command("migrate", database="harness", interactive=False, verbosity=0)
         token, created = ensure_gateway_token()
@@ -42,6 +47,32 @@ class Command(BaseCommand):
             self.stdout.write(f"Admin login created: {username} (password in {credentials_file})")
         else:
             self.stdout.write(f"Admin login: {username} (password in {credentials_file} if generated here)")
+
+    @staticmethod
+    def _create_postgres_database(alias: str) -> bool:
+        """A first start on PostgreSQL creates the database the URL names when the server lacks it (the way
+        SQLite creates its file), through the server's ``postgres`` database. Any other failure to connect
+        (server down, wrong password) is reported as it is, without a traceback."""
+        if connections[alias].vendor != "postgresql":
+            return False
+        params = connections[alias].get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        name = params["dbname"]
+        try:
+            psycopg.connect(**params, connect_timeout=10).close()
+            return False
+        except psycopg.OperationalError as error:
+            if "does not exist" not in str(error):
+                raise CommandError(f"cannot connect to PostgreSQL database {name}: {error}") from None
+        try:
+            with psycopg.connect(**{**params, "dbname": "postgres"}, autocommit=True, connect_timeout=10) as admin:
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        except psycopg.errors.DuplicateDatabase:
+            return False  # a concurrent first start created it
+        except psycopg.Error as error:
+            raise CommandError(f"PostgreSQL database {name} does not exist and cannot be created: {error}") from None
+        return True
 
     @staticmethod
     def _create_admin(User, username: str, credentials_file) -> bool:
