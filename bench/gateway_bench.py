@@ -52,8 +52,13 @@ from openclaw_client.client import ConnectionClosed, GatewayClient, GatewayError
 from openclaw_client.identity import DeviceIdentity  # noqa: E402
 from tests.support.processes import GatewayLaunch, GatewayServer  # noqa: E402
 
-METHODS = ("health", "node.list")
+METHODS = ("health", "sessions.list", "node.list")
+# Params sent with each method (None: no params member), the same for every gateway measured.
+METHOD_PARAMS: dict[str, Any] = {"sessions.list": {}}
 LOAD_WARMUP_CALLS = 20
+FLOOR_PATH = "/bench/floor"  # openclaw_site/gateway/bench_floor.py, routed with OPENCLAW_BENCH_FLOOR=1
+# The floor answers any method alike; the name only shows in its request frames.
+FLOOR_METHOD = "health"
 
 
 # --- client side ------------------------------------------------------------------------------
@@ -78,9 +83,10 @@ async def timed_handshakes(url: str, token: str, count: int, *, same_device: boo
 
 async def timed_calls(client: GatewayClient, method: str, count: int) -> list[float]:
     samples = []
+    params = METHOD_PARAMS.get(method)
     for _ in range(count):
         started = time.perf_counter()
-        await client.request(method)
+        await client.request(method, params)
         samples.append(time.perf_counter() - started)
     return samples
 
@@ -100,10 +106,11 @@ class LoadResult:
 
 
 async def _call_loop(client: GatewayClient, method: str, deadline: float, result: LoadResult) -> None:
+    params = METHOD_PARAMS.get(method)
     while time.perf_counter() < deadline:
         started = time.perf_counter()
         try:
-            await client.request(method)
+            await client.request(method, params)
         except GatewayError as error:
             result.errors += 1
             if len(result.error_samples) < 5:
@@ -124,7 +131,7 @@ async def run_load(
     connections: int,
     method: str,
     seconds: float,
-    gateway_pid: int,
+    gateway_pid: int | None,
     gate: Callable[[], Awaitable[None]] | None = None,
 ) -> LoadResult:
     """``connections`` sockets, each looping sequential ``method`` calls for ``seconds``.
@@ -139,15 +146,20 @@ async def run_load(
             await timed_calls(client, method, LOAD_WARMUP_CALLS)
         if gate is not None:
             await gate()
-        client_cpu, gateway_cpu = own_cpu_seconds(), process_cpu_seconds(gateway_pid)
+        client_cpu, gateway_cpu = own_cpu_seconds(), _cpu(gateway_pid)
         started = time.perf_counter()
         await asyncio.gather(*(_call_loop(c, method, started + seconds, result) for c in clients))
         result.elapsed_s = time.perf_counter() - started
         result.client_cpu_s = own_cpu_seconds() - client_cpu
-        result.gateway_cpu_s = process_cpu_seconds(gateway_pid) - gateway_cpu
+        result.gateway_cpu_s = _cpu(gateway_pid) - gateway_cpu
     finally:
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
     return result
+
+
+def _cpu(pid: int | None) -> float:
+    """CPU seconds of the gateway's process tree; 0 for a gateway whose pid is not known (another machine's)."""
+    return process_cpu_seconds(pid) if pid else 0.0
 
 
 def _load_process_main(kwargs: dict[str, Any], barrier: Any, results: Any) -> None:
@@ -169,7 +181,7 @@ def split_evenly(total: int, parts: int) -> list[int]:
 
 
 def run_throughput(
-    url: str, token: str, *, method: str, connections: int, seconds: float, procs: int, gateway_pid: int
+    url: str, token: str, *, method: str, connections: int, seconds: float, procs: int, gateway_pid: int | None
 ) -> LoadResult:
     """The summed result of ``procs`` client processes (or this process alone when procs is 1)."""
     kwargs: dict[str, Any] = {"method": method, "seconds": seconds, "gateway_pid": gateway_pid}
@@ -212,18 +224,27 @@ def run_throughput(
     return total
 
 
+async def _optional(client: GatewayClient, method: str) -> dict[str, Any]:
+    """A method's payload, or {} when this gateway does not serve it (another implementation)."""
+    try:
+        payload = await client.request(method, {} if method != "health" else None)
+    except GatewayError:
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
 async def latency_and_facts(url: str, token: str, calls: int, warmup: int) -> tuple[dict, dict]:
     """Sequential round trips of each method on one connection, plus facts about the gateway."""
     client = await connected_client(url, token)
     try:
         hello = client.hello or {}
-        health = await client.request("health")
-        pairs = await client.request("device.pair.list")
-        nodes = await client.request("node.list")
+        health = await _optional(client, "health")
+        pairs = await _optional(client, "device.pair.list")
+        nodes = await _optional(client, "node.list")
         facts = {
             "gatewayVersion": (hello.get("server") or {}).get("version"),
             "protocol": hello.get("protocol"),
-            "databaseVendor": (health.get("database") or {}).get("vendor"),
+            "databaseVendor": (health.get("database") or {}).get("vendor") or "-",
             "pairedDevices": len(pairs.get("paired") or []),
             "nodes": len(nodes.get("nodes") or []),
         }
@@ -236,167 +257,348 @@ async def latency_and_facts(url: str, token: str, calls: int, warmup: int) -> tu
         await client.close()
 
 
+async def floor_latency(url: str, token: str, calls: int, warmup: int) -> dict[str, float]:
+    client = await connected_client(url, token)
+    try:
+        await timed_calls(client, FLOOR_METHOD, warmup)
+        return summarize(await timed_calls(client, FLOOR_METHOD, calls))
+    finally:
+        await client.close()
+
+
+# --- one measurement of one gateway -------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """A gateway to measure: ours (started here, with its floor) or any OpenClaw-protocol gateway URL."""
+
+    name: str
+    url: str
+    token: str
+    pid: int | None = None  # known: its CPU and memory are read from /proc
+    floor_url: str | None = None
+
+
+def throughput_figures(load: LoadResult, connections: int, procs: int) -> dict[str, Any]:
+    elapsed = load.elapsed_s
+    return {
+        "connections": connections,
+        "clientProcesses": max(1, min(procs, connections)),
+        "seconds": elapsed,
+        "completed": load.completed,
+        "errors": load.errors,
+        "errorSamples": load.error_samples[:5],
+        "callsPerSecond": load.completed / elapsed if elapsed else 0.0,
+        "latencyUnderLoad": summarize(load.latencies_s),
+        "clientCpuPercentOfCore": 100 * load.client_cpu_s / elapsed if elapsed else 0.0,
+        "gatewayCpuPercentOfCore": 100 * load.gateway_cpu_s / elapsed if elapsed and load.gateway_cpu_s else None,
+    }
+
+
+def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
+    """Every figure of one gateway: handshakes, round trips, throughput, and its floor's when it has one."""
+    url, token = target.url, target.token
+    progress(f"{target.name}: {args.handshakes} handshakes with new devices, then {args.handshakes} with one known")
+    new_device = asyncio.run(timed_handshakes(url, token, args.handshakes, same_device=False))
+    known_device = asyncio.run(timed_handshakes(url, token, args.handshakes, same_device=True))
+    progress(f"{target.name}: {args.calls} sequential calls of each method on one connection")
+    latency, facts = asyncio.run(latency_and_facts(url, token, args.calls, args.warmup))
+    throughput = {}
+    for method in METHODS:
+        progress(f"{target.name}: {method}, {args.connections} connections for {args.seconds:g} s")
+        load = run_throughput(
+            url,
+            token,
+            method=method,
+            connections=args.connections,
+            seconds=args.seconds,
+            procs=args.client_procs,
+            gateway_pid=target.pid,
+        )
+        throughput[method] = throughput_figures(load, args.connections, args.client_procs)
+    result: dict[str, Any] = {
+        "target": target.name,
+        "url": url,
+        "facts": facts,
+        "handshake": {"newDevice": summarize(new_device), "knownDevice": summarize(known_device)},
+        "latency": latency,
+        "throughput": throughput,
+    }
+    if target.floor_url:
+        floor_url = target.floor_url
+        progress(f"{target.name}: the floor ({FLOOR_PATH}), handshakes, calls and {args.connections} connections")
+        floor_load = run_throughput(
+            floor_url,
+            token,
+            method=FLOOR_METHOD,
+            connections=args.connections,
+            seconds=args.seconds,
+            procs=args.client_procs,
+            gateway_pid=target.pid,
+        )
+        result["floor"] = {
+            "handshake": summarize(asyncio.run(timed_handshakes(floor_url, token, args.handshakes, same_device=False))),
+            "latency": asyncio.run(floor_latency(floor_url, token, args.calls, args.warmup)),
+            "throughput": throughput_figures(floor_load, args.connections, args.client_procs),
+        }
+    if target.pid:
+        result["memory"] = {"rssMiB": rss_mib(target.pid), "peakRssMiB": peak_rss_mib(target.pid)}
+        result["threads"] = thread_count(target.pid)
+    return result
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    postgres: ScratchPostgres | None = None
-    redis_prefix: ScratchRedisPrefix | None = None
-    database_url = args.database_url
-    if is_postgres_url(database_url):
-        postgres = ScratchPostgres(database_url)
-    if args.redis_url:
-        redis_prefix = ScratchRedisPrefix(args.redis_url)
-    launch: GatewayLaunch | None = None
-    gateway: GatewayServer | None = None
-    report: dict[str, Any] = {}
-    try:
-        if postgres is not None:
-            postgres.create()
-            database_url = postgres.url
-        if redis_prefix is not None:
-            redis_prefix.check()
-        launch = bench_gateway(
+class OurGateway:
+    """The project's gateway, started as the README does (``manage.py migrate`` + ``manage.py serve``) on scratch
+    services, with the floor socket on (``OPENCLAW_BENCH_FLOOR=1``); :meth:`close` removes everything."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.postgres = ScratchPostgres(args.database_url) if is_postgres_url(args.database_url) else None
+        self.redis_prefix = ScratchRedisPrefix(args.redis_url) if args.redis_url else None
+        self.launch: GatewayLaunch | None = None
+        self.gateway: GatewayServer | None = None
+        self.announced: tuple[str, str] | None = None
+        self.idle_rss = 0.0
+        self.log_summary: dict[str, Any] | None = None
+
+    def start(self) -> Target:
+        database_url = self.args.database_url
+        if self.postgres is not None:
+            self.postgres.create()
+            database_url = self.postgres.url
+        if self.redis_prefix is not None:
+            self.redis_prefix.check()
+        self.launch = bench_gateway(
             database_url=database_url,
-            redis_url=args.redis_url,
-            redis_prefix=redis_prefix.prefix if redis_prefix else None,
+            redis_url=self.args.redis_url,
+            redis_prefix=self.redis_prefix.prefix if self.redis_prefix else None,
+            extra_env={"OPENCLAW_BENCH_FLOOR": "1"},
         )
         progress("migrating a fresh database")
-        launch.migrate()
+        self.launch.migrate()
         progress("starting the gateway")
         # No Celery worker, whatever the task mode: nothing here runs a turn.
-        gateway = launch.start(worker=False, timeout=STARTUP_TIMEOUT_S)
-        announced = gateway.announced()
+        self.gateway = self.launch.start(worker=False, timeout=STARTUP_TIMEOUT_S)
+        self.announced = self.gateway.announced()
         time.sleep(0.5)  # let the process settle before the idle reading
-        idle_rss = rss_mib(gateway.pid)
+        self.idle_rss = rss_mib(self.gateway.pid)
+        return Target(
+            name="project",
+            url=self.gateway.url,
+            token=self.gateway.token,
+            pid=self.gateway.pid,
+            floor_url=self.gateway.url + FLOOR_PATH,
+        )
 
-        progress(f"{args.handshakes} handshakes with new devices, then {args.handshakes} with one known device")
-        new_device = asyncio.run(timed_handshakes(gateway.url, gateway.token, args.handshakes, same_device=False))
-        known_device = asyncio.run(timed_handshakes(gateway.url, gateway.token, args.handshakes, same_device=True))
-
-        progress(f"{args.calls} sequential calls of each method on one connection")
-        latency, facts = asyncio.run(latency_and_facts(gateway.url, gateway.token, args.calls, args.warmup))
-
-        throughput = {}
-        for method in METHODS:
-            progress(f"{method}: {args.connections} connections for {args.seconds:g} s")
-            load = run_throughput(
-                gateway.url,
-                gateway.token,
-                method=method,
-                connections=args.connections,
-                seconds=args.seconds,
-                procs=args.client_procs,
-                gateway_pid=gateway.pid,
-            )
-            throughput[method] = {
-                "connections": args.connections,
-                "clientProcesses": max(1, min(args.client_procs, args.connections)),
-                "seconds": load.elapsed_s,
-                "completed": load.completed,
-                "errors": load.errors,
-                "errorSamples": load.error_samples[:5],
-                "callsPerSecond": load.completed / load.elapsed_s if load.elapsed_s else 0.0,
-                "latencyUnderLoad": summarize(load.latencies_s),
-                "clientCpuPercentOfCore": 100 * load.client_cpu_s / load.elapsed_s if load.elapsed_s else 0.0,
-                "gatewayCpuPercentOfCore": 100 * load.gateway_cpu_s / load.elapsed_s if load.elapsed_s else 0.0,
-            }
-
-        report = {
-            "environment": {
-                **base_environment(
-                    announced=announced,
-                    facts=facts,
-                    postgres=postgres,
-                    redis_prefix=redis_prefix,
-                    redis_url=args.redis_url,
-                ),
-                "gatewayPid": gateway.pid,
-                "gatewayThreadsAfterLoad": thread_count(gateway.pid),
-                "pairedDevicesDuringLatencyRun": facts["pairedDevices"],
-                "nodes": facts["nodes"],
-            },
-            "handshake": {"newDevice": summarize(new_device), "knownDevice": summarize(known_device)},
-            "latency": latency,
-            "throughput": throughput,
-            "memory": {
-                "idleRssMiB": idle_rss,
-                "afterLoadRssMiB": rss_mib(gateway.pid),
-                "peakRssMiB": peak_rss_mib(gateway.pid),
-            },
-        }
-    finally:
-        if gateway is not None:
+    def close(self, *, failed: bool) -> None:
+        if self.gateway is not None and self.log_summary is None:
             progress("stopping the gateway")
-            gateway.stop()
-            errors = count_errors(gateway.log())
-            if not report:  # the run failed: show what the gateway said
-                tail = gateway.log().splitlines()[-30:]
+            self.gateway.stop()
+            errors = count_errors(self.gateway.log())
+            if failed:
+                tail = self.gateway.log().splitlines()[-30:]
                 print("--- last lines of the gateway log ---", *tail, sep="\n", file=sys.stderr)
+            self.log_summary = {
+                "stopSeconds": self.gateway.stop_seconds,
+                "exitCode": self.gateway.process.returncode,
+                "errorRecords": sum(errors.values()),
+                "errorsByMessage": errors,
+            }
+        if self.launch is not None:
+            if self.args.keep_state:
+                progress(f"state and log kept in {self.launch.state_dir}")
             else:
-                report["gatewayLog"] = {
-                    "stopSeconds": gateway.stop_seconds,
-                    "exitCode": gateway.process.returncode,
-                    "errorRecords": sum(errors.values()),
-                    "errorsByMessage": errors,
-                }
-        if launch is not None:
-            if args.keep_state:
-                progress(f"state and log kept in {launch.state_dir}")
-            else:
-                launch.remove_state()
-        if postgres is not None:
-            postgres.drop()
-        if redis_prefix is not None:
-            redis_prefix.cleanup()
+                self.launch.remove_state()
+            self.launch = None
+        if self.postgres is not None:
+            self.postgres.drop()
+        if self.redis_prefix is not None:
+            self.redis_prefix.cleanup()
+
+    def environment(self, facts: dict[str, Any]) -> dict[str, Any]:
+        assert self.gateway is not None
+        return {
+            **base_environment(
+                announced=self.announced,
+                facts=facts,
+                postgres=self.postgres,
+                redis_prefix=self.redis_prefix,
+                redis_url=self.args.redis_url,
+            ),
+            "gatewayPid": self.gateway.pid,
+            "idleRssMiB": self.idle_rss,
+        }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """One of three modes: ours alone (with its floor), another gateway alone (``--url``), or ours and another
+    alternately, ``--rounds`` times each (``--against``)."""
+    if args.url:
+        other = Target(name="other", url=args.url, token=args.token, pid=args.pid)
+        return {"mode": "url", "runs": [measure(other, args)]}
+    ours = OurGateway(args)
+    report: dict[str, Any] = {}
+    try:
+        project = ours.start()
+        if args.against:
+            other = Target(name="other", url=args.against, token=args.against_token, pid=args.against_pid)
+            runs = []
+            for round_no in range(1, args.rounds + 1):
+                progress(f"round {round_no} of {args.rounds}")
+                runs.append(measure(project, args))
+                runs.append(measure(other, args))
+            report = {"mode": "side-by-side", "runs": runs}
+        else:
+            report = {"mode": "project", "runs": [measure(project, args)]}
+        report["environment"] = ours.environment(report["runs"][0]["facts"])
+    finally:
+        ours.close(failed=not report)
+    report["gatewayLog"] = ours.log_summary
     return report
 
 
 # --- output -----------------------------------------------------------------------------------
 
 
-def render(report: dict[str, Any], args: argparse.Namespace) -> str:
-    env = report["environment"]
+def _ratio(value: float | None, base: float | None) -> str:
+    return f"{value / base:.2f}x" if value is not None and base else "-"
+
+
+def _pct(value: float | None, base: float | None) -> str:
+    return f"{100 * value / base:.0f} %" if value is not None and base else "-"
+
+
+def render_run(result: dict[str, Any]) -> list[str]:
+    """One gateway's tables; figures as ratios to the floor when it has one."""
+    floor = result.get("floor")
+    floor_hs = floor["handshake"]["p50"] if floor else None
+    floor_rt = (floor["latency"]["p50"], floor["latency"]["p99"]) if floor else (None, None)
+    floor_cps = floor["throughput"]["callsPerSecond"] if floor else None
+    width = 36
     lines = [
-        "OpenClaw gateway benchmark",
-        *environment_lines(env),
-        "",
-        latency_header("round trips (ms)"),
+        f"{result['target']} ({result['url']}, version {result['facts']['gatewayVersion'] or '-'})",
+        latency_header("round trips (ms)", width) + f"{'p50/floor':>11}{'p99/floor':>11}",
     ]
-    rows = [
-        ("connect+handshake, new device", report["handshake"]["newDevice"]),
-        ("connect+handshake, known device", report["handshake"]["knownDevice"]),
-        *((f"{method}, one connection", stats) for method, stats in report["latency"].items()),
+    rows: list[tuple[str, dict, tuple]] = [
+        ("connect+handshake, new device", result["handshake"]["newDevice"], (floor_hs, None)),
+        ("connect+handshake, known device", result["handshake"]["knownDevice"], (floor_hs, None)),
+        *((f"{method}, one connection", stats, floor_rt) for method, stats in result["latency"].items()),
     ]
-    for label, stats in rows:
-        lines.append(latency_row(label, stats))
-    first = next(iter(report["throughput"].values()))
+    if floor:
+        rows += [
+            ("floor: connect+handshake", floor["handshake"], (None, None)),
+            ("floor: request, one connection", floor["latency"], (None, None)),
+        ]
+    for label, stats, (base50, base99) in rows:
+        lines.append(
+            latency_row(label, stats, width)
+            + f"{_ratio(stats.get('p50'), base50):>11}{_ratio(stats.get('p99'), base99):>11}"
+        )
+    loads = dict(result["throughput"])
+    if floor:
+        loads["floor"] = floor["throughput"]
+    first = next(iter(loads.values()))
     lines += [
         "",
-        f"throughput: {first['connections']} connections, {args.seconds:g} s, "
-        f"{first['clientProcesses']} client process(es); CPU in % of one core",
-        f"{'method':<12}{'calls/s':>10}{'calls':>9}{'errors':>8}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'client CPU':>12}{'gateway CPU':>13}",
+        f"throughput: {first['connections']} connections, {first['clientProcesses']} client process(es); "
+        "CPU in % of one core",
+        f"{'method':<15}{'calls/s':>9}{'of floor':>10}{'calls':>8}{'errors':>8}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'p50/floor':>11}{'client CPU':>12}{'gateway CPU':>13}",
     ]
-    for method, load in report["throughput"].items():
+    for method, load in loads.items():
         stats = load["latencyUnderLoad"]
+        base = floor["throughput"] if floor and method != "floor" else None
+        base_p50 = base["latencyUnderLoad"].get("p50") if base else None
+        gateway_cpu = load["gatewayCpuPercentOfCore"]
         lines.append(
-            f"{method:<12}{load['callsPerSecond']:>10.0f}{load['completed']:>9}{load['errors']:>8}"
-            f"{fmt_ms(stats.get('p50')):>9}{fmt_ms(stats.get('p99')):>9}"
-            f"{load['clientCpuPercentOfCore']:>11.0f}%{load['gatewayCpuPercentOfCore']:>12.0f}%"
+            f"{method:<15}{load['callsPerSecond']:>9.0f}{_pct(load['callsPerSecond'], floor_cps if base else None):>10}"
+            f"{load['completed']:>8}{load['errors']:>8}{fmt_ms(stats.get('p50')):>9}{fmt_ms(stats.get('p99')):>9}"
+            f"{_ratio(stats.get('p50'), base_p50):>11}{load['clientCpuPercentOfCore']:>11.0f}%"
+            + (f"{gateway_cpu:>12.0f}%" if gateway_cpu is not None else f"{'-':>13}")
         )
         for sample in load["errorSamples"]:
             lines.append(f"    error: {sample}")
-    memory = report["memory"]
+    if "memory" in result:
+        lines.append(
+            f"memory after the run: RSS {result['memory']['rssMiB']:.1f} MiB "
+            f"(peak {result['memory']['peakRssMiB']:.1f}), {result['threads']} threads"
+        )
+    return lines
+
+
+def headline(result: dict[str, Any]) -> dict[str, float | None]:
+    """The figures compared side by side."""
+    figures: dict[str, float | None] = {
+        "handshake p50, new device (ms)": result["handshake"]["newDevice"].get("p50"),
+        "handshake p50, known device (ms)": result["handshake"]["knownDevice"].get("p50"),
+    }
+    for method, stats in result["latency"].items():
+        figures[f"{method} p50, one connection (ms)"] = stats.get("p50")
+        figures[f"{method} p99, one connection (ms)"] = stats.get("p99")
+    for method, load in result["throughput"].items():
+        figures[f"{method} calls/s, {load['connections']} connections"] = load["callsPerSecond"]
+    return figures
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = sorted(v for v in values if v is not None)
+    if not present:
+        return None
+    middle = len(present) // 2
+    return present[middle] if len(present) % 2 else (present[middle - 1] + present[middle]) / 2
+
+
+def render_side_by_side(runs: list[dict[str, Any]]) -> list[str]:
+    ours = [headline(r) for r in runs if r["target"] == "project"]
+    other = [headline(r) for r in runs if r["target"] == "other"]
+    floors = [r["floor"] for r in runs if r.get("floor")]
+    lines = [
+        f"side by side: medians of {len(ours)} alternating round(s); project/other > 1 means the project is slower "
+        "(round trips) or faster (calls/s)",
+        f"{'figure':<44}{'project':>10}{'other':>10}{'project/other':>15}{'project/floor':>15}",
+    ]
+    floor_hs = _median([f["handshake"].get("p50") for f in floors])
+    floor_rt = _median([f["latency"].get("p50") for f in floors])
+    floor_rt99 = _median([f["latency"].get("p99") for f in floors])
+    floor_cps = _median([f["throughput"]["callsPerSecond"] for f in floors])
+    for name in ours[0]:
+        mine, theirs = _median([h[name] for h in ours]), _median([h[name] for h in other])
+        if "handshake" in name:
+            base = floor_hs
+        elif "calls/s" in name:
+            base = floor_cps
+        else:
+            base = floor_rt99 if " p99" in name else floor_rt
+        to_floor = _pct(mine, base) if "calls/s" in name else _ratio(mine, base)
+        lines.append(
+            f"{name:<44}{mine if mine is not None else float('nan'):>10.2f}"
+            f"{theirs if theirs is not None else float('nan'):>10.2f}{_ratio(mine, theirs):>15}{to_floor:>15}"
+        )
+    lines.append(
+        f"{'floor (project): handshake / request p50 (ms), calls/s':<44}"
+        f"{fmt_ms(floor_hs)} / {fmt_ms(floor_rt)} / {floor_cps or 0:.0f}"
+    )
+    return lines
+
+
+def render(report: dict[str, Any], args: argparse.Namespace) -> str:
+    lines = ["OpenClaw gateway benchmark" + (f" (mode: {report['mode']})" if report["mode"] != "project" else "")]
+    env = report.get("environment")
+    if env:
+        lines += environment_lines(env)
+        lines.append(f"  idle RSS       {env['idleRssMiB']:.1f} MiB (project gateway, right after startup)")
+    for result in report["runs"]:
+        lines += ["", *render_run(result)]
+    if report["mode"] == "side-by-side":
+        lines += ["", *render_side_by_side(report["runs"])]
+    facts = report["runs"][0]["facts"]
     lines += [
         "",
-        "gateway memory (RSS of the process and its children, MiB)",
-        f"  idle after startup   {memory['idleRssMiB']:8.1f}",
-        f"  after the load       {memory['afterLoadRssMiB']:8.1f}",
-        f"  peak (VmHWM)         {memory['peakRssMiB']:8.1f}",
-        "",
-        f"gateway threads after the load: {env['gatewayThreadsAfterLoad']}; "
-        f"paired devices during the round-trip run: {env['pairedDevicesDuringLatencyRun']}; nodes: {env['nodes']}",
+        f"paired devices during the first round-trip run: {facts['pairedDevices']}; nodes: {facts['nodes']}",
     ]
     log = report.get("gatewayLog")
     if log:
@@ -414,6 +616,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--database-url", help="PostgreSQL server to use (a scratch database is created and dropped)")
     parser.add_argument("--redis-url", help="Redis for the channel layer and cache (a unique key prefix per run)")
+    parser.add_argument("--url", help="measure this OpenClaw-protocol gateway instead of starting ours (no floor)")
+    parser.add_argument("--token", help="the shared token of --url")
+    parser.add_argument("--pid", type=int, help="the process id of --url's gateway, for its CPU and memory")
+    parser.add_argument("--against", help="start ours and measure it and this gateway URL alternately")
+    parser.add_argument("--against-token", help="the shared token of --against")
+    parser.add_argument("--against-pid", type=int, help="the process id of --against's gateway")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of --against")
     parser.add_argument("--connections", type=int, default=8, help="concurrent connections of the throughput runs")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
     parser.add_argument("--calls", type=int, default=1000, help="sequential calls per method on one connection")
@@ -423,11 +632,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--keep-state", action="store_true", help="keep the gateway state dir and log")
     args = parser.parse_args(argv)
-    for name in ("connections", "calls", "handshakes", "client_procs"):
+    for name in ("connections", "calls", "handshakes", "client_procs", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.seconds <= 0 or args.warmup < 0:
         parser.error("--seconds must be positive and --warmup not negative")
+    if args.url and args.against:
+        parser.error("--url measures another gateway alone, --against beside ours: one or the other")
+    if args.url and not args.token:
+        parser.error("--url needs --token")
+    if args.against and not args.against_token:
+        parser.error("--against needs --against-token")
+    if args.url and (args.database_url or args.redis_url):
+        parser.error("--database-url and --redis-url are for our gateway, which --url does not start")
     return args
 
 

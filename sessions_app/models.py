@@ -173,6 +173,9 @@ class Run(models.Model):
             models.Index(fields=["session", "status", "created_at"], name="run_session_status_idx"),
             # The sweep: running turns whose executor stopped heartbeating.
             models.Index(fields=["status", "heartbeat_at"], name="run_status_heartbeat_idx"),
+            # The runs list (JSON API, console): newest first, keyset on (created_at, run_id) in exactly this order,
+            # so a page deep in the cursor chain reads one index range instead of sorting every run.
+            models.Index(fields=["-created_at", "-run_id"], name="run_recent_idx"),
         ]
 
     def __str__(self) -> str:

@@ -296,7 +296,13 @@ def runs_list_payload(query: RunsListParams) -> dict:
         qs = qs.filter(session__key=keys.canonical_key(query.sessionKey))
     if query.cursor is not None:
         created_at, run_id = cursor_decode(query.cursor, _created_at, cursor_str)
-        qs = qs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, run_id__lt=run_id))
+        # The `created_at <= …` term is implied by the other two; it is there for the planners (SQLite and
+        # PostgreSQL), which seek run_recent_idx to a range bound but walk the index from its start under an OR
+        # alone: without it a page's cost grows with its depth in the cursor chain.
+        qs = qs.filter(
+            Q(created_at__lte=created_at),
+            Q(created_at__lt=created_at) | Q(created_at=created_at, run_id__lt=run_id),
+        )
     rows = list(qs.order_by("-created_at", "-run_id")[: query.limit + 1])
     page, more = rows[: query.limit], len(rows) > query.limit
     return {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from openclaw_site.gateway.cursors import cursor_encode
@@ -130,3 +131,26 @@ def test_out_of_bounds_filters_are_bad_input(client, query):
 def test_the_list_needs_the_gateway_token(four_runs):
     assert Client().get("/api/sessions/runs").status_code == 401
     assert Client(headers={"Authorization": "Bearer wrong"}).get("/api/sessions/runs").status_code == 401
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="the plan's wording is SQLite's")
+def test_a_page_deep_in_the_cursor_chain_seeks_the_index_instead_of_walking_it(client, four_runs):
+    """With the keyset's OR alone SQLite reads every older run through two index searches and sorts them all
+    (``MULTI-INDEX OR`` + ``USE TEMP B-TREE FOR ORDER BY``): a page would cost the rows after its cursor."""
+    first = client.get("/api/sessions/runs", {"limit": 1}).json()
+    statements: list[tuple[str, tuple]] = []
+
+    def capture(execute, sql, params, many, context):
+        statements.append((sql, tuple(params or ())))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        client.get("/api/sessions/runs", {"limit": 1, "cursor": first["nextCursor"]})
+    (sql, params) = next((sql, params) for sql, params in statements if '"sessions_app_run"' in sql)
+    with connection.cursor() as cursor:
+        # With the bound parameters, as the page runs it (SQLite plans literal values differently).
+        cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
+        plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+
+    assert "SEARCH sessions_app_run USING INDEX run_recent_idx (created_at<?)" in plan
+    assert "TEMP B-TREE" not in plan and "MULTI-INDEX" not in plan
