@@ -3,7 +3,8 @@
 Starts a gateway like ``bench/gateway_bench.py`` (``manage.py migrate`` + ``manage.py serve``; embedded profile, or
 PostgreSQL with ``--database-url``), bulk-inserts sessions through the ORM (``sessions_bench.py``'s seeding), and at
 each size times ``sessions.list`` pages on one connection: the first page, and pages reached by following the
-returned ``nextOffset`` chain (the middle one and the last one). See ``bench/README.md``.
+returned ``nextCursor`` chain (the keyset cursor: the middle one and the last one), and the same by the ``nextOffset``
+chain for comparison. See ``bench/README.md``.
 
     .venv/bin/python bench/sessions_depth.py
     .venv/bin/python bench/sessions_depth.py --database-url postgres://postgres@127.0.0.1:5432/postgres
@@ -47,20 +48,20 @@ PAGE_SQL = (
 )
 
 
-async def walk_chain(client: GatewayClient) -> tuple[list[int], float]:
-    """Every page's offset, following ``nextOffset`` from the first page, and the seconds the walk took."""
-    offsets, offset = [], 0
+async def walk_chain(client: GatewayClient, mode: str) -> tuple[list[dict[str, Any]], float]:
+    """Every page's params, following ``nextCursor`` (``mode="cursor"``) or ``nextOffset`` (``"offset"``) from the
+    first page, and the seconds the walk took."""
+    chain: list[dict[str, Any]] = [{"limit": PAGE}]
     started = time.perf_counter()
     while True:
-        offsets.append(offset)
-        page = await client.request("sessions.list", {"limit": PAGE, "offset": offset})
+        page = await client.request("sessions.list", chain[-1])
         if not page.get("hasMore"):
-            return offsets, time.perf_counter() - started
-        offset = int(page["nextOffset"])
+            return chain, time.perf_counter() - started
+        follow = {"cursor": page["nextCursor"]} if mode == "cursor" else {"offset": int(page["nextOffset"])}
+        chain.append({"limit": PAGE, **follow})
 
 
-async def timed_page(client: GatewayClient, offset: int, calls: int, warmup: int) -> dict[str, Any]:
-    params = {"limit": PAGE, "offset": offset}
+async def timed_page(client: GatewayClient, params: dict[str, Any], depth: int, calls: int, warmup: int) -> dict:
     for _ in range(warmup):
         await client.request("sessions.list", params)
     samples, rows = [], 0
@@ -69,19 +70,22 @@ async def timed_page(client: GatewayClient, offset: int, calls: int, warmup: int
         page = await client.request("sessions.list", params)
         samples.append(time.perf_counter() - started)
         rows = int(page["count"])
-    return {**summarize(samples), "offset": offset, "rows": rows}
+    return {**summarize(samples), "offset": depth * PAGE, "rows": rows}
 
 
 async def pages_at(url: str, token: str, calls: int, warmup: int) -> dict[str, Any]:
+    """Per mode (keyset cursor, offset): the first, middle and last page of the chain."""
     client = await connected_client(url, token)
     try:
-        offsets, walk_s = await walk_chain(client)
-        result: dict[str, Any] = {"pages": len(offsets), "walkSeconds": walk_s}
-        result["first"] = await timed_page(client, offsets[0], calls, warmup)
-        if len(offsets) > 2:
-            result["middle"] = await timed_page(client, offsets[len(offsets) // 2], calls, warmup)
-        if len(offsets) > 1:
-            result["last"] = await timed_page(client, offsets[-1], calls, warmup)
+        result: dict[str, Any] = {}
+        for mode in ("cursor", "offset"):
+            chain, walk_s = await walk_chain(client, mode)
+            pages: dict[str, Any] = {"pages": len(chain), "walkSeconds": walk_s}
+            depths = {"first": 0, "middle": len(chain) // 2 if len(chain) > 2 else None, "last": len(chain) - 1}
+            for name, depth in depths.items():
+                if depth is not None and (name == "first" or depth > 0):
+                    pages[name] = await timed_page(client, chain[depth], depth, calls, warmup)
+            result[mode] = pages
         return result
     finally:
         await client.close()
@@ -122,11 +126,11 @@ def run(args: argparse.Namespace, cleanups: contextlib.ExitStack) -> dict[str, A
             raise RuntimeError(f"expected at least {size} stored sessions, the gateway lists {client_count}")
         stored = client_count
         analyzed = deployment.analyze()  # PostgreSQL: current planner statistics, as autovacuum would give
-        progress(f"{stored} sessions: walking the nextOffset chain, then {args.calls} calls of each page")
+        progress(f"{stored} sessions: walking the nextCursor and nextOffset chains, then {args.calls} calls of pages")
         pages = asyncio.run(pages_at(deployment.url, deployment.token, args.calls, args.warmup))
         entry = {"storedSessions": stored, "analyzed": analyzed, **pages}
-        if args.explain and "last" in pages:
-            entry["lastPagePlan"] = explain(deployment, pages["last"]["offset"])
+        if args.explain and "last" in pages["offset"]:
+            entry["lastPagePlan"] = explain(deployment, pages["offset"]["last"]["offset"])
         sizes.append(entry)
     report["environment"] = {
         **base_environment(
@@ -157,30 +161,36 @@ async def _count(deployment: Deployment) -> int:
 def render(report: dict[str, Any], args: argparse.Namespace) -> str:
     lines = ["sessions.list page cost by table size and depth (limit 100, one connection)"]
     lines += environment_lines(report["environment"])
-    lines += [
-        "",
-        f"{'sessions':>9}{'pages':>7}{'walk s':>8}   {'first p50/p99 ms':>17}   {'middle p50/p99 ms':>18}"
-        f"   {'last p50/p99 ms':>16}{'last offset':>13}{'last/first':>12}",
-    ]
 
     def cell(stats: dict[str, Any] | None) -> str:
         if not stats:
             return "-"
         return f"{fmt_ms(stats['p50']).strip()} / {fmt_ms(stats['p99']).strip()}"
 
+    for mode, title in (("cursor", "keyset cursor (nextCursor)"), ("offset", "offset (OpenClaw's nextOffset)")):
+        lines += [
+            "",
+            f"pages by {title}",
+            f"{'sessions':>9}{'pages':>7}{'walk s':>8}   {'first p50/p99 ms':>17}   {'middle p50/p99 ms':>18}"
+            f"   {'last p50/p99 ms':>16}{'last offset':>13}{'last/first':>12}",
+        ]
+        for entry in report["sizes"]:
+            pages = entry[mode]
+            first, middle, last = pages["first"], pages.get("middle"), pages.get("last")
+            ratio = f"{last['p50'] / first['p50']:.2f}x" if last else "-"
+            lines.append(
+                f"{entry['storedSessions']:>9}{pages['pages']:>7}{pages['walkSeconds']:>8.2f}   {cell(first):>17}   "
+                f"{cell(middle):>18}   {cell(last):>16}{(last or {}).get('offset', '-'):>13}{ratio:>12}"
+            )
     # A first page of 10 sessions holds 10 rows: compare full pages (at least PAGE sessions) only.
     full = [entry for entry in report["sizes"] if entry["storedSessions"] >= PAGE] or report["sizes"]
-    for entry in report["sizes"]:
-        first, middle, last = entry["first"], entry.get("middle"), entry.get("last")
-        ratio = f"{last['p50'] / first['p50']:.2f}x" if last else "-"
-        lines.append(
-            f"{entry['storedSessions']:>9}{entry['pages']:>7}{entry['walkSeconds']:>8.2f}   {cell(first):>17}   "
-            f"{cell(middle):>18}   {cell(last):>16}{(last or {}).get('offset', '-'):>13}{ratio:>12}"
-        )
+    deepest = report["sizes"][-1]["cursor"]
     lines += [
         "",
         f"first page (full) at {full[-1]['storedSessions']} vs {full[0]['storedSessions']} sessions: "
-        f"{full[-1]['first']['p50'] / full[0]['first']['p50']:.2f}x (p50)",
+        f"{full[-1]['cursor']['first']['p50'] / full[0]['cursor']['first']['p50']:.2f}x (p50)",
+        f"cursor: last page at {report['sizes'][-1]['storedSessions']} sessions vs the first page of 10: "
+        f"{(deepest.get('last') or deepest['first'])['p50'] / report['sizes'][0]['cursor']['first']['p50']:.2f}x (p50)",
     ]
     for entry in report["sizes"]:
         if entry.get("lastPagePlan"):

@@ -65,9 +65,18 @@ class SessionsCreateParams(ClosedModel):
     execNode: str | None = None
 
 
+# A cursor is what a page's ``nextCursor`` said, passed back unchanged.
+Cursor = Annotated[str, Field(min_length=1, max_length=500)]
+
+
 class SessionsListParams(ClosedModel):
+    """OpenClaw's ``limit``/``offset`` pages, and (this gateway's addition) ``cursor``: the previous page's
+    ``nextCursor``, whose page costs the same at any depth (an offset makes the database skip every row
+    before it)."""
+
     limit: ListLimit = 100
     offset: int = Field(default=0, ge=0)
+    cursor: Cursor | None = None
     agentId: str | None = None
     label: str | None = None
     search: str | None = Field(default=None, max_length=200)
@@ -173,8 +182,6 @@ class MessageIn(ClosedModel):
 
 RunStatusName = Literal["queued", "running", "ok", "error", "aborted"]
 RunsLimit = Annotated[int, Field(ge=1, le=500)]
-# A cursor is what a page's ``nextCursor`` said, passed back unchanged.
-Cursor = Annotated[str, Field(min_length=1, max_length=500)]
 
 
 class RunsListParams(ClosedModel):
@@ -275,6 +282,7 @@ class SessionsListOut(Schema):
     limitApplied: int
     offset: int
     nextOffset: int | None
+    nextCursor: str | None
     hasMore: bool
     defaults: SessionDefaultsOut
     sessions: list[SessionRowOut]

@@ -10,8 +10,8 @@ from pathlib import Path
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
-from openclaw_site.gateway.cursors import cursor_decode, cursor_encode, cursor_str
-from openclaw_site.gateway.exceptions import NotFound
+from openclaw_site.gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
+from openclaw_site.gateway.exceptions import InvalidRequest, NotFound
 
 from . import keys
 from .extensions import session_projections
@@ -133,9 +133,12 @@ def resolved_model(session: Session) -> dict:
 
 def sessions_list_payload(query: SessionsListParams) -> dict:
     """The sessions.list result (the JSON API's ``GET /api/sessions/`` too)."""
+    if query.cursor is not None and query.offset:
+        raise InvalidRequest("sessions.list takes offset or cursor, not both")
     sessions, has_more = sessions_page(
         limit=query.limit,
         offset=query.offset,
+        after=cursor_decode(query.cursor, _cursor_time, cursor_int) if query.cursor is not None else None,
         agent_id=keys.normalize_agent_id(query.agentId) if query.agentId else None,
         label=query.label,
         search=query.search,
@@ -146,7 +149,8 @@ def sessions_list_payload(query: SessionsListParams) -> dict:
         "count": len(sessions),
         "limitApplied": query.limit,
         "offset": query.offset,
-        "nextOffset": query.offset + len(sessions) if has_more else None,
+        "nextOffset": query.offset + len(sessions) if has_more and query.cursor is None else None,
+        "nextCursor": cursor_encode(sessions[-1].updated_at.isoformat(), sessions[-1].pk) if has_more else None,
         "hasMore": has_more,
         "defaults": session_defaults(),
         "sessions": session_rows(sessions),
@@ -201,12 +205,14 @@ def sessions_page(
     *,
     limit: int,
     offset: int,
+    after: tuple[datetime, int] | None = None,
     agent_id: str | None = None,
     label: str | None = None,
     search: str | None = None,
     archived: bool | str = False,
 ) -> tuple[list[Session], bool]:
-    """One page, newest first, plus whether more follow. Costs one query whatever the table size."""
+    """One page, newest first, plus whether more follow. One query; from a keyset cursor (``after``: the
+    previous page's last ``(updated_at, id)``) its cost does not grow with the depth, from an offset it does."""
     qs: QuerySet[Session] = Session.objects.all()
     if agent_id is not None:
         qs = qs.filter(agent_id=agent_id)
@@ -218,6 +224,13 @@ def sessions_page(
         qs = qs.filter(archived_at__isnull=False)
     elif archived is False:
         qs = qs.filter(archived_at__isnull=True)
+    if after is not None:
+        updated_at, pk = after
+        # The `updated_at <= …` term is implied by the other two; it lets the planners seek session_recent_idx to
+        # a range bound instead of walking it from the start (see runs_list_payload).
+        qs = qs.filter(
+            Q(updated_at__lte=updated_at), Q(updated_at__lt=updated_at) | Q(updated_at=updated_at, pk__lt=pk)
+        )
     rows = list(qs.order_by("-updated_at", "-id")[offset : offset + limit + 1])
     return rows[:limit], len(rows) > limit
 
@@ -278,7 +291,7 @@ def runs_page(*, limit: int, offset: int, status: str | None = None) -> tuple[li
     return rows[:limit], len(rows) > limit
 
 
-def _created_at(value) -> datetime:
+def _cursor_time(value) -> datetime:
     moment = datetime.fromisoformat(cursor_str(value))
     if moment.tzinfo is None:
         raise ValueError("naive time")
@@ -295,7 +308,7 @@ def runs_list_payload(query: RunsListParams) -> dict:
     if query.sessionKey is not None:
         qs = qs.filter(session__key=keys.canonical_key(query.sessionKey))
     if query.cursor is not None:
-        created_at, run_id = cursor_decode(query.cursor, _created_at, cursor_str)
+        created_at, run_id = cursor_decode(query.cursor, _cursor_time, cursor_str)
         # The `created_at <= …` term is implied by the other two; it is there for the planners (SQLite and
         # PostgreSQL), which seek run_recent_idx to a range bound but walk the index from its start under an OR
         # alone: without it a page's cost grows with its depth in the cursor chain.
