@@ -4,7 +4,8 @@
 
 Each round starts the topology with the documented command (``manage.py cluster``, what ``./dev cluster`` runs) on a
 scratch PostgreSQL database and a Redis prefix of its own, with the echo model and one Celery worker, then measures
-through the balancer: ``sessions.list`` calls/s over ``--connections`` sockets, and turns/s of ``--sessions``
+through the balancer: the framework floor's calls/s (``/bench/floor``, a consumer that does no work, in the same
+gateway processes) and ``sessions.list`` calls/s over ``--connections`` sockets, and turns/s of ``--sessions``
 concurrent sessions each looping ``chat.send`` → ``agent.wait``. Needs PostgreSQL, Redis and HAProxy (bench/README.md).
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ScratchPostgres, ScratchRedisPrefix, connected_client
+from bench.gateway_bench import FLOOR_PATH
 from tests.support.processes import start_cluster
 
 
@@ -85,11 +87,15 @@ def round_for(gateways: int, args: argparse.Namespace) -> dict:
         "REDIS_URL": args.redis,
         "OPENCLAW_REDIS_PREFIX": redis.prefix,
         "OPENCLAW_CELERY_QUEUE": redis.prefix,
+        # The framework floor (openclaw_site/gateway/bench_floor.py) behind the same balancer and processes.
+        "OPENCLAW_BENCH_FLOOR": "1",
     }
     cluster = start_cluster(
         settings, gateways=gateways, workers=1, worker_concurrency=args.worker_concurrency, clean_env=True
     )
     try:
+        floor_url = cluster.url + FLOOR_PATH
+        floor, _ = asyncio.run(calls_per_second(floor_url, cluster.token, args.connections, args.seconds))
         calls, call_errors = asyncio.run(calls_per_second(cluster.url, cluster.token, args.connections, args.seconds))
         turns, turn_errors = asyncio.run(turns_per_second(cluster.url, cluster.token, args.sessions, args.seconds))
     finally:
@@ -98,6 +104,7 @@ def round_for(gateways: int, args: argparse.Namespace) -> dict:
         database.drop()
     return {
         "gateways": gateways,
+        "floor": floor,
         "calls": calls,
         "call_errors": call_errors,
         "turns": turns,
@@ -121,11 +128,14 @@ def main() -> int:
     print(
         f"cluster through HAProxy, {os.cpu_count()} cores, {args.seconds:.0f} s per figure, echo model, 1 Celery worker"
     )
-    print(f"{'gateways':>8}  {'sessions.list calls/s':>22}  {'errors':>6}  {'turns/s':>8}  {'errors':>6}")
+    print(
+        f"{'gateways':>8}  {'floor calls/s':>14}  {'sessions.list calls/s':>22}  {'of floor':>8}  {'errors':>6}"
+        f"  {'turns/s':>8}  {'errors':>6}"
+    )
     for row in rows:
         print(
-            f"{row['gateways']:>8}  {row['calls']:>22.0f}  {row['call_errors']:>6}  "
-            f"{row['turns']:>8.1f}  {row['turn_errors']:>6}"
+            f"{row['gateways']:>8}  {row['floor']:>14.0f}  {row['calls']:>22.0f}  {row['calls'] / row['floor']:>8.0%}"
+            f"  {row['call_errors']:>6}  {row['turns']:>8.1f}  {row['turn_errors']:>6}"
         )
     return 0
 

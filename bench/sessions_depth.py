@@ -184,13 +184,13 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
             )
     # A first page of 10 sessions holds 10 rows: compare full pages (at least PAGE sessions) only.
     full = [entry for entry in report["sizes"] if entry["storedSessions"] >= PAGE] or report["sizes"]
-    deepest = report["sizes"][-1]["cursor"]
+    deepest = full[-1]["cursor"].get("last") or full[-1]["cursor"]["first"]
     lines += [
         "",
         f"first page (full) at {full[-1]['storedSessions']} vs {full[0]['storedSessions']} sessions: "
         f"{full[-1]['cursor']['first']['p50'] / full[0]['cursor']['first']['p50']:.2f}x (p50)",
-        f"cursor: last page at {report['sizes'][-1]['storedSessions']} sessions vs the first page of 10: "
-        f"{(deepest.get('last') or deepest['first'])['p50'] / report['sizes'][0]['cursor']['first']['p50']:.2f}x (p50)",
+        f"cursor: last page at {full[-1]['storedSessions']} sessions vs the first page at {full[0]['storedSessions']}: "
+        f"{deepest['p50'] / full[0]['cursor']['first']['p50']:.2f}x (p50)",
     ]
     for entry in report["sizes"]:
         if entry.get("lastPagePlan"):
