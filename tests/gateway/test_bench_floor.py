@@ -31,13 +31,14 @@ def test_the_floor_answers_requests_and_ignores_other_frames():
 
     async def scenario():
         socket = WebsocketCommunicator(router, "/bench/floor")
-        connected, _ = await socket.connect()
+        # Generous timeouts: the machine is shared, and the communicator's default is one second.
+        connected, _ = await socket.connect(timeout=30)
         assert connected
-        challenge = json.loads(await socket.receive_from())
+        challenge = json.loads(await socket.receive_from(timeout=30))
         await socket.send_to(text_data="not json")
         await socket.send_to(text_data=json.dumps({"type": "event", "event": "tick"}))
         await socket.send_to(text_data=json.dumps({"type": "req", "id": "r1", "method": "sessions.list"}))
-        answer = json.loads(await socket.receive_from())
+        answer = json.loads(await socket.receive_from(timeout=30))
         quiet = await socket.receive_nothing()
         await socket.disconnect()
         return challenge, answer, quiet
