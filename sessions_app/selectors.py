@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -12,6 +13,7 @@ from django.db.models import Q, QuerySet
 
 from openclaw_site.gateway.cursors import cursor_decode, cursor_encode, cursor_str
 from openclaw_site.gateway.exceptions import NotFound
+from openclaw_site.gateway.prepared import PreparedQuery
 
 from . import keys
 from .extensions import session_projections
@@ -99,8 +101,12 @@ def _shown_worktree(worktree: dict) -> dict:
     return {"id": worktree["id"], "branch": worktree["branch"], "path": shown_path(worktree["path"])}
 
 
+_SESSION_BY_KEY = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str)
+
+
 def session_get(key: str) -> Session | None:
-    return Session.objects.filter(key=key).first()
+    found = _SESSION_BY_KEY.fetch(key=key)  # the key is unique
+    return found[0] if found else None
 
 
 def session_require(key: str) -> Session:
@@ -207,6 +213,18 @@ def sessions_page(
     archived: bool | str = False,
 ) -> tuple[list[Session], bool]:
     """One page, newest first, plus whether more follow. Costs one query whatever the table size."""
+    if search:
+        rows = list(_sessions_filtered(agent_id, label, search, archived)[offset : offset + limit + 1])
+    else:
+        given = {name: value for name, value in (("agent_id", agent_id), ("label", label)) if value is not None}
+        query = _session_page_query(agent_id is not None, label is not None, archived)
+        rows = query.fetch(limit=limit + 1, offset=offset, **given)
+    return rows[:limit], len(rows) > limit
+
+
+def _sessions_filtered(
+    agent_id: str | None, label: str | None, search: str | None, archived: bool | str
+) -> QuerySet[Session]:
     qs: QuerySet[Session] = Session.objects.all()
     if agent_id is not None:
         qs = qs.filter(agent_id=agent_id)
@@ -218,8 +236,19 @@ def sessions_page(
         qs = qs.filter(archived_at__isnull=False)
     elif archived is False:
         qs = qs.filter(archived_at__isnull=True)
-    rows = list(qs.order_by("-updated_at", "-id")[offset : offset + limit + 1])
-    return rows[:limit], len(rows) > limit
+    return qs.order_by("-updated_at", "-id")
+
+
+@functools.cache
+def _session_page_query(by_agent: bool, by_label: bool, archived: bool | str) -> PreparedQuery:
+    """A page without ``search`` (a substring match the ORM rewrites per value): one compiled query per
+    combination of filters, at most twelve."""
+    kinds = {name: str for name, given in (("agent_id", by_agent), ("label", by_label)) if given}
+
+    def build(agent_id: str | None = None, label: str | None = None) -> QuerySet[Session]:
+        return _sessions_filtered(agent_id, label, None, archived)
+
+    return PreparedQuery(build, limit=True, **kinds)
 
 
 def active_path(window: SessionWindow, *, limit: int | None = None) -> list[TranscriptEvent]:
