@@ -101,11 +101,16 @@ def _shown_worktree(worktree: dict) -> dict:
     return {"id": worktree["id"], "branch": worktree["branch"], "path": shown_path(worktree["path"])}
 
 
-_SESSION_BY_KEY = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str)
+@functools.cache
+def _session_by_key_query(related: tuple[str, ...]) -> PreparedQuery:
+    return PreparedQuery(lambda key: Session.objects.filter(key=key).select_related(*related), key=str)
 
 
 def session_get(key: str) -> Session | None:
-    found = _SESSION_BY_KEY.fetch(key=key)  # the key is unique
+    """The session of ``key``, with the relations session projections read (one query in all)."""
+    related = session_projections.related()
+    found = _session_by_key_query(related).fetch(key=key)  # the key is unique
+    session_projections.mark_related_loaded(found, related)
     return found[0] if found else None
 
 
@@ -213,12 +218,15 @@ def sessions_page(
     archived: bool | str = False,
 ) -> tuple[list[Session], bool]:
     """One page, newest first, plus whether more follow. Costs one query whatever the table size."""
+    related = session_projections.related()
     if search:
-        rows = list(_sessions_filtered(agent_id, label, search, archived)[offset : offset + limit + 1])
+        queryset = _sessions_filtered(agent_id, label, search, archived).select_related(*related)
+        rows = list(queryset[offset : offset + limit + 1])
     else:
         given = {name: value for name, value in (("agent_id", agent_id), ("label", label)) if value is not None}
-        query = _session_page_query(agent_id is not None, label is not None, archived)
+        query = _session_page_query(agent_id is not None, label is not None, archived, related)
         rows = query.fetch(limit=limit + 1, offset=offset, **given)
+    session_projections.mark_related_loaded(rows, related)
     return rows[:limit], len(rows) > limit
 
 
@@ -240,13 +248,15 @@ def _sessions_filtered(
 
 
 @functools.cache
-def _session_page_query(by_agent: bool, by_label: bool, archived: bool | str) -> PreparedQuery:
+def _session_page_query(
+    by_agent: bool, by_label: bool, archived: bool | str, related: tuple[str, ...]
+) -> PreparedQuery:
     """A page without ``search`` (a substring match the ORM rewrites per value): one compiled query per
-    combination of filters, at most twelve."""
+    combination of filters (twelve), with the relations session projections read."""
     kinds = {name: str for name, given in (("agent_id", by_agent), ("label", by_label)) if given}
 
     def build(agent_id: str | None = None, label: str | None = None) -> QuerySet[Session]:
-        return _sessions_filtered(agent_id, label, None, archived)
+        return _sessions_filtered(agent_id, label, None, archived).select_related(*related)
 
     return PreparedQuery(build, limit=True, **kinds)
 

@@ -10,10 +10,11 @@ database, so nothing here can serve one process's (or one moment's) data to anot
     _by_key = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str)
     sessions = _by_key.fetch(key="agent:main:main")
 
-Parameter kinds: ``str``, ``int``, ``datetime`` and ``IdList`` (an ``__in`` list of integers,
-compiled once per length). ``limit=True`` adds ``LIMIT``/``OFFSET`` parameters (Django would
-write their values into the SQL text). A builder must use each parameter as a plain value of a
-lookup (``exact``, ``gte``, ``in``…): one that rewrites it (``icontains``) is refused when compiled.
+``select_related`` relations are filled in as the ORM fills them. Parameter kinds: ``str``,
+``int``, ``datetime`` and ``IdList`` (an ``__in`` list of integers, compiled once per length).
+``limit=True`` adds ``LIMIT``/``OFFSET`` parameters (Django would write their values into the SQL
+text). A builder must use each parameter as a plain value of a lookup (``exact``, ``gte``,
+``in``…): one that rewrites it (``icontains``) is refused when compiled.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from django.db import connections, router
 from django.db.models import Model, QuerySet
+from django.db.models.query import get_related_populators
 
 # At most this many ``__in`` lengths are compiled per query; longer lists use the ORM each time.
 MAX_ID_LIST = 256
@@ -56,6 +58,8 @@ class _Compiled:
     init_list: tuple[str, ...]
     model_slice: slice
     converters: tuple[tuple[int, tuple[Callable, ...], Any], ...]
+    # select_related: filled into each instance from the same row, as the ORM's iterator does.
+    related_populators: tuple[Any, ...] = ()
 
 
 class PreparedQuery:
@@ -125,18 +129,19 @@ class PreparedQuery:
             raise TypeError("a PreparedQuery parameter is not a plain value of a lookup in the compiled SQL")
         if self._limit:
             sql += " LIMIT %s OFFSET %s"
-        model, init_list, model_slice = None, (), slice(0, 0)
+        model, init_list, model_slice, populators = None, (), slice(0, 0), ()
         if compiler.klass_info is not None and not queryset._fields:
             model = compiler.klass_info["model"]
             fields = compiler.klass_info["select_fields"]
             model_slice = slice(fields[0], fields[-1] + 1)
             init_list = tuple(column[0].target.attname for column in compiler.select[model_slice])
+            populators = tuple(get_related_populators(compiler.klass_info, compiler.select, alias))
         expressions = [column[0] for column in compiler.select[: compiler.col_count]]
         converters = tuple(
             (position, tuple(functions), expression)
             for position, (functions, expression) in compiler.get_converters(expressions).items()
         )
-        return _Compiled(sql, tuple(slots), model, init_list, model_slice, converters)
+        return _Compiled(sql, tuple(slots), model, init_list, model_slice, converters, populators)
 
     def _run(self, compiled: _Compiled, alias: str, values: dict[str, Any], limit: int | None, offset: int) -> list:
         connection = connections[alias]
@@ -161,7 +166,11 @@ class PreparedQuery:
         if compiled.model is None:
             return rows
         model, init_list, model_slice = compiled.model, list(compiled.init_list), compiled.model_slice
-        return [model.from_db(alias, init_list, row[model_slice]) for row in rows]
+        instances = [model.from_db(alias, init_list, row[model_slice]) for row in rows]
+        for populator in compiled.related_populators:
+            for row, instance in zip(rows, instances, strict=True):
+                populator.populate(row, instance)
+        return instances
 
 
 def _converted(row: Sequence, converters: tuple, connection: Any) -> list:

@@ -114,3 +114,16 @@ def test_one_query_per_call_and_no_rows_kept_between_calls():
         [fresh] = by_key.fetch(key=session.key)
     assert len(queries) == 1
     assert fresh.label == "after"
+
+
+def test_select_related_objects_come_from_the_same_query():
+    device = PairedDevice.objects.create(
+        device_id="e" * 64, public_key="k", display_name="laptop", approved_at=timezone.now()
+    )
+    DeviceToken.objects.create(device=device, role="operator", token_hash="i" * 64, scopes=[])
+    with_device = PreparedQuery(lambda role: DeviceToken.objects.filter(role=role).select_related("device"), role=str)
+    with CaptureQueriesContext(connection) as queries:
+        [token] = with_device.fetch(role="operator")
+        assert token.device.display_name == "laptop"
+        assert token.device.approved_at == PairedDevice.objects.get(pk=device.pk).approved_at
+    assert len(queries) == 2  # the prepared query, and the comparison's own
