@@ -138,6 +138,11 @@ def _database(url: str, sqlite_test_name: str) -> dict:
         # thread made it (Django runs each HTTP request's sync code in a thread of its own), so
         # load cannot leave a connection behind per thread.
         database["CONN_MAX_AGE"] = 0
+        # Django's health checks would ping the server on every checkout, i.e. on every database hop:
+        # this backend checks a connection on checkout after a pause only (openclaw_site/postgresql).
+        if database["ENGINE"] == "django.db.backends.postgresql":
+            database["ENGINE"] = "openclaw_site.postgresql"
+            database["CONN_HEALTH_CHECKS"] = False
         database["OPTIONS"] = {
             "pool": {"min_size": 1, "max_size": DB_POOL_MAX_SIZE, "timeout": 10},
             # Which process holds a connection, in pg_stat_activity.

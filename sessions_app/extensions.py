@@ -83,20 +83,47 @@ class TurnRunners:
 ProjectionContributor = Callable[[Sequence[Session]], dict[str, dict[str, Any]]]
 
 
+_RELATED_LOADED = "_session_projections_related_loaded"
+
+
 class SessionProjections:
     def __init__(self) -> None:
         self._contributors: dict[str, ProjectionContributor] = {}
+        self._related: dict[str, tuple[str, ...]] = {}
         self._lock = threading.Lock()
 
-    def register(self, name: str, contributor: ProjectionContributor) -> None:
+    def register(self, name: str, contributor: ProjectionContributor, *, related: Sequence[str] = ()) -> None:
+        """``related``: one-to-one relations of Session the contributor reads, which the session reads
+        of ``sessions.list`` / ``sessions.describe`` load in their own query (``select_related``); the
+        contributor still gets sessions without them from other callers and must read those itself."""
         with self._lock:
             if name in self._contributors:
                 raise RuntimeError(f"session projection registered twice: {name}")
             self._contributors[name] = contributor
+            self._related[name] = tuple(related)
 
     def unregister(self, name: str) -> None:
         with self._lock:
             self._contributors.pop(name, None)
+            self._related.pop(name, None)
+
+    def related(self) -> tuple[str, ...]:
+        """Every contributor's ``related`` relations, sorted (a stable key for a compiled query)."""
+        return tuple(sorted({relation for relations in list(self._related.values()) for relation in relations}))
+
+    def mark_related_loaded(self, sessions: Sequence[Session], related: tuple[str, ...]) -> None:
+        """These sessions were read with ``related`` in the same query (by the sessions selectors)."""
+        for session in sessions:
+            setattr(session, _RELATED_LOADED, related)
+
+    @staticmethod
+    def related_loaded(session: Session, relation: str) -> bool:
+        """Whether ``relation`` of this session came from the query that read it, so a contributor may
+        use it as is. A relation cached any other way (an object created or changed in memory since)
+        may be stale: the contributor reads it again."""
+        if relation not in getattr(session, _RELATED_LOADED, ()):
+            return False
+        return getattr(Session, relation).related.is_cached(session)
 
     def extra_fields(self, sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
         """Every contributor's fields per session key, merged; a field claimed twice is a bug."""
@@ -113,8 +140,10 @@ class SessionProjections:
         return merged
 
     @contextmanager
-    def contributing(self, name: str, contributor: ProjectionContributor) -> Iterator[None]:
-        self.register(name, contributor)
+    def contributing(
+        self, name: str, contributor: ProjectionContributor, *, related: Sequence[str] = ()
+    ) -> Iterator[None]:
+        self.register(name, contributor, related=related)
         try:
             yield
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -12,6 +13,7 @@ from django.db.models import Q, QuerySet
 
 from openclaw_site.gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
 from openclaw_site.gateway.exceptions import InvalidRequest, NotFound
+from openclaw_site.gateway.prepared import PreparedQuery
 
 from . import keys
 from .extensions import session_projections
@@ -99,8 +101,17 @@ def _shown_worktree(worktree: dict) -> dict:
     return {"id": worktree["id"], "branch": worktree["branch"], "path": shown_path(worktree["path"])}
 
 
+@functools.cache
+def _session_by_key_query(related: tuple[str, ...]) -> PreparedQuery:
+    return PreparedQuery(lambda key: Session.objects.filter(key=key).select_related(*related), key=str)
+
+
 def session_get(key: str) -> Session | None:
-    return Session.objects.filter(key=key).first()
+    """The session of ``key``, with the relations session projections read (one query in all)."""
+    related = session_projections.related()
+    found = _session_by_key_query(related).fetch(key=key)  # the key is unique
+    session_projections.mark_related_loaded(found, related)
+    return found[0] if found else None
 
 
 def session_require(key: str) -> Session:
@@ -213,6 +224,32 @@ def sessions_page(
 ) -> tuple[list[Session], bool]:
     """One page, newest first, plus whether more follow. One query; from a keyset cursor (``after``: the
     previous page's last ``(updated_at, id)``) its cost does not grow with the depth, from an offset it does."""
+    related = session_projections.related()
+    if search:
+        queryset = _sessions_filtered(agent_id, label, search, archived).select_related(*related)
+        if after is not None:
+            queryset = _after(queryset, *after)
+        rows = list(queryset[offset : offset + limit + 1])
+    else:
+        given: dict = {name: value for name, value in (("agent_id", agent_id), ("label", label)) if value is not None}
+        if after is not None:
+            given.update(after_updated_at=after[0], after_id=after[1])
+        query = _session_page_query(agent_id is not None, label is not None, after is not None, archived, related)
+        rows = query.fetch(limit=limit + 1, offset=offset, **given)
+    session_projections.mark_related_loaded(rows, related)
+    return rows[:limit], len(rows) > limit
+
+
+def _after(qs: QuerySet[Session], updated_at: datetime, pk: int) -> QuerySet[Session]:
+    """The rows after a keyset cursor, newest first. The `updated_at <= …` term is implied by the other two; it
+    lets the planners seek session_recent_idx to a range bound instead of walking it from the start (see
+    runs_list_payload)."""
+    return qs.filter(Q(updated_at__lte=updated_at), Q(updated_at__lt=updated_at) | Q(updated_at=updated_at, pk__lt=pk))
+
+
+def _sessions_filtered(
+    agent_id: str | None, label: str | None, search: str | None, archived: bool | str
+) -> QuerySet[Session]:
     qs: QuerySet[Session] = Session.objects.all()
     if agent_id is not None:
         qs = qs.filter(agent_id=agent_id)
@@ -224,15 +261,29 @@ def sessions_page(
         qs = qs.filter(archived_at__isnull=False)
     elif archived is False:
         qs = qs.filter(archived_at__isnull=True)
-    if after is not None:
-        updated_at, pk = after
-        # The `updated_at <= …` term is implied by the other two; it lets the planners seek session_recent_idx to
-        # a range bound instead of walking it from the start (see runs_list_payload).
-        qs = qs.filter(
-            Q(updated_at__lte=updated_at), Q(updated_at__lt=updated_at) | Q(updated_at=updated_at, pk__lt=pk)
-        )
-    rows = list(qs.order_by("-updated_at", "-id")[offset : offset + limit + 1])
-    return rows[:limit], len(rows) > limit
+    return qs.order_by("-updated_at", "-id")
+
+
+@functools.cache
+def _session_page_query(
+    by_agent: bool, by_label: bool, keyset: bool, archived: bool | str, related: tuple[str, ...]
+) -> PreparedQuery:
+    """A page without ``search`` (a substring match the ORM rewrites per value): one compiled query per
+    combination of filters (twenty-four), with the relations session projections read."""
+    kinds: dict = {name: str for name, given in (("agent_id", by_agent), ("label", by_label)) if given}
+    if keyset:
+        kinds.update(after_updated_at=datetime, after_id=int)
+
+    def build(
+        agent_id: str | None = None,
+        label: str | None = None,
+        after_updated_at: datetime | None = None,
+        after_id: int | None = None,
+    ) -> QuerySet[Session]:
+        qs = _sessions_filtered(agent_id, label, None, archived).select_related(*related)
+        return _after(qs, after_updated_at, after_id) if keyset else qs
+
+    return PreparedQuery(build, limit=True, **kinds)
 
 
 def active_path(window: SessionWindow, *, limit: int | None = None) -> list[TranscriptEvent]:

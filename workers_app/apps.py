@@ -26,7 +26,7 @@ class WorkersConfig(AppConfig):
         from .services.recovery import workers_node_removed, workers_recover_startup
         from .tasks import recovery_sweep
 
-        session_projections.register("placement", placement_fields)
+        session_projections.register("placement", placement_fields, related=("placement",))
         registry.node_projections.append(node_worker_fields)
         registry.node_removal_hooks.append(workers_node_removed)
         action_guards.register(placement_barrier)

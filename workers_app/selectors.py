@@ -12,6 +12,8 @@ from django.db.models import Q, Subquery
 
 from openclaw_site.gateway import selectors as gateway_selectors
 from openclaw_site.gateway.cursors import cursor_decode, cursor_encode, cursor_int
+from openclaw_site.gateway.prepared import IdList, PreparedQuery
+from sessions_app.extensions import session_projections
 from sessions_app.models import Session
 
 from .bundle import current_bundle
@@ -91,10 +93,23 @@ def _shows_provenance(placement: Placement, environment: WorkerEnvironment | Non
     return environment.owner_epoch == placement.active_owner_epoch
 
 
+_PLACEMENTS_OF_SESSIONS = PreparedQuery(
+    lambda session_ids: Placement.objects.filter(session__in=session_ids), session_ids=IdList
+)
+
+
 def placement_fields(sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
-    """The ``placement`` field of each session row that has a placement: two queries per page."""
+    """The ``placement`` field of each session row that has a placement.
+
+    Sessions read with their placement (``select_related``, as ``sessions.list`` and
+    ``sessions.describe`` read them) cost no query here; others one. Environments: one more query
+    when any session is placed."""
     keys = {session.pk: session.key for session in sessions}
-    placements = list(Placement.objects.filter(session__in=keys))
+    if all(session_projections.related_loaded(session, "placement") for session in sessions):
+        relation = Session.placement.related
+        placements = [p for session in sessions if (p := relation.get_cached_value(session)) is not None]
+    else:
+        placements = _PLACEMENTS_OF_SESSIONS.fetch(session_ids=list(keys))
     if not placements:
         return {}
     environment_ids = {p.environment_id for p in placements if p.environment_id}

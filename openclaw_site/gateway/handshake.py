@@ -26,6 +26,7 @@ from .auth import (
 from .conf import shared_password, shared_token
 from .exceptions import GatewayError, HandshakeRejected, InvalidRequest, NotPaired
 from .models import PairedDevice
+from .prepared import PreparedQuery
 from .protocol import PROTOCOL_VERSION, ConnectParams, RequestFrame, format_validation_error, negotiate_protocol
 from .services import connections, pairing, tokens
 
@@ -255,6 +256,9 @@ def authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> ConnectO
         raise HandshakeRejected(error) from None
 
 
+_DEVICE_BY_ID = PreparedQuery(lambda device_id: PairedDevice.objects.filter(device_id=device_id), device_id=str)
+
+
 def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> ConnectOutcome:
     """Decide a connect, in OpenClaw's order: credentials, device identity, device proof, pairing.
 
@@ -281,7 +285,8 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
 
     public_key, _version = verify_device_proof(params, role=role, scopes=list(params.scopes or []), nonce=ctx.nonce)
     device_id = params.device.id
-    device = PairedDevice.objects.filter(device_id=device_id).first()
+    found = _DEVICE_BY_ID.fetch(device_id=device_id)  # the primary key
+    device = found[0] if found else None
 
     if role == sc.ROLE_NODE:
         if device is None or not device.has_role(sc.ROLE_NODE):
@@ -294,18 +299,28 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
             # A device token of a device that was since removed.
             raise _reject(auth_failure("device_token_mismatch", params=params, local=is_loopback(ctx.remote_ip)))
 
-    # Pairing (silent, for shared-secret operators) and the first device token commit together:
-    # one durable transaction, so a crash cannot leave a paired device without its token record.
-    with transaction.atomic():
-        if role == sc.ROLE_OPERATOR and auth_method in ("token", "password"):
-            claim = _claim(params, ctx, role, requested_scopes, public_key, "not-paired", is_repair=device is not None)
-            device, _changed = pairing.operator_device_auto_approve(claim=claim, known=device)
-        if token_record is not None:
-            tokens.device_token_touch(token_record)
-            issued_token, issued_at = params.auth.deviceToken or params.auth.token, None
-        else:
-            token_scopes = requested_scopes if role == sc.ROLE_OPERATOR else []
-            issued_token, issued_at = tokens.device_token_ensure(device=device, role=role, scopes=token_scopes)
+    silent_pairing = role == sc.ROLE_OPERATOR and auth_method in ("token", "password")
+    pairing_needed = silent_pairing and not pairing.operator_device_covered(device, requested_scopes)
+    token_scopes = requested_scopes if role == sc.ROLE_OPERATOR else []
+    issued_token, issued_at = (params.auth.deviceToken or params.auth.token, None) if token_record else (None, None)
+    # The common reconnect of a paired device (with its token, or the shared secret and a token on
+    # file) writes one row or nothing: no transaction, which on SQLite would take the database's
+    # write lock for every connect.
+    if not pairing_needed and token_record is not None:
+        tokens.device_token_touch(token_record)
+    elif pairing_needed or not tokens.device_token_covers(device=device, role=role, scopes=token_scopes):
+        # Pairing (silent, for shared-secret operators) and the first device token commit together:
+        # one durable transaction, so a crash cannot leave a paired device without its token record.
+        with transaction.atomic():
+            if silent_pairing:
+                claim = _claim(
+                    params, ctx, role, requested_scopes, public_key, "not-paired", is_repair=device is not None
+                )
+                device, _changed = pairing.operator_device_auto_approve(claim=claim, known=device)
+            if token_record is not None:
+                tokens.device_token_touch(token_record)
+            else:
+                issued_token, issued_at = tokens.device_token_ensure(device=device, role=role, scopes=token_scopes)
 
     commands: list[str] = []
     if role == sc.ROLE_NODE:

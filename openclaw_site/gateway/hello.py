@@ -28,11 +28,14 @@ PRESENCE_VERSION_KEY = "gateway:state:presence"
 HEALTH_VERSION_KEY = "gateway:state:health"
 
 
-def state_version(*, presence: int | None = None) -> dict[str, int]:
-    keys = [HEALTH_VERSION_KEY] if presence is not None else [PRESENCE_VERSION_KEY, HEALTH_VERSION_KEY]
-    values = cache.get_many(keys)
+def state_version(*, bump_presence: bool = False) -> dict[str, int]:
+    """The state versions, with the presence version raised by one first when ``bump_presence``."""
+    if bump_presence:
+        presence, health = counters.bump_and_read(PRESENCE_VERSION_KEY, HEALTH_VERSION_KEY)
+        return {"presence": presence, "health": health}
+    values = cache.get_many([PRESENCE_VERSION_KEY, HEALTH_VERSION_KEY])
     return {
-        "presence": presence if presence is not None else int(values.get(PRESENCE_VERSION_KEY) or 0),
+        "presence": int(values.get(PRESENCE_VERSION_KEY) or 0),
         "health": int(values.get(HEALTH_VERSION_KEY) or 0),
     }
 
@@ -40,7 +43,7 @@ def state_version(*, presence: int | None = None) -> dict[str, int]:
 def presence_snapshot(*, bump: bool) -> tuple[list[dict], dict[str, int]]:
     # The version is taken before the entries: a change after this read bumps it again, so a newer
     # list never goes out under an older or equal version (clients keep the highest).
-    version = state_version(presence=counters.bump(PRESENCE_VERSION_KEY) if bump else None)
+    version = state_version(bump_presence=bump)
     return presence_entries(), version
 
 

@@ -69,7 +69,7 @@ def status_rpc(ctx: RpcContext, params) -> dict:
                 "pid": p.pid,
                 "heartbeatAtMs": selectors.to_ms(p.heartbeat_at),
             }
-            for p in selectors.live_processes()
+            for p in selectors.live_process_list()
         ],
         "connections": {**selectors.connection_counts(), "local": len(state.local_connections)},
     }

@@ -23,6 +23,7 @@ from .models import (
     PairingStatus,
 )
 from .node_commands import public_commands
+from .prepared import PreparedQuery
 from .registry import registry
 from .scopes import ROLE_NODE
 
@@ -377,14 +378,40 @@ def node_describe(node_id: str) -> dict | None:
     return None
 
 
+_LIVE_PROCESSES = PreparedQuery(
+    lambda cutoff: GatewayProcess.objects.filter(heartbeat_at__gte=cutoff).order_by("started_at", "boot_id"),
+    cutoff=datetime,
+)
+_LIVE_CONNECTION_ROLES = PreparedQuery(
+    lambda cutoff: GatewayConnection.objects.filter(process__heartbeat_at__gte=cutoff).values_list("role"),
+    cutoff=datetime,
+)
+
+
+def live_process_list() -> list[GatewayProcess]:
+    """:func:`live_processes` for ``status``, which asks on every call."""
+    return _LIVE_PROCESSES.fetch(cutoff=process_stale_before())
+
+
 def connection_counts() -> dict:
     counts = {"operator": 0, "node": 0}
-    for role in live_connections().values_list("role", flat=True):
+    for (role,) in _LIVE_CONNECTION_ROLES.fetch(cutoff=process_stale_before()):
         counts[role] = counts.get(role, 0) + 1
     return counts
 
 
 PRESENCE_MAX_ENTRIES = 100
+
+
+_RECENT_CONNECTIONS = PreparedQuery(
+    lambda cutoff: (
+        GatewayConnection.objects.filter(process__heartbeat_at__gte=cutoff)
+        .order_by("-connected_at")
+        .values_list(*_PRESENCE_COLUMNS)
+    ),
+    limit=True,
+    cutoff=datetime,
+)
 
 
 def presence_entries() -> list[dict]:
@@ -395,8 +422,8 @@ def presence_entries() -> list[dict]:
     """
     entries: dict[str, dict] = {}
     # Rows as dicts of the columns used, not model instances: every connect's hello-ok reads this.
-    recent = live_connections().order_by("-connected_at").values(*_PRESENCE_COLUMNS)[: PRESENCE_MAX_ENTRIES * 2]
-    for conn in recent:
+    rows = _RECENT_CONNECTIONS.fetch(cutoff=process_stale_before(), limit=PRESENCE_MAX_ENTRIES * 2)
+    for conn in (dict(zip(_PRESENCE_COLUMNS, row, strict=True)) for row in rows):
         key = conn["device_id"] or str(conn["conn_id"])
         entry = entries.get(key)
         if entry is None:

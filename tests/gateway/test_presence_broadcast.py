@@ -218,7 +218,7 @@ def test_a_snapshot_reads_the_version_before_the_entries(monkeypatch):
     order: list[str] = []
     monkeypatch.setattr("openclaw_site.gateway.hello.presence_entries", lambda: order.append("entries") or [])
     monkeypatch.setattr(
-        "openclaw_site.gateway.hello.state_version", lambda presence=None: order.append("version") or {"presence": 0}
+        "openclaw_site.gateway.hello.state_version", lambda **_: order.append("version") or {"presence": 0}
     )
     presence_snapshot(bump=False)
     presence_snapshot(bump=True)

@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from openclaw_site.gateway.exceptions import Unavailable
-from sessions_app import rpc, schemas
+from sessions_app import rpc, schemas, selectors
 from sessions_app.extensions import SessionAction, action_guards, session_projections, turn_runners
 from sessions_app.models import Run, Session, SessionWindow, TranscriptEvent
 from sessions_app.runners import GatewayTurnRunner
@@ -97,8 +97,8 @@ def test_contributed_fields_appear_in_describe_list_and_the_api(api_token, djang
 
     with session_projections.contributing("residence", residence):
         described = rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))
-        # The page, and workers_app's placements of the page; the contributor here reads nothing.
-        with django_assert_num_queries(2):
+        # The page, with workers_app's placements joined in; the contributor here reads nothing.
+        with django_assert_num_queries(1):
             listed = rpc.sessions_list_rpc(_ctx(), schemas.SessionsListParams())
         api = Client(headers={"Authorization": f"Bearer {API_TOKEN}"}).get("/api/sessions/agent:main:s2")
 
@@ -111,6 +111,24 @@ def test_contributed_fields_appear_in_describe_list_and_the_api(api_token, djang
     assert sorted(calls[1]) == ["agent:main:s0", "agent:main:s1", "agent:main:s2"]
     # Gone with the contributor.
     assert "residence" not in rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))["session"]
+
+
+def test_a_related_relation_is_trusted_only_from_the_query_that_read_the_session():
+    # workers_app's placement projection reads Session.placement ("related"): the sessions selectors
+    # join it in; a session held in memory is not trusted with it.
+    assert "placement" in session_projections.related()
+    make("agent:main:s0")
+    seen: list[bool] = []
+
+    def recorder(batch: Sequence[Session]) -> dict[str, dict]:
+        seen.extend(session_projections.related_loaded(s, "placement") for s in batch)
+        return {}
+
+    with session_projections.contributing("recorder", recorder):
+        rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))
+        rpc.sessions_list_rpc(_ctx(), schemas.SessionsListParams())
+        selectors.session_row(Session.objects.get(key="agent:main:s0"))
+    assert seen == [True, True, False]
 
 
 def test_a_projection_may_not_override_session_fields():

@@ -352,7 +352,8 @@ def node_rename(*, node_id: str, display_name: str, actor: Actor) -> PairedDevic
 # --- silent operator pairing ----------------------------------------------------------------
 
 
-def _operator_covered(device: PairedDevice | None, scopes: list[str]) -> bool:
+def operator_device_covered(device: PairedDevice | None, scopes: list[str]) -> bool:
+    """Whether an operator device as read already holds these scopes: auto-approval has nothing to write."""
     return device is not None and device.has_role(sc.ROLE_OPERATOR) and sc.scopes_cover(device.approved_scopes, scopes)
 
 
@@ -365,13 +366,13 @@ def operator_device_auto_approve(
     approval; OpenClaw does the same for local clients ("silent" pairing). ``known`` is the device
     as the caller just read it: when it already covers the claim, nothing is locked or written.
     """
-    if _operator_covered(known, claim.scopes):
+    if operator_device_covered(known, claim.scopes):
         return known, False
     with transaction.atomic():
         device = PairedDevice.objects.select_for_update(no_key=True).filter(device_id=claim.device_id).first()
         # Locked: concurrent first connects of one device must merge, not overwrite, scopes.
         now = timezone.now()
-        if _operator_covered(device, claim.scopes):
+        if operator_device_covered(device, claim.scopes):
             return device, False
         created = device is None
         if device is None:

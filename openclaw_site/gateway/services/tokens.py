@@ -10,6 +10,7 @@ from ..audit import Actor, audit
 from ..auth import hash_device_token, new_device_token, secret_matches
 from ..exceptions import InvalidRequest, NotFound
 from ..models import DeviceToken, GatewayConnection, PairedDevice
+from ..prepared import PreparedQuery
 from ..selectors import to_ms
 from . import connections
 
@@ -35,14 +36,25 @@ def device_token_verify(*, device_id: str, role: str, token: str) -> DeviceToken
     return record
 
 
+_TOKEN_OF_DEVICE_ROLE = PreparedQuery(
+    lambda device_id, role: DeviceToken.objects.filter(device_id=device_id, role=role), device_id=str, role=str
+)
+
+
+def device_token_covers(*, device: PairedDevice, role: str, scopes: list[str]) -> bool:
+    """Whether (device, role) has a usable token for these scopes: :func:`device_token_ensure` would mint none."""
+    found = _TOKEN_OF_DEVICE_ROLE.fetch(device_id=device.device_id, role=role)  # one per (device, role)
+    current = found[0] if found else None
+    return current is not None and current.revoked_at is None and sc.scopes_cover(current.scopes, scopes)
+
+
 def device_token_ensure(*, device: PairedDevice, role: str, scopes: list[str]) -> tuple[str | None, int | None]:
     """Mint a token for (device, role) when it has no usable one; returns (token, issuedAtMs).
 
     Only hashes are stored, so an existing token cannot be handed out again: a device that lost
     its token rotates it (``device.token.rotate``) or re-pairs.
     """
-    current = DeviceToken.objects.filter(device=device, role=role).first()
-    if current is not None and current.revoked_at is None and sc.scopes_cover(current.scopes, scopes):
+    if device_token_covers(device=device, role=role, scopes=scopes):
         return None, None  # the common reconnect: nothing to mint, no lock needed
     with transaction.atomic():
         record = DeviceToken.objects.select_for_update(no_key=True).filter(device=device, role=role).first()

@@ -1,0 +1,36 @@
+"""Shared counters: raised by one atomically, missing ones start at zero, readable with ``cache.get``."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.core.cache import cache
+
+from openclaw_site.gateway import counters
+
+
+def _key() -> str:
+    return f"test:counter:{uuid.uuid4()}"
+
+
+def test_a_missing_counter_starts_at_one_and_rises_by_one():
+    key = _key()
+    assert counters.bump(key) == 1
+    assert counters.bump(key) == 2
+    assert cache.get(key) == 2
+
+
+def test_bump_and_read_returns_the_other_counters_zero_when_unset():
+    key, other, unset = _key(), _key(), _key()
+    counters.bump(other)
+    counters.bump(other)
+    assert counters.bump_and_read(key, other, unset) == (1, 2, 0)
+    assert counters.bump_and_read(key, other) == (2, 2)
+
+
+def test_a_counter_set_through_the_cache_keeps_counting():
+    key = _key()
+    cache.set(key, 41, timeout=None)
+    assert counters.bump(key) == 42
+    cache.delete(key)  # evicted: starts over
+    assert counters.bump(key) == 1

@@ -1,0 +1,129 @@
+"""Compiled-once ORM queries: the same rows as the ORM, with each call's values, on either database."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from openclaw_site.gateway.models import DeviceToken, GatewayProcess, PairedDevice
+from openclaw_site.gateway.prepared import MAX_ID_LIST, IdList, PreparedQuery
+from sessions_app.models import Session
+
+pytestmark = pytest.mark.django_db
+
+
+def _session(key: str, *, label: str = "", minutes_ago: int = 0) -> Session:
+    session = Session.objects.create(key=key, agent_id="main", label=label)
+    Session.objects.filter(pk=session.pk).update(updated_at=timezone.now() - timedelta(minutes=minutes_ago))
+    return Session.objects.get(pk=session.pk)
+
+
+def test_each_call_binds_its_own_values_to_the_one_compiled_query():
+    by_key = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str)
+    first, second = _session("agent:main:a"), _session("agent:main:b")
+    assert [s.pk for s in by_key.fetch(key=first.key)] == [first.pk]
+    assert [s.pk for s in by_key.fetch(key=second.key)] == [second.pk]
+    assert by_key.fetch(key="agent:main:none") == []
+
+
+def test_instances_match_the_orm_field_for_field():
+    _session("agent:main:a", label="one")
+    by_key = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str)
+    [prepared] = by_key.fetch(key="agent:main:a")
+    orm = Session.objects.get(key="agent:main:a")
+    for field in Session._meta.concrete_fields:
+        assert getattr(prepared, field.attname) == getattr(orm, field.attname), field.name
+    assert prepared._state.adding is False
+    assert prepared._state.db == orm._state.db
+
+
+def test_limit_and_offset_page_in_query_order():
+    for n in range(5):
+        _session(f"agent:main:s{n}", label="page", minutes_ago=n)
+    page = PreparedQuery(
+        lambda label: Session.objects.filter(label=label).order_by("-updated_at", "-id"), limit=True, label=str
+    )
+    keys = [s.key for s in page.fetch(label="page", limit=2, offset=1)]
+    assert keys == ["agent:main:s1", "agent:main:s2"]
+    assert [s.key for s in page.fetch(label="page", limit=10, offset=4)] == ["agent:main:s4"]
+
+
+def test_limit_must_be_given_exactly_when_prepared_with_it():
+    plain = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str)
+    paged = PreparedQuery(lambda key: Session.objects.filter(key=key), limit=True, key=str)
+    with pytest.raises(TypeError):
+        plain.fetch(key="k", limit=1)
+    with pytest.raises(TypeError):
+        paged.fetch(key="k")
+
+
+def test_id_lists_of_any_length_including_empty_and_beyond_the_compiled_bound():
+    sessions = [_session(f"agent:main:i{n}") for n in range(3)]
+    in_ids = PreparedQuery(lambda ids: Session.objects.filter(pk__in=ids).order_by("pk"), ids=IdList)
+    assert [s.pk for s in in_ids.fetch(ids=[sessions[2].pk])] == [sessions[2].pk]
+    assert [s.pk for s in in_ids.fetch(ids=[s.pk for s in sessions])] == [s.pk for s in sessions]
+    with CaptureQueriesContext(connection) as queries:
+        assert in_ids.fetch(ids=[]) == []
+    assert len(queries) == 0
+    many = [sessions[0].pk, *range(10**9, 10**9 + MAX_ID_LIST)]
+    assert [s.pk for s in in_ids.fetch(ids=many)] == [sessions[0].pk]
+
+
+def test_datetime_parameters_compare_as_the_orm_does():
+    now = timezone.now()
+    old, fresh = uuid.uuid4(), uuid.uuid4()
+    for boot_id, at in ((old, now - timedelta(minutes=5)), (fresh, now)):
+        GatewayProcess.objects.create(boot_id=boot_id, hostname="h", pid=1, started_at=at, heartbeat_at=at)
+    since = PreparedQuery(lambda cutoff: GatewayProcess.objects.filter(heartbeat_at__gte=cutoff), cutoff=type(now))
+    assert {p.boot_id for p in since.fetch(cutoff=now - timedelta(minutes=1))} == {fresh}
+    assert {p.boot_id for p in since.fetch(cutoff=now - timedelta(minutes=10))} == {old, fresh}
+
+
+def test_values_list_rows_come_back_converted():
+    device = PairedDevice.objects.create(device_id="d" * 64, public_key="k", approved_at=timezone.now())
+    DeviceToken.objects.create(device=device, role="operator", token_hash="h" * 64, scopes=["operator.read"])
+    rows = PreparedQuery(
+        lambda device_id: DeviceToken.objects.filter(device_id=device_id).values_list("role", "scopes"),
+        device_id=str,
+    ).fetch(device_id=device.device_id)
+    assert [tuple(row) for row in rows] == [("operator", ["operator.read"])]
+
+
+def test_a_parameter_the_orm_rewrites_is_refused_when_compiled():
+    contains = PreparedQuery(lambda text: Session.objects.filter(label__icontains=text), text=str)
+    with pytest.raises(TypeError, match="not a plain value"):
+        contains.fetch(text="x")
+
+
+def test_an_unknown_parameter_kind_is_refused():
+    with pytest.raises(TypeError):
+        PreparedQuery(lambda ratio: Session.objects.filter(input_tokens=ratio), ratio=float)
+
+
+def test_one_query_per_call_and_no_rows_kept_between_calls():
+    by_key = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str)
+    session = _session("agent:main:c", label="before")
+    by_key.fetch(key=session.key)
+    Session.objects.filter(pk=session.pk).update(label="after")
+    with CaptureQueriesContext(connection) as queries:
+        [fresh] = by_key.fetch(key=session.key)
+    assert len(queries) == 1
+    assert fresh.label == "after"
+
+
+def test_select_related_objects_come_from_the_same_query():
+    device = PairedDevice.objects.create(
+        device_id="e" * 64, public_key="k", display_name="laptop", approved_at=timezone.now()
+    )
+    DeviceToken.objects.create(device=device, role="operator", token_hash="i" * 64, scopes=[])
+    with_device = PreparedQuery(lambda role: DeviceToken.objects.filter(role=role).select_related("device"), role=str)
+    with CaptureQueriesContext(connection) as queries:
+        [token] = with_device.fetch(role="operator")
+        assert token.device.display_name == "laptop"
+        assert token.device.approved_at == PairedDevice.objects.get(pk=device.pk).approved_at
+    assert len(queries) == 2  # the prepared query, and the comparison's own
