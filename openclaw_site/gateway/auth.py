@@ -108,7 +108,8 @@ class AuthRateLimiter:
         return RateLimitState(locked=False)
 
     def reset(self, address: str | None) -> None:
-        if address:
+        # An exempt address never records a failure: nothing to delete (a round trip to Redis saved).
+        if address and not self._exempt(address):
             fail_key, _ = self._keys(address)
             cache.delete(fail_key)
 

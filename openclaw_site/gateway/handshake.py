@@ -285,8 +285,13 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
 
     public_key, _version = verify_device_proof(params, role=role, scopes=list(params.scopes or []), nonce=ctx.nonce)
     device_id = params.device.id
-    found = _DEVICE_BY_ID.fetch(device_id=device_id)  # the primary key
-    device = found[0] if found else None
+    # The token of (device, role) brings its device along: a reconnecting device costs one read.
+    stored_token = token_record or tokens.device_token_with_device(device_id=device_id, role=role)
+    if stored_token is not None:
+        device = stored_token.device
+    else:
+        found = _DEVICE_BY_ID.fetch(device_id=device_id)  # the primary key
+        device = found[0] if found else None
 
     if role == sc.ROLE_NODE:
         if device is None or not device.has_role(sc.ROLE_NODE):
@@ -308,7 +313,7 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
     # write lock for every connect.
     if not pairing_needed and token_record is not None:
         tokens.device_token_touch(token_record)
-    elif pairing_needed or not tokens.device_token_covers(device=device, role=role, scopes=token_scopes):
+    elif pairing_needed or not tokens.token_covers(stored_token, token_scopes):
         # Pairing (silent, for shared-secret operators) and the first device token commit together:
         # one durable transaction, so a crash cannot leave a paired device without its token record.
         with transaction.atomic():

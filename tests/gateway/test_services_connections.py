@@ -120,3 +120,55 @@ def test_a_connection_of_a_device_without_the_role_is_refused(connected_node):
     with pytest.raises(NotPaired, match="pairing removed while connecting"):
         register_node_connection("conn-3")
     assert not GatewayConnection.objects.exists()
+
+
+def register_operator_connection(conn_id: str, device_id: str = NODE_ID) -> None:
+    connections.connection_register(
+        record=connection_record(
+            conn_id=CONN_IDS[conn_id],
+            boot_id=BOOT_ID,
+            channel_name=f"channel.{conn_id}",
+            role="operator",
+            auth_method="token",
+            device_id=device_id,
+            client_id="cli",
+            client_mode="cli",
+        )
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_connection_outside_a_transaction_registers_touches_its_device_and_unregisters(connected_node):
+    """The operators' write path of its own (one statement on PostgreSQL): the row, the device's
+    last-connected time, and on unregister the row gone and the device marked disconnected."""
+    PairedDevice.objects.filter(device_id=NODE_ID).update(roles=["node", "operator"])
+    register_operator_connection("conn-2")
+
+    row = GatewayConnection.objects.get(conn_id=CONN_IDS["conn-2"])
+    assert (row.role, row.device_id, row.process_id, row.scopes) == ("operator", NODE_ID, uuid.UUID(BOOT_ID), [])
+    device = PairedDevice.objects.get(device_id=NODE_ID)
+    assert device.last_seen_reason == "connect" and device.last_connected_at is not None
+
+    assert connections.connection_unregister(conn_id=CONN_IDS["conn-2"]) is True
+    assert connections.connection_unregister(conn_id=CONN_IDS["conn-2"]) is False
+    assert not GatewayConnection.objects.filter(conn_id=CONN_IDS["conn-2"]).exists()
+    assert PairedDevice.objects.get(device_id=NODE_ID).last_seen_reason == "disconnect"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_connection_of_a_device_without_the_operator_role_is_refused(connected_node):
+    with pytest.raises(NotPaired, match="pairing removed while connecting"):
+        register_operator_connection("conn-2")
+    assert list(GatewayConnection.objects.values_list("role", flat=True)) == ["node"]
+    assert PairedDevice.objects.get(device_id=NODE_ID).last_seen_reason == "connect"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_connection_registers_again_after_its_process_row_was_swept(connected_node):
+    connections.process_register(boot_id=BOOT_ID)
+    PairedDevice.objects.filter(device_id=NODE_ID).update(roles=["node", "operator"])
+    connections.process_unregister(boot_id=BOOT_ID)
+
+    register_operator_connection("conn-2")
+
+    assert GatewayConnection.objects.filter(conn_id=CONN_IDS["conn-2"], process_id=BOOT_ID).exists()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -96,12 +98,64 @@ class ConnectionRecord:
 
 def connection_register(*, record: ConnectionRecord) -> None:
     """Make a connection routable from every gateway process; a node replaces its older socket."""
+    insert = _connection_insert_operator_pg if _one_statement_writes(record.role) else _connection_insert
     try:
-        _connection_insert(record)
+        insert(record)
     except IntegrityError:
         # Our process row was swept (a long pause without heartbeats): register again and retry.
         process_register(boot_id=record.boot_id)
-        _connection_insert(record)
+        insert(record)
+
+
+def _one_statement_writes(role: str) -> bool:
+    """Operators' connection rows on PostgreSQL are written in one round trip (a node's replaces an
+    older socket and changes the catalog: the general path). Inside a caller's transaction (tests),
+    the statements run in a savepoint of it instead."""
+    return role != sc.ROLE_NODE and connection.vendor == "postgresql"
+
+
+# Connection rows die with their process anyway: their commits need not wait for the WAL flush
+# (pairing decisions and tokens keep full durability). Sent with the statements as one simple query,
+# which PostgreSQL runs as one implicit transaction: one round trip, no BEGIN/COMMIT of their own.
+_ASYNC_COMMIT = "SET LOCAL synchronous_commit TO OFF;\n"
+
+_JSON_COLUMNS = frozenset(
+    f.attname for f in GatewayConnection._meta.concrete_fields if f.get_internal_type() == "JSONField"
+)
+_INSERT_COLUMNS = tuple(f.attname for f in GatewayConnection._meta.concrete_fields)
+_INSERT_VALUES = ", ".join(f"%({name})s::jsonb" if name in _JSON_COLUMNS else f"%({name})s" for name in _INSERT_COLUMNS)
+_INSERT_HEAD = f"INSERT INTO {GatewayConnection._meta.db_table} ({', '.join(_INSERT_COLUMNS)})"
+_DEVICE_TABLE = PairedDevice._meta.db_table
+# The device row is locked first, by the UPDATE of its last-connected time (the order every write of
+# connection and device rows keeps, see _lock_devices_first); the row is inserted only when the device
+# still holds the role, so a pairing removed since the connect's check leaves nothing routable.
+_REGISTER_DEVICE_SQL = (
+    _ASYNC_COMMIT + f"WITH device AS (UPDATE {_DEVICE_TABLE} SET last_connected_at = %(connected_at)s, "
+    "last_seen_at = %(connected_at)s, last_seen_reason = 'connect' "
+    "WHERE device_id = %(device_id)s AND roles @> %(role_list)s::jsonb RETURNING device_id) "
+    + f"{_INSERT_HEAD} SELECT {_INSERT_VALUES} FROM device RETURNING conn_id"
+)
+_REGISTER_SQL = _ASYNC_COMMIT + f"{_INSERT_HEAD} VALUES ({_INSERT_VALUES}) RETURNING conn_id"
+
+
+def _connection_insert_operator_pg(record: ConnectionRecord) -> None:
+    values = asdict(record)
+    values.update(
+        process_id=values.pop("boot_id"),
+        node_id=record.node_id or "",
+        connected_at=timezone.now(),
+        role_list=json.dumps([record.role]),
+    )
+    for name in _JSON_COLUMNS:
+        values[name] = json.dumps(values[name])
+    with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
+        with connection.cursor() as cursor:
+            cursor.execute(_REGISTER_DEVICE_SQL if record.device_id else _REGISTER_SQL, values)
+            while cursor.nextset():  # the INSERT's result follows the SET's
+                pass
+            inserted = cursor.rowcount
+    if not inserted:
+        raise NotPaired("pairing removed while connecting")
 
 
 def _connection_insert(record: ConnectionRecord) -> None:
@@ -152,7 +206,30 @@ def _connection_insert(record: ConnectionRecord) -> None:
             node_catalog_changed()
 
 
+# The device row is locked before the connection row goes (the order of _lock_devices_first).
+_UNREGISTER_SQL = (
+    _ASYNC_COMMIT + f"SELECT 1 FROM {_DEVICE_TABLE} WHERE device_id = "
+    f"(SELECT device_id FROM {GatewayConnection._meta.db_table} WHERE conn_id = %(conn_id)s) FOR NO KEY UPDATE;\n"
+    f"WITH gone AS (DELETE FROM {GatewayConnection._meta.db_table} WHERE conn_id = %(conn_id)s "
+    "RETURNING device_id, role), "
+    f"device AS (UPDATE {_DEVICE_TABLE} SET last_disconnected_at = %(now)s, last_seen_at = %(now)s, "
+    f"last_seen_reason = 'disconnect' FROM gone WHERE {_DEVICE_TABLE}.device_id = gone.device_id) "
+    "SELECT role FROM gone"
+)
+
+
 def connection_unregister(*, conn_id: str) -> bool:
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute(_UNREGISTER_SQL, {"conn_id": conn_id, "now": timezone.now()})
+            while cursor.nextset():
+                pass
+            gone = cursor.fetchone()
+        if gone is None:
+            return False
+        if gone[0] == sc.ROLE_NODE:
+            node_catalog_changed()
+        return True
     with transaction.atomic():
         conn = GatewayConnection.objects.filter(conn_id=conn_id).first()
         if conn is None:

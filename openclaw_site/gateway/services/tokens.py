@@ -21,13 +21,26 @@ class DeviceTokenRejected(Exception):
         self.reason = reason
 
 
+# The token of (device, role) with its device: the one read of a reconnecting device's connect.
+_TOKEN_WITH_DEVICE = PreparedQuery(
+    lambda device_id, role: DeviceToken.objects.select_related("device").filter(device_id=device_id, role=role),
+    device_id=str,
+    role=str,
+)
+
+
+def device_token_with_device(*, device_id: str, role: str) -> DeviceToken | None:
+    """The token record of (device, role), its ``device`` filled in, or None."""
+    found = _TOKEN_WITH_DEVICE.fetch(device_id=device_id, role=role)  # one per (device, role)
+    return found[0] if found else None
+
+
 def device_token_verify(*, device_id: str, role: str, token: str) -> DeviceToken:
-    """Reasons: device-not-paired, token-missing, token-revoked, token-mismatch."""
-    device = PairedDevice.objects.filter(device_id=device_id).first()
-    if device is None:
-        raise DeviceTokenRejected("device-not-paired")
-    record = DeviceToken.objects.filter(device=device, role=role).first()
+    """Reasons: device-not-paired, token-missing, token-revoked, token-mismatch. ``record.device`` is loaded."""
+    record = device_token_with_device(device_id=device_id, role=role)
     if record is None:
+        if not PairedDevice.objects.filter(device_id=device_id).exists():
+            raise DeviceTokenRejected("device-not-paired")
         raise DeviceTokenRejected("token-missing")
     if not secret_matches(hash_device_token(token), record.token_hash):
         raise DeviceTokenRejected("token-mismatch")
@@ -41,11 +54,14 @@ _TOKEN_OF_DEVICE_ROLE = PreparedQuery(
 )
 
 
+def token_covers(record: DeviceToken | None, scopes: list[str]) -> bool:
+    return record is not None and record.revoked_at is None and sc.scopes_cover(record.scopes, scopes)
+
+
 def device_token_covers(*, device: PairedDevice, role: str, scopes: list[str]) -> bool:
     """Whether (device, role) has a usable token for these scopes: :func:`device_token_ensure` would mint none."""
     found = _TOKEN_OF_DEVICE_ROLE.fetch(device_id=device.device_id, role=role)  # one per (device, role)
-    current = found[0] if found else None
-    return current is not None and current.revoked_at is None and sc.scopes_cover(current.scopes, scopes)
+    return token_covers(found[0] if found else None, scopes)
 
 
 def device_token_ensure(*, device: PairedDevice, role: str, scopes: list[str]) -> tuple[str | None, int | None]:
