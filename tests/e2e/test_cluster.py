@@ -15,6 +15,7 @@ import os
 import socket
 from pathlib import Path
 
+import kombu
 import pytest
 from asgiref.sync import sync_to_async
 
@@ -262,9 +263,8 @@ async def until(predicate, timeout: float = 30.0) -> None:
 
 def test_the_topology_with_rabbitmq_as_the_celery_broker(haproxy):
     _require(_reachable("127.0.0.1", 5672), "RabbitMQ (127.0.0.1:5672)")
-    cluster = start_cluster(
-        cluster_settings({"CELERY_BROKER_URL": RABBITMQ_URL}), extra_args=("--no-migrate", "--no-restart")
-    )
+    settings = cluster_settings({"CELERY_BROKER_URL": RABBITMQ_URL})
+    cluster = start_cluster(settings, extra_args=("--no-migrate", "--no-restart"))
 
     async def scenario_rabbitmq():
         first, second = operator(cluster), operator(cluster)
@@ -284,6 +284,9 @@ def test_the_topology_with_rabbitmq_as_the_celery_broker(haproxy):
         boots, waited = asyncio.run(scenario_rabbitmq())
     finally:
         cluster.stop()
+        # The run's queue is durable on the broker: it would outlive the run.
+        with kombu.Connection(RABBITMQ_URL) as broker:
+            broker.default_channel.queue_delete(settings["OPENCLAW_CELERY_QUEUE"])
     assert len(boots) == 2
     assert (waited["status"], waited["outputText"]) == ("ok", "over amqp")
     assert "transport:   amqp://guest:**@127.0.0.1:5672//" in cluster.log()

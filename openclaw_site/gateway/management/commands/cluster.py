@@ -28,6 +28,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from openclaw_site.gateway.conf import gateway_setting
 
@@ -208,7 +209,7 @@ class Command(BaseCommand):
     def _check_profile() -> None:
         if not settings.REDIS_URL:
             raise CommandError("the cluster needs REDIS_URL: its gateway processes share the Redis channel layer")
-        if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        if connections["default"].vendor != "postgresql":
             raise CommandError("the cluster needs DATABASE_URL=postgres://…: its processes share one PostgreSQL")
         if settings.OPENCLAW_TASK_MODE != "celery":
             raise CommandError("the cluster runs turns in Celery workers: unset OPENCLAW_TASK_MODE=inprocess")
