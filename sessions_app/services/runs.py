@@ -154,10 +154,12 @@ def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
     concurrent sends give U1 A1 U2 A2, never U1 U2 A1 A2).
     """
     with transaction.atomic():
-        run = Run.objects.filter(run_id=run_id).select_related("session").first()
-        if run is None or run.status != RunStatus.QUEUED:
+        locked = _lock_run(run_id)
+        if locked is None:
             return None
-        session = session_lock(run.session.key)
+        run, session = locked
+        if run.status != RunStatus.QUEUED:
+            return None
         if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
             return None  # the running turn dispatches this one when it ends
         if run.window_id != session.session_id:
@@ -165,26 +167,52 @@ def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
                 status=RunStatus.ERROR, error="session was reset before the turn started", ended_at=timezone.now()
             )
             return None
-        now = timezone.now()
-        claimed = Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
-            status=RunStatus.RUNNING, executor=executor, started_at=now, heartbeat_at=now
-        )
-        if claimed != 1:
-            return None
-        window = SessionWindow.objects.get(pk=run.window_id)
         user_event = transcript_append(
-            window=window,
+            window=run.window,
             type="message",
             body=message_body("user", run.message, idempotencyKey=f"{run.run_id}:user"),
             idempotency_key=f"{run.run_id}:user",
         )
-        Run.objects.filter(pk=run.pk).update(user_event_id=user_event.event_id)
+        now = timezone.now()
+        claim = {
+            "status": RunStatus.RUNNING,
+            "executor": executor,
+            "started_at": now,
+            "heartbeat_at": now,
+            "user_event_id": user_event.event_id,
+        }
+        # Under the session lock the status read above cannot change; the compare-and-set stays the
+        # guard all the same, and a lost one takes the appended user message back with it.
+        if Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(**claim) != 1:
+            transaction.set_rollback(True)
+            return None
+        for field, value in claim.items():
+            setattr(run, field, value)
         session.status = "running"
         session.save(update_fields=["status", "updated_at"])
-        run.refresh_from_db()
-        history = active_path_texts(window)
+        history = active_path_texts(run.window)
         events.publish_session_changed_on_commit(session, reason="send", phase="start", run_id=run.run_id)
     return ClaimedTurn(run=run, session=session, history=history)
+
+
+def _lock_run(run_id: str) -> tuple[Run, Session] | None:
+    """The run (with its window) and its session, the session row locked first: the run is read
+    after the lock, so no transition of it (each one takes that lock) can race with the caller.
+
+    Two statements: the lock finds the session through the run, so it needs no read before it.
+    """
+    session = (
+        Session.objects.select_for_update(no_key=True)
+        .filter(pk__in=Run.objects.filter(run_id=run_id).values("session_id"))
+        .first()
+    )
+    if session is None:
+        return None
+    run = Run.objects.filter(run_id=run_id, session=session).select_related("window").first()
+    if run is None:
+        return None
+    run.session = session
+    return run, session
 
 
 def active_path_texts(window: SessionWindow) -> list[tuple[str, str]]:
@@ -222,18 +250,16 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
     the terminal events, the run-finished notification, and the next queued turn of the session.
     """
     with transaction.atomic():
-        run = Run.objects.filter(run_id=run_id).select_related("session").first()
-        if run is None:
+        locked = _lock_run(run_id)
+        if locked is None:
             return None
-        session = session_lock(run.session.key)
-        run.refresh_from_db()
+        run, session = locked
         if run.status != RunStatus.RUNNING:
             return None
         assistant_event_id = ""
         if outcome.text and outcome.status in (RunStatus.OK, RunStatus.ABORTED) and run.window_id == session.session_id:
-            window = SessionWindow.objects.get(pk=run.window_id)
             event = transcript_append(
-                window=window,
+                window=run.window,
                 type="message",
                 body=message_body(
                     "assistant",
@@ -247,19 +273,25 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
                 idempotency_key=f"{run.run_id}:assistant",
             )
             assistant_event_id = event.event_id
-        now = timezone.now()
-        Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
-            status=outcome.status,
-            output_text=outcome.text,
-            stop_reason=outcome.stop_reason,
-            error=outcome.error[:4000],
-            error_kind=outcome.error_kind,
-            usage=outcome.usage,
-            model_provider=outcome.model_provider,
-            model=outcome.model,
-            assistant_event_id=assistant_event_id,
-            ended_at=now,
-        )
+        ended = {
+            "status": outcome.status,
+            "output_text": outcome.text,
+            "stop_reason": outcome.stop_reason,
+            "error": outcome.error[:4000],
+            "error_kind": outcome.error_kind,
+            "usage": outcome.usage,
+            "model_provider": outcome.model_provider,
+            "model": outcome.model,
+            "assistant_event_id": assistant_event_id,
+            "ended_at": timezone.now(),
+        }
+        # The guard of every transition; under the session lock it cannot lose, and if it did the
+        # assistant message goes back with it.
+        if Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(**ended) != 1:
+            transaction.set_rollback(True)
+            return None
+        for field, value in ended.items():
+            setattr(run, field, value)
         session.status = {"ok": "done", "error": "failed", "aborted": "killed"}[outcome.status]
         if outcome.usage:
             session.input_tokens += int(outcome.usage.get("input") or 0)
@@ -267,7 +299,6 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
         if not session.model and outcome.model:
             session.model, session.model_provider = outcome.model, outcome.model_provider
         session.save()
-        run.refresh_from_db()
         next_run = (
             Run.objects.filter(session=session, status=RunStatus.QUEUED)
             .order_by("created_at")
@@ -303,7 +334,9 @@ def run_abort(*, session_key: str, run_id: str | None = None, actor: Actor | Non
                 Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
                     status=RunStatus.ABORTED, stop_reason="aborted", abort_requested_at=now, ended_at=now
                 )
-                run.status = RunStatus.ABORTED
+                # As stored: the turn's end events and agent.wait's answer are built from it.
+                run.status, run.stop_reason = RunStatus.ABORTED, "aborted"
+                run.abort_requested_at = run.ended_at = now
                 events.publish_turn_end_on_commit(run, session)
                 _clear_abort_on_commit(run)
             else:

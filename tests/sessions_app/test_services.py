@@ -243,3 +243,36 @@ def test_listing_a_page_costs_the_same_few_queries_whatever_the_table_size(djang
     with django_assert_max_num_queries(1):
         page, has_more = selectors.sessions_page(limit=100, offset=100)
     assert len(page) == 50 and not has_more
+
+
+def test_claim_and_finish_cost_few_statements_and_return_what_was_stored(django_assert_num_queries):
+    """A turn's claim and finish run in the worker between send and wait: each statement is a round
+    trip on the turn's critical path (the session lock first, then every read once)."""
+    session = make()
+    runs.run_submit(session_key=session.key, message="one", idempotency_key="r1")
+    # Savepoint and release around each (the test's transaction), lock, run with its window, running
+    # check, idempotency check, insert, window update, claim, session update, history.
+    with django_assert_num_queries(11):
+        claim = runs.run_claim(run_id="r1", executor="test")
+    stored = Run.objects.get(pk="r1")
+    assert (claim.run.status, claim.run.user_event_id, claim.run.started_at) == (
+        stored.status,
+        stored.user_event_id,
+        stored.started_at,
+    )
+    assert stored.user_event_id
+    usage = {"input": 1, "output": 1, "totalTokens": 2}
+    outcome = runs.TurnOutcome(status="ok", text="ONE", stop_reason="stop", usage=usage, model="echo")
+    # The same up to the finish, then session update and next-run lookup.
+    with django_assert_num_queries(10):
+        finished = runs.run_finish(run_id="r1", outcome=outcome)
+    stored = Run.objects.get(pk="r1")
+    for field in ("status", "output_text", "assistant_event_id", "ended_at", "usage", "model", "stop_reason"):
+        assert getattr(finished, field) == getattr(stored, field), field
+    assert stored.assistant_event_id and stored.status == "ok"
+
+
+def test_claim_and_finish_of_an_unknown_run_change_nothing():
+    assert runs.run_claim(run_id="missing", executor="test") is None
+    assert runs.run_finish(run_id="missing", outcome=runs.TurnOutcome(status="ok", text="x")) is None
+    assert not TranscriptEvent.objects.exists()
