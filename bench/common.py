@@ -8,14 +8,20 @@ The benchmarks are run as scripts (``.venv/bin/python bench/<name>.py``); each p
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import os
 import platform
 import resource
 import secrets
+import signal
 import statistics
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -348,3 +354,26 @@ def latency_header(title: str, width: int = 36) -> str:
 
 def latency_row(label: str, stats: dict[str, float], width: int = 36) -> str:
     return f"{label:<{width}}{stats['n']:>6}" + "".join(f"{fmt_ms(stats.get(key)):>9}" for key in LATENCY_COLUMNS)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run_benchmark(
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace, contextlib.ExitStack], dict[str, Any]],
+    render: Callable[[dict[str, Any], argparse.Namespace], str],
+) -> int:
+    """A benchmark's main: ``run`` with its cleanups, then its JSON (first: a figure the table cannot show must
+    not lose the run) and its table. SIGTERM and SIGHUP unwind like Ctrl-C, so the cleanups run; SIGINT gets the
+    same handler: with Python's default one, asyncio.run only cancels its task, which a client call may swallow."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
+    with contextlib.ExitStack() as cleanups:
+        report = run(args, cleanups)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        progress(f"results written to {args.json}")
+    print(render(report, args))
+    return 0

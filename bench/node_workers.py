@@ -29,7 +29,6 @@ import multiprocessing
 import re
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +53,7 @@ from bench.common import (  # noqa: E402  (the repository root must be importabl
     process_cpu_seconds,
     progress,
     rss_mib,
+    run_benchmark,
     summarize,
 )
 from bench.sessions_bench import Deployment  # noqa: E402
@@ -1146,22 +1145,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    # SIGTERM and SIGHUP unwind like Ctrl-C, so the cleanups below run (as in sessions_bench.py).
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _interrupt)
-    with contextlib.ExitStack() as cleanups:
-        report = run(args, cleanups)
-    if args.json:  # first: a figure the table cannot show must not lose the run
-        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        progress(f"results written to {args.json}")
-    print(render(report, args))
-    return 0
+    return run_benchmark(parse_args(argv), run, render)
 
 
 if __name__ == "__main__":

@@ -19,14 +19,12 @@ import json
 import os
 import random
 import secrets
-import signal
 import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +49,7 @@ from bench.common import (  # noqa: E402  (the repository root must be importabl
     process_cpu_seconds,
     progress,
     rss_mib,
+    run_benchmark,
     summarize,
     thread_count,
     worker_error_counts,
@@ -1016,23 +1015,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    # SIGTERM and SIGHUP unwind like Ctrl-C, so the cleanups below run. SIGINT gets the same handler: with
-    # Python's default one, asyncio.run only cancels its task, which a client call may swallow.
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _interrupt)
-    with contextlib.ExitStack() as cleanups:
-        report = run(args, cleanups)
-    print(render(report, args))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        progress(f"results written to {args.json}")
-    return 0
+    return run_benchmark(parse_args(argv), run, render)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import signal
 import sqlite3
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +31,7 @@ from bench.common import (  # noqa: E402  (the repository root must be importabl
     environment_lines,
     fmt_ms,
     progress,
+    run_benchmark,
     summarize,
 )
 from bench.sessions_bench import Deployment, count_sessions, gateway_facts, seed_orm  # noqa: E402
@@ -225,21 +223,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _interrupt)
-    with contextlib.ExitStack() as cleanups:
-        report = run(args, cleanups)
-    print(render(report, args))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        progress(f"results written to {args.json}")
-    return 0
+    return run_benchmark(parse_args(argv), run, render)
 
 
 if __name__ == "__main__":
