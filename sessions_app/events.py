@@ -23,7 +23,6 @@ from openclaw_site.gateway.events import publish_on_commit, publish_rollback_uns
 from openclaw_site.gateway.registry import registry
 
 from .models import Run, Session
-from .selectors import run_wait_payload
 
 logger = logging.getLogger(__name__)
 
@@ -78,20 +77,15 @@ def publish_session_changed_payload_on_commit(session: Session, *, reason: str, 
 # --- the turn's stream and its end ----------------------------------------------------------
 
 
-def notify_run_finished(run: Run) -> None:
+def notify_run_finished(run_id: str) -> None:
     """Wake ``agent.wait`` callers, after the run's events (one lane): a client that waited has them.
-
-    The notification carries the run's terminal ``agent.wait`` answer, built from the outcome that
-    just committed (a terminal run never changes again), so a woken waiter answers without reading
-    the run back: one database round trip and thread hop less on every turn's critical path.
 
     Waits until it went out, so that a task's end (a Celery worker may stop after it) does not
     outrun the turn's events. A lost wake-up only delays agent.wait (it re-reads on a slow timer)."""
-    message = {"type": RUN_FINISHED, "runId": run.run_id, "result": run_wait_payload(run)}
     with contextlib.suppress(Exception):  # logged by the publisher
         publisher.run_sync(
-            lambda: get_channel_layer().group_send(state.PROCESS_GROUP, message),
-            what=f"{RUN_FINISHED} of run {run.run_id}",
+            lambda: get_channel_layer().group_send(state.PROCESS_GROUP, {"type": RUN_FINISHED, "runId": run_id}),
+            what=f"{RUN_FINISHED} of run {run_id}",
         )
 
 
@@ -207,6 +201,6 @@ def publish_turn_end_on_commit(run: Run, session: Session, emitter: TurnEmitter 
 
     def publish() -> None:
         emitter.end(run)
-        notify_run_finished(run)
+        notify_run_finished(run.run_id)
 
     transaction.on_commit(publish)

@@ -35,15 +35,14 @@ class RunWaiters:
             if not futures:
                 del self._futures[run_id]
 
-    def wake(self, run_id: str, result: dict | None = None) -> None:
-        """``result``: the run's terminal answer, when the notification carries it."""
+    def wake(self, run_id: str) -> None:
         for future in self._futures.pop(run_id, ()):
             if not future.done():
-                future.set_result(result)
+                future.set_result(None)
 
 
 run_waiters = RunWaiters()
-state.on_process_message(RUN_FINISHED, lambda message: run_waiters.wake(message["runId"], message.get("result")))
+state.on_process_message(RUN_FINISHED, lambda message: run_waiters.wake(message["runId"]))
 
 
 async def wait_for_run(run_id: str, timeout_ms: int) -> dict:
@@ -60,10 +59,8 @@ async def wait_for_run(run_id: str, timeout_ms: int) -> dict:
             if remaining <= 0:
                 return {"runId": run_id, "status": "timeout"}
             try:
-                result = await asyncio.wait_for(woken, min(remaining, _recheck_s()))
+                await asyncio.wait_for(woken, min(remaining, _recheck_s()))
             except TimeoutError:
-                continue
-            if result is not None:
-                return result  # sent after the commit of the run's end: nothing newer to read
+                pass
         finally:
             run_waiters.discard(run_id, woken)
