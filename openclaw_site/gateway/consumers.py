@@ -17,6 +17,7 @@ from typing import Any
 from autobahn.exception import Disconnected
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from . import invoke, lifecycle, state
@@ -337,6 +338,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         """Progress of an operator's ``node.invoke``: the operator gets the result only (nothing streams)."""
 
     # --- teardown -------------------------------------------------------------------------
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        """Channels' own version then sends a stale-connection check through the database thread, as
+        its ``dispatch`` does (see :meth:`dispatch`): every database hop of this consumer, the cleanup's
+        included, is a ``database_sync_to_async`` call that checks on its own, and the extra hop held
+        the next connect's database work up. The consumer joins no groups to leave."""
+        await self.disconnect(message["code"])
+        raise StopConsumer()
 
     async def disconnect(self, code: int) -> None:
         await self._cleanup()
