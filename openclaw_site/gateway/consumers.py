@@ -237,6 +237,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             return
         except Exception:
             error = internal_error(logger, "connect")
+            # The failure may have come after the registration committed (building hello-ok): a
+            # connection that never opened must not stay routable or in presence.
+            await self._unregister()
             await self._reject_handshake(request_id, HandshakeRejected(error, close_code=INTERNAL_ERROR_CLOSE))
             return
         # Broadcasts reach this connection through the process's channel (broadcast.py): it must be
@@ -377,6 +380,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             logger.exception("connection %s: failed to fail its pending invokes", self.conn_id)
         if state.is_stopping():
             return
+        await self._unregister()
+
+    async def _unregister(self) -> None:
         try:
             if await database_sync_to_async(connections.connection_unregister)(conn_id=self.conn_id):
                 presence_changed(None)

@@ -9,6 +9,10 @@ def _redis() -> RedisCache | None:
     return backend if isinstance(backend, RedisCache) else None
 
 
+def uses_redis() -> bool:
+    return _redis() is not None
+
+
 def bump(key: str) -> int:
     return bump_and_read(key)[0]
 

@@ -117,6 +117,8 @@ class ConnectOutcome:
     commands: list[str]
     device_token: str | None
     device_token_issued_at_ms: int | None
+    # The rows of the reads sent with the registration (``authenticate_connect``'s ``then``), when they were.
+    then_rows: list[list[tuple]] | None = None
 
 
 def _reject(error: Exception) -> HandshakeRejected:
@@ -249,9 +251,13 @@ def _pairing_required(request, reason: str, role: str, scopes: list[str], device
     )
 
 
-def authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> ConnectOutcome:
+def authenticate_connect(
+    params: ConnectParams, ctx: ConnectContext, *, then: tuple[str, dict] | None = None
+) -> ConnectOutcome:
+    """Decide and register a connect. ``then``: reads to send with the registration, where it is one
+    statement (``connections.connection_register``); their rows come back in the outcome."""
     try:
-        return _authenticate_connect(params, ctx)
+        return _authenticate_connect(params, ctx, then)
     except GatewayError as error:
         raise HandshakeRejected(error) from None
 
@@ -259,7 +265,7 @@ def authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> ConnectO
 _DEVICE_BY_ID = PreparedQuery(lambda device_id: PairedDevice.objects.filter(device_id=device_id), device_id=str)
 
 
-def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> ConnectOutcome:
+def _authenticate_connect(params: ConnectParams, ctx: ConnectContext, then: tuple[str, dict] | None) -> ConnectOutcome:
     """Decide a connect, in OpenClaw's order: credentials, device identity, device proof, pairing.
 
     Side effects that must survive a refusal (a pending pairing request, a limiter count) are
@@ -280,11 +286,25 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
                 params.client.mode,
                 ctx.remote_ip,
             )
-        connections.connection_register(record=_record(params, ctx, role, scopes, auth_method, None, None, []))
-        return ConnectOutcome(role, scopes, auth_method, None, None, [], None, None)
+        registered = connections.connection_register(
+            record=_record(params, ctx, role, scopes, auth_method, None, None, []), then=then
+        )
+        return ConnectOutcome(role, scopes, auth_method, None, None, [], None, None, registered.then_rows)
 
     public_key, _version = verify_device_proof(params, role=role, scopes=list(params.scopes or []), nonce=ctx.nonce)
     device_id = params.device.id
+    if role == sc.ROLE_OPERATOR and token_record is None:
+        # The usual reconnect of a paired operator with the shared secret: nothing to pair or mint,
+        # which the registration itself checks (PostgreSQL), instead of reading device and token first.
+        registered = connections.connection_register(
+            record=_record(params, ctx, role, requested_scopes, auth_method, device_id, None, []),
+            then=then,
+            requires_scopes=requested_scopes,
+        )
+        if registered is not None:
+            return ConnectOutcome(
+                role, requested_scopes, auth_method, device_id, None, [], None, None, registered.then_rows
+            )
     # The token of (device, role) brings its device along: a reconnecting device costs one read.
     stored_token = token_record or tokens.device_token_with_device(device_id=device_id, role=role)
     if stored_token is not None:
@@ -331,8 +351,8 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
     if role == sc.ROLE_NODE:
         approved = set(device.approved_commands or [])
         commands = sorted(c for c in set(params.commands or []) if c in approved)
-    connections.connection_register(
-        record=_record(params, ctx, role, requested_scopes, auth_method, device_id, device, commands)
+    registered = connections.connection_register(
+        record=_record(params, ctx, role, requested_scopes, auth_method, device_id, device, commands), then=then
     )
     return ConnectOutcome(
         role=role,
@@ -343,6 +363,7 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext) -> Connect
         commands=commands,
         device_token=issued_token,
         device_token_issued_at_ms=issued_at,
+        then_rows=registered.then_rows,
     )
 
 

@@ -6,11 +6,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.core.cache import cache
+from django.db import connection
 
 from . import counters, state
 from .conf import auth_mode, gateway_setting
@@ -20,38 +22,60 @@ from .handshake import ConnectContext, ConnectOutcome, authenticate_connect
 from .health import last_health
 from .protocol import SERVER_VERSION, ConnectParams
 from .registry import EVENT_PRESENCE, registry
-from .selectors import presence_entries
+from .selectors import presence_entries, presence_rows_from_sql, presence_snapshot_sql, result_sets
 
 logger = logging.getLogger(__name__)
+
+Snapshot = tuple[list, dict]
 
 PRESENCE_VERSION_KEY = "gateway:state:presence"
 HEALTH_VERSION_KEY = "gateway:state:health"
 
 
-def state_version(*, bump_presence: bool = False) -> dict[str, int]:
-    """The state versions, with the presence version raised by one first when ``bump_presence``."""
-    if bump_presence:
-        presence, health = counters.bump_and_read(PRESENCE_VERSION_KEY, HEALTH_VERSION_KEY)
-        return {"presence": presence, "health": health}
-    values = cache.get_many([PRESENCE_VERSION_KEY, HEALTH_VERSION_KEY])
-    return {
-        "presence": int(values.get(PRESENCE_VERSION_KEY) or 0),
-        "health": int(values.get(HEALTH_VERSION_KEY) or 0),
-    }
+def _health_version() -> int:
+    return int(cache.get(HEALTH_VERSION_KEY) or 0)
 
 
-def presence_snapshot(*, bump: bool) -> tuple[list[dict], dict[str, int]]:
-    # The version is taken before the entries: a change after this read bumps it again, so a newer
-    # list never goes out under an older or equal version (clients keep the highest).
-    version = state_version(bump_presence=bump)
-    return presence_entries(), version
+def presence_snapshot() -> Snapshot:
+    """The presence version raised by one, then the presence list (with the health version).
+
+    The version is raised before the entries are read: a change after this read raises it again, so
+    a newer list never goes out under an older or equal version (clients keep the highest).
+    """
+    if connection.vendor == "postgresql":
+        sql, params = presence_snapshot_sql()
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            version_rows, rows = result_sets(cursor)
+        version = {"presence": version_rows[0][0], "health": _health_version()}
+        return presence_entries(presence_rows_from_sql(rows)), version
+    presence, health = counters.bump_and_read(PRESENCE_VERSION_KEY, HEALTH_VERSION_KEY)
+    return presence_entries(), {"presence": presence, "health": health}
+
+
+# Reads of the health version (Redis) beside the connect's database work: it depends on nothing the
+# connect does, and waiting for it in line would add a Redis round trip to every handshake.
+_side_reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gateway-hello")
+
+
+def _health_version_soon() -> Callable[[], int]:
+    if counters.uses_redis():
+        future = _side_reads.submit(_health_version)
+        return future.result
+    return _health_version
 
 
 def accept_connect(
     params: ConnectParams, connect_ctx: ConnectContext, protocol: int
 ) -> tuple[RpcContext, dict, tuple[list, dict]]:
-    """The whole accepted-connect database work in one hop: decide, register, build ``hello-ok``."""
-    outcome = authenticate_connect(params, connect_ctx)
+    """The whole accepted-connect database work in one hop: decide, register, build ``hello-ok``.
+
+    On PostgreSQL the presence snapshot of ``hello-ok`` (version raised, list read after the
+    registration committed) comes back with the registration, in its round trip.
+    """
+    health_version = _health_version_soon()
+    then = presence_snapshot_sql(registered=connect_ctx.conn_id) if connection.vendor == "postgresql" else None
+    outcome = authenticate_connect(params, connect_ctx, then=then)
     ctx = RpcContext(
         conn_id=connect_ctx.conn_id,
         channel_name=connect_ctx.channel_name,
@@ -65,13 +89,24 @@ def accept_connect(
         node_id=outcome.node_id,
         commands=outcome.commands,
     )
-    hello, presence = build_hello(ctx, outcome, protocol)
-    return ctx, hello, presence
+    if outcome.then_rows is not None and outcome.then_rows[0]:
+        version_rows, rows = outcome.then_rows
+        snapshot = (
+            presence_entries(presence_rows_from_sql(rows)),
+            {
+                "presence": version_rows[0][0],
+                "health": health_version(),
+            },
+        )
+    else:
+        snapshot = presence_snapshot()
+    hello = build_hello(ctx, outcome, protocol, snapshot)
+    return ctx, hello, snapshot
 
 
-def build_hello(ctx: RpcContext, outcome: ConnectOutcome, protocol: int) -> tuple[dict, tuple[list, dict]]:
-    presence, version = presence_snapshot(bump=True)
-    snapshot: dict[str, Any] = {
+def build_hello(ctx: RpcContext, outcome: ConnectOutcome, protocol: int, snapshot: Snapshot) -> dict:
+    presence, version = snapshot
+    snapshot_payload: dict[str, Any] = {
         "presence": presence,
         "health": last_health() or {},
         "stateVersion": version,
@@ -79,7 +114,7 @@ def build_hello(ctx: RpcContext, outcome: ConnectOutcome, protocol: int) -> tupl
         "authMode": auth_mode(),
     }
     for provider in registry.snapshot_providers:
-        snapshot.update(provider(ctx))
+        snapshot_payload.update(provider(ctx))
     auth: dict[str, Any] = {"method": outcome.auth_method, "role": outcome.role, "scopes": outcome.scopes}
     if outcome.device_token:
         auth["deviceToken"] = outcome.device_token
@@ -90,7 +125,7 @@ def build_hello(ctx: RpcContext, outcome: ConnectOutcome, protocol: int) -> tupl
         "protocol": protocol,
         "server": {"version": SERVER_VERSION, "connId": ctx.conn_id, "bootId": state.BOOT_ID},
         "features": {"methods": registry.method_names(), "events": registry.event_names(), "capabilities": []},
-        "snapshot": snapshot,
+        "snapshot": snapshot_payload,
         "auth": auth,
         "policy": {
             "maxPayload": gateway_setting("MAX_PAYLOAD_BYTES"),
@@ -98,10 +133,8 @@ def build_hello(ctx: RpcContext, outcome: ConnectOutcome, protocol: int) -> tupl
             "tickIntervalMs": gateway_setting("TICK_INTERVAL_MS"),
         },
     }
-    return hello, (presence, version)
+    return hello
 
-
-Snapshot = tuple[list, dict]
 
 # How often one process broadcasts presence at most. A join storm of N connections would otherwise
 # send N full lists to every connection (O(N²) frames); coalesced, the latest list wins. Each
@@ -179,7 +212,7 @@ class PresenceBroadcaster:
 
 
 async def _read_presence_snapshot() -> Snapshot:
-    return await database_sync_to_async(presence_snapshot)(bump=True)
+    return await database_sync_to_async(presence_snapshot)()
 
 
 async def _publish_presence(snapshot: Snapshot) -> None:

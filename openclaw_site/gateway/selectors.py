@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -414,15 +415,56 @@ _RECENT_CONNECTIONS = PreparedQuery(
 )
 
 
-def presence_entries() -> list[dict]:
+# PostgreSQL: the presence state version is a sequence (migration 0003), raised and read with the list
+# in one round trip, right after the write that changed presence when there is one.
+PRESENCE_VERSION_SEQUENCE = "gateway_presence_version"
+
+
+def presence_snapshot_sql(*, registered: str | None = None) -> tuple[str, dict]:
+    """PostgreSQL: two statements, the presence version raised by one, then the rows of
+    :func:`presence_entries` (the same query as ``_RECENT_CONNECTIONS``). With ``registered`` (a
+    connection id), the version is raised only when that connection's row exists: a connect that
+    did not register changes nothing. Each statement sees what committed before it began, so the
+    list is read after the version was raised (a change after it raises it again)."""
+    bump = f"SELECT nextval('{PRESENCE_VERSION_SEQUENCE}')"
+    params: dict = {"presence_cutoff": process_stale_before(), "presence_limit": PRESENCE_MAX_ENTRIES * 2}
+    if registered is not None:
+        bump += f" FROM {_CONNECTION_TABLE} WHERE conn_id = %(presence_registered)s"
+        params["presence_registered"] = registered
+    return f"{bump};\n{_PRESENCE_SQL}", params
+
+
+def result_sets(cursor) -> list[list[tuple]]:
+    """The rows of each statement of a multi-statement script that returns rows, in order."""
+    results = []
+    while True:
+        if cursor.description is not None:
+            results.append(cursor.fetchall())
+        if not cursor.nextset():
+            return results
+
+
+def presence_rows_from_sql(rows: list[tuple]) -> list[tuple]:
+    """Rows of :data:`_PRESENCE_SQL` as the prepared query returns them (its JSON column decoded)."""
+    return [(*row[:_SCOPES_AT], _json_value(row[_SCOPES_AT]), *row[_SCOPES_AT + 1 :]) for row in rows]
+
+
+def _json_value(value):
+    # Django has psycopg hand jsonb over as text (its JSONField decodes it).
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def presence_entries(rows: list[tuple] | None = None) -> list[dict]:
     """One entry per device (or per connection without a device), newest connection first.
 
     Capped: every connect and disconnect broadcasts presence to every connection, so the list
-    must not grow with the number of clients; ``status`` has the full counts.
+    must not grow with the number of clients; ``status`` has the full counts. ``rows``: those
+    :func:`presence_snapshot_sql` read, else they are read here.
     """
     entries: dict[str, dict] = {}
     # Rows as dicts of the columns used, not model instances: every connect's hello-ok reads this.
-    rows = _RECENT_CONNECTIONS.fetch(cutoff=process_stale_before(), limit=PRESENCE_MAX_ENTRIES * 2)
+    if rows is None:
+        rows = _RECENT_CONNECTIONS.fetch(cutoff=process_stale_before(), limit=PRESENCE_MAX_ENTRIES * 2)
     for conn in (dict(zip(_PRESENCE_COLUMNS, row, strict=True)) for row in rows):
         key = conn["device_id"] or str(conn["conn_id"])
         entry = entries.get(key)
@@ -467,4 +509,12 @@ _PRESENCE_COLUMNS = (
     "role",
     "scopes",
     "connected_at",
+)
+_SCOPES_AT = _PRESENCE_COLUMNS.index("scopes")
+_CONNECTION_TABLE = GatewayConnection._meta.db_table
+# The query of _RECENT_CONNECTIONS as SQL text, to be sent after other statements in one round trip.
+_PRESENCE_SQL = (
+    f"SELECT {', '.join(f'c.{name}' for name in _PRESENCE_COLUMNS)} FROM {_CONNECTION_TABLE} c "
+    f"INNER JOIN {GatewayProcess._meta.db_table} p ON c.process_id = p.boot_id "
+    "WHERE p.heartbeat_at >= %(presence_cutoff)s ORDER BY c.connected_at DESC LIMIT %(presence_limit)s"
 )

@@ -7,6 +7,7 @@ import asyncio
 import logging
 
 import pytest
+from django.db import connection
 
 from openclaw_site.gateway import state
 from openclaw_site.gateway.hello import (
@@ -15,6 +16,7 @@ from openclaw_site.gateway.hello import (
     presence_broadcast_interval_s,
     presence_snapshot,
 )
+from openclaw_site.gateway.selectors import presence_snapshot_sql
 
 
 class World:
@@ -215,13 +217,19 @@ def test_changes_within_the_interval_wait_for_its_end():
 
 @pytest.mark.django_db
 def test_a_snapshot_reads_the_version_before_the_entries(monkeypatch):
+    if connection.vendor == "postgresql":
+        # One script: the version's statement first; each statement sees what committed before it began.
+        sql, _params = presence_snapshot_sql()
+        bump, read = sql.split(";\n")
+        assert "nextval" in bump and "nextval" not in read and read.startswith("SELECT c.conn_id")
+        return
     order: list[str] = []
     monkeypatch.setattr("openclaw_site.gateway.hello.presence_entries", lambda: order.append("entries") or [])
     monkeypatch.setattr(
-        "openclaw_site.gateway.hello.state_version", lambda **_: order.append("version") or {"presence": 0}
+        "openclaw_site.gateway.hello.counters.bump_and_read", lambda *keys: order.append("version") or (1, 0)
     )
-    presence_snapshot(bump=False)
-    presence_snapshot(bump=True)
+    presence_snapshot()
+    presence_snapshot()
     assert order == ["version", "entries", "version", "entries"]
 
 

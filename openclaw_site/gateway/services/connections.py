@@ -8,14 +8,15 @@ import os
 import socket
 from dataclasses import asdict, dataclass
 
+import psycopg
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from .. import events
 from .. import scopes as sc
 from ..exceptions import NotPaired
-from ..models import GatewayConnection, GatewayProcess, PairedDevice
-from ..selectors import node_catalog_changed
+from ..models import DeviceToken, GatewayConnection, GatewayProcess, PairedDevice
+from ..selectors import node_catalog_changed, result_sets
 
 
 def _lock_devices_first(device_ids: list[str]) -> dict[str, PairedDevice]:
@@ -96,15 +97,44 @@ class ConnectionRecord:
     path_env: str
 
 
-def connection_register(*, record: ConnectionRecord) -> None:
-    """Make a connection routable from every gateway process; a node replaces its older socket."""
-    insert = _connection_insert_operator_pg if _one_statement_writes(record.role) else _connection_insert
+@dataclass(frozen=True)
+class Registered:
+    """A registered connection, and the rows of the statements sent after its registration in the
+    same round trip (``then``) when they could be (PostgreSQL operators), else None."""
+
+    then_rows: list[list[tuple]] | None = None
+
+
+def connection_register(
+    *, record: ConnectionRecord, then: tuple[str, dict] | None = None, requires_scopes: list[str] | None = None
+) -> Registered | None:
+    """Make a connection routable from every gateway process; a node replaces its older socket.
+
+    ``then`` (SQL text, named parameters): reads to run right after the registration commits, in the
+    same round trip where the registration is one statement (operators on PostgreSQL); their rows
+    come back in :attr:`Registered.then_rows`. With ``requires_scopes`` (an operator with a device,
+    PostgreSQL), the connection is registered only when the device holds the role with those scopes
+    approved and a live token of (device, role) that covers them, as a reconnecting paired device
+    does; otherwise nothing is written and None is returned (the caller decides the slow way).
+    """
+    one_statement = _one_statement_writes(record.role)
+    if requires_scopes is not None and not (one_statement and record.device_id):
+        return None
     try:
-        insert(record)
+        return _register(record, then, requires_scopes, one_statement)
     except IntegrityError:
         # Our process row was swept (a long pause without heartbeats): register again and retry.
         process_register(boot_id=record.boot_id)
-        insert(record)
+        return _register(record, then, requires_scopes, one_statement)
+
+
+def _register(
+    record: ConnectionRecord, then: tuple[str, dict] | None, requires_scopes: list[str] | None, one_statement: bool
+) -> Registered | None:
+    if not one_statement:
+        _connection_insert(record)
+        return Registered()
+    return _connection_insert_operator_pg(record, then, requires_scopes)
 
 
 def _one_statement_writes(role: str) -> bool:
@@ -115,8 +145,7 @@ def _one_statement_writes(role: str) -> bool:
 
 
 # Connection rows die with their process anyway: their commits need not wait for the WAL flush
-# (pairing decisions and tokens keep full durability). Sent with the statements as one simple query,
-# which PostgreSQL runs as one implicit transaction: one round trip, no BEGIN/COMMIT of their own.
+# (pairing decisions and tokens keep full durability).
 _ASYNC_COMMIT = "SET LOCAL synchronous_commit TO OFF;\n"
 
 _JSON_COLUMNS = frozenset(
@@ -126,36 +155,80 @@ _INSERT_COLUMNS = tuple(f.attname for f in GatewayConnection._meta.concrete_fiel
 _INSERT_VALUES = ", ".join(f"%({name})s::jsonb" if name in _JSON_COLUMNS else f"%({name})s" for name in _INSERT_COLUMNS)
 _INSERT_HEAD = f"INSERT INTO {GatewayConnection._meta.db_table} ({', '.join(_INSERT_COLUMNS)})"
 _DEVICE_TABLE = PairedDevice._meta.db_table
+_TOKEN_TABLE = DeviceToken._meta.db_table
 # The device row is locked first, by the UPDATE of its last-connected time (the order every write of
 # connection and device rows keeps, see _lock_devices_first); the row is inserted only when the device
 # still holds the role, so a pairing removed since the connect's check leaves nothing routable.
 _REGISTER_DEVICE_SQL = (
-    _ASYNC_COMMIT + f"WITH device AS (UPDATE {_DEVICE_TABLE} SET last_connected_at = %(connected_at)s, "
+    f"WITH device AS (UPDATE {_DEVICE_TABLE} SET last_connected_at = %(connected_at)s, "
     "last_seen_at = %(connected_at)s, last_seen_reason = 'connect' "
-    "WHERE device_id = %(device_id)s AND roles @> %(role_list)s::jsonb RETURNING device_id) "
-    + f"{_INSERT_HEAD} SELECT {_INSERT_VALUES} FROM device RETURNING conn_id"
+    "WHERE device_id = %(device_id)s AND roles @> %(role_list)s::jsonb{requires} RETURNING device_id) "
+    f"{_INSERT_HEAD} SELECT {_INSERT_VALUES} FROM device RETURNING conn_id"
 )
-_REGISTER_SQL = _ASYNC_COMMIT + f"{_INSERT_HEAD} VALUES ({_INSERT_VALUES}) RETURNING conn_id"
+# A reconnecting paired operator: what the connect would otherwise read to decide that it has nothing to
+# pair or mint (its approved scopes, its token's) checked by the same statement. JSON containment is
+# stricter than scopes_cover (no implied scopes), so a connect it turns away is only decided the slow way.
+_REQUIRES_SCOPES = (
+    " AND approved_scopes @> %(required_scopes)s::jsonb AND EXISTS (SELECT 1 FROM "
+    f"{_TOKEN_TABLE} t WHERE t.device_id = %(device_id)s AND t.role = %(role)s AND t.revoked_at IS NULL "
+    "AND t.scopes @> %(required_scopes)s::jsonb)"
+)
+_REGISTER_SQL = f"{_INSERT_HEAD} VALUES ({_INSERT_VALUES}) RETURNING conn_id"
 
 
-def _connection_insert_operator_pg(record: ConnectionRecord) -> None:
+def _connection_insert_operator_pg(
+    record: ConnectionRecord, then: tuple[str, dict] | None, requires_scopes: list[str] | None
+) -> Registered | None:
+    """One round trip: the registration in a transaction of its own (one statement), then ``then``.
+
+    Sent as one simple query. Outside a caller's transaction it is ``BEGIN; …; COMMIT;`` followed by
+    ``then``, so what ``then`` reads comes after the registration committed; inside one (tests) all of
+    it runs in a savepoint.
+    """
     values = asdict(record)
     values.update(
         process_id=values.pop("boot_id"),
         node_id=record.node_id or "",
         connected_at=timezone.now(),
         role_list=json.dumps([record.role]),
+        required_scopes=json.dumps(requires_scopes or []),
     )
     for name in _JSON_COLUMNS:
         values[name] = json.dumps(values[name])
-    with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
+    if record.device_id:
+        register = _REGISTER_DEVICE_SQL.format(requires=_REQUIRES_SCOPES if requires_scopes is not None else "")
+    else:
+        register = _REGISTER_SQL
+    then_sql, then_params = then if then is not None else ("", {})
+    own_transaction = not connection.in_atomic_block
+    script = _ASYNC_COMMIT + register + ";\n"
+    if own_transaction:
+        script = "BEGIN;\n" + script + "COMMIT;\n"
+    script += then_sql
+    with transaction.atomic() if not own_transaction else contextlib.nullcontext():
         with connection.cursor() as cursor:
-            cursor.execute(_REGISTER_DEVICE_SQL if record.device_id else _REGISTER_SQL, values)
-            while cursor.nextset():  # the INSERT's result follows the SET's
-                pass
-            inserted = cursor.rowcount
+            try:
+                cursor.execute(script, {**values, **then_params})
+                results = result_sets(cursor)
+            except Exception:
+                if own_transaction:
+                    _rollback_failed_script()
+                raise
+    inserted, *then_rows = results
     if not inserted:
+        if requires_scopes is not None:
+            return None
         raise NotPaired("pairing removed while connecting")
+    return Registered(then_rows=then_rows if then is not None else None)
+
+
+def _rollback_failed_script() -> None:
+    """A script that failed inside its ``BEGIN`` leaves the session in the failed transaction: end it,
+    so that the connection is usable (and in autocommit, as Django expects) for what follows."""
+    raw = connection.connection
+    if raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        with contextlib.suppress(Exception):
+            raw.execute("ROLLBACK")
 
 
 def _connection_insert(record: ConnectionRecord) -> None:

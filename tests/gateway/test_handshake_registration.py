@@ -1,0 +1,220 @@
+"""A connect's registration: a paired operator's reconnect is decided by its registration (one statement on
+PostgreSQL, with the hello-ok presence snapshot in the same round trip); anything else is decided the slow way;
+a connect that fails after registering leaves nothing routable."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from openclaw_client.client import ClientOptions, GatewayClient
+from openclaw_client.identity import DeviceIdentity
+from openclaw_site.gateway import hello, lifecycle, state
+from openclaw_site.gateway import scopes as sc
+from openclaw_site.gateway.conf import shared_token
+from openclaw_site.gateway.consumers import GatewayConsumer
+from openclaw_site.gateway.handshake import ConnectContext, parse_connect
+from openclaw_site.gateway.hello import accept_connect, presence_snapshot
+from openclaw_site.gateway.models import DeviceToken, GatewayConnection, GatewayProcess, PairedDevice
+from openclaw_site.gateway.selectors import presence_snapshot_sql
+from openclaw_site.gateway.services import connections
+from tests.support.clients import ALL_SCOPES
+from tests.support.connections import connection_record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOKEN = "registration-test-token"
+
+
+@pytest.fixture(autouse=True)
+def gateway_token(settings):
+    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "TOKEN": TOKEN}
+    shared_token.cache_clear()
+    connections.process_register(boot_id=state.BOOT_ID)
+    yield
+    shared_token.cache_clear()
+
+
+def _connect_frame(identity: DeviceIdentity, nonce: str, scopes: list[str]) -> dict:
+    client = GatewayClient(ClientOptions(url="ws://unused", token=TOKEN, scopes=list(scopes), identity=identity))
+    return {"type": "req", "id": "c1", "method": "connect", "params": client.build_connect_params(nonce)}
+
+
+def _connect(identity: DeviceIdentity, scopes: list[str] = ALL_SCOPES) -> tuple[str, dict]:
+    nonce, conn_id = str(uuid.uuid4()), str(uuid.uuid4())
+    _id, params, protocol = parse_connect(_connect_frame(identity, nonce, scopes))
+    ctx = ConnectContext(
+        conn_id=conn_id, boot_id=state.BOOT_ID, channel_name=f"test!{conn_id}", nonce=nonce, remote_ip="127.0.0.1"
+    )
+    _ctx, hello_ok, _snapshot = accept_connect(params, ctx, protocol)
+    return conn_id, hello_ok
+
+
+def _presence_device_ids(hello_ok: dict) -> list[str]:
+    return [entry.get("deviceId") for entry in hello_ok["snapshot"]["presence"]]
+
+
+def test_a_paired_operator_reconnects_in_one_statement_with_its_presence_snapshot():
+    identity = DeviceIdentity.generate()
+    _first, paired = _connect(identity)
+    assert paired["auth"]["deviceToken"]  # the first connect paired the device and minted its token
+    before = PairedDevice.objects.get(device_id=identity.device_id).last_connected_at
+
+    with CaptureQueriesContext(connection) as queries:
+        conn_id, hello_ok = _connect(identity)
+
+    if connection.vendor == "postgresql":
+        assert len(queries.captured_queries) == 1
+    assert GatewayConnection.objects.filter(conn_id=conn_id, device_id=identity.device_id).exists()
+    assert "deviceToken" not in hello_ok["auth"]  # nothing minted: the token on file covers the scopes
+    assert hello_ok["auth"]["scopes"] == ALL_SCOPES
+    assert identity.device_id in _presence_device_ids(hello_ok)
+    assert hello_ok["snapshot"]["stateVersion"]["presence"] > paired["snapshot"]["stateVersion"]["presence"]
+    assert PairedDevice.objects.get(device_id=identity.device_id).last_connected_at > before
+
+
+def test_a_scope_upgrade_is_decided_the_slow_way_and_widens_the_pairing():
+    identity = DeviceIdentity.generate()
+    _connect(identity, [sc.READ])
+
+    conn_id, hello_ok = _connect(identity, ALL_SCOPES)
+
+    device = PairedDevice.objects.get(device_id=identity.device_id)
+    assert sc.scopes_cover(device.approved_scopes, ALL_SCOPES)
+    assert hello_ok["auth"]["deviceToken"]  # the token was widened: a new secret
+    assert sc.scopes_cover(DeviceToken.objects.get(device=device, role="operator").scopes, ALL_SCOPES)
+    assert GatewayConnection.objects.filter(conn_id=conn_id).exists()
+    assert identity.device_id in _presence_device_ids(hello_ok)
+
+
+def test_a_revoked_token_is_minted_again_on_reconnect():
+    identity = DeviceIdentity.generate()
+    _connect(identity)
+    DeviceToken.objects.filter(device_id=identity.device_id).update(revoked_at=timezone.now())
+
+    conn_id, hello_ok = _connect(identity)
+
+    assert hello_ok["auth"]["deviceToken"]
+    assert DeviceToken.objects.get(device_id=identity.device_id, role="operator").revoked_at is None
+    assert GatewayConnection.objects.filter(conn_id=conn_id).exists()
+
+
+def _operator_record(device_id: str, conn_id: str):
+    return connection_record(
+        conn_id=conn_id,
+        boot_id=state.BOOT_ID,
+        channel_name=f"test!{conn_id}",
+        role="operator",
+        scopes=list(ALL_SCOPES),
+        auth_method="token",
+        device_id=device_id,
+    )
+
+
+def test_a_declined_conditional_registration_writes_nothing():
+    if connection.vendor != "postgresql":
+        pytest.skip("the conditional registration is PostgreSQL's one-statement path")
+    identity = DeviceIdentity.generate()
+    _connect(identity)
+    DeviceToken.objects.filter(device_id=identity.device_id).update(revoked_at=timezone.now())
+    device_before = PairedDevice.objects.get(device_id=identity.device_id)
+    _list, version_before = presence_snapshot()
+    conn_id = str(uuid.uuid4())
+
+    registered = connections.connection_register(
+        record=_operator_record(identity.device_id, conn_id),
+        then=presence_snapshot_sql(registered=conn_id),
+        requires_scopes=list(ALL_SCOPES),
+    )
+
+    assert registered is None
+    assert not GatewayConnection.objects.filter(conn_id=conn_id).exists()
+    device_after = PairedDevice.objects.get(device_id=identity.device_id)
+    assert device_after.last_connected_at == device_before.last_connected_at
+    # The presence version was not raised for a connection that did not register.
+    assert presence_snapshot()[1]["presence"] == version_before["presence"] + 1
+
+
+def test_a_registration_whose_process_row_was_swept_registers_the_process_again():
+    identity = DeviceIdentity.generate()
+    _connect(identity)
+    GatewayProcess.objects.filter(boot_id=state.BOOT_ID).delete()
+
+    conn_id, hello_ok = _connect(identity)
+
+    assert GatewayProcess.objects.filter(boot_id=state.BOOT_ID).exists()
+    assert GatewayConnection.objects.filter(conn_id=conn_id).exists()
+    assert identity.device_id in _presence_device_ids(hello_ok)
+    # The failed first attempt left the database session usable, in autocommit as Django expects it.
+    assert connection.get_autocommit() and not connection.in_atomic_block
+    assert PairedDevice.objects.filter(device_id=identity.device_id).count() == 1
+
+
+def test_a_presence_snapshot_raises_the_version_and_lists_what_registered_before_it():
+    _list, first = presence_snapshot()
+    identity = DeviceIdentity.generate()
+    _connect(identity)
+
+    entries, second = presence_snapshot()
+
+    assert second["presence"] > first["presence"] + 1  # the connect raised it too
+    assert identity.device_id in [entry.get("deviceId") for entry in entries]
+
+
+class _Timer:
+    def cancel(self) -> None:
+        pass
+
+
+class DataError(Exception):
+    """Stands for a failure after the registration committed."""
+
+
+def test_a_connect_that_fails_after_registering_leaves_no_connection(monkeypatch, caplog):
+    async def registered() -> None:
+        return None
+
+    def broken(*args, **kwargs):
+        raise DataError("hello-ok could not be built")
+
+    identity = DeviceIdentity.generate()
+    _connect(identity)  # paired: the failing connect below is a reconnect
+    monkeypatch.setattr(lifecycle, "ensure_process_registered", registered)
+    monkeypatch.setattr(hello, "build_hello", broken)
+    consumer = GatewayConsumer()
+    consumer.scope = {"type": "websocket", "headers": [], "client": ("127.0.0.1", 1)}
+    consumer.phase = "handshake"
+    consumer.conn_id = str(uuid.uuid4())
+    consumer.nonce = str(uuid.uuid4())
+    consumer.channel_name = f"test!{consumer.conn_id}"
+    consumer.remote_ip = "127.0.0.1"
+    consumer.handshake_timer = _Timer()
+    consumer.ctx = None
+    sent, closed = [], []
+
+    async def send(text_data=None, bytes_data=None, close=False):
+        sent.append(json.loads(text_data))
+
+    async def close_socket(code=None, reason=None):
+        closed.append((code, reason))
+
+    consumer.send, consumer.close = send, close_socket
+    presence_changes = []
+    monkeypatch.setattr("openclaw_site.gateway.consumers.presence_changed", presence_changes.append)
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(consumer.receive(text_data=json.dumps(_connect_frame(identity, consumer.nonce, ALL_SCOPES))))
+
+    [response] = sent
+    assert response["ok"] is False and response["error"]["message"].startswith("internal error; reference ")
+    assert closed == [(1011, response["error"]["message"])]
+    assert not GatewayConnection.objects.filter(conn_id=consumer.conn_id).exists()
+    assert presence_changes == [None]  # it was routable for a moment: presence goes out again
+    assert consumer.ctx is None and consumer.phase == "closed"
