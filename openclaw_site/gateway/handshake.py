@@ -337,15 +337,18 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext, then: tupl
         # Pairing (silent, for shared-secret operators) and the first device token commit together:
         # one durable transaction, so a crash cannot leave a paired device without its token record.
         with transaction.atomic():
+            created = False
             if silent_pairing:
                 claim = _claim(
                     params, ctx, role, requested_scopes, public_key, "not-paired", is_repair=device is not None
                 )
-                device, _changed = pairing.operator_device_auto_approve(claim=claim, known=device)
+                device, _changed, created = pairing.operator_device_auto_approve(claim=claim, known=device)
             if token_record is not None:
                 tokens.device_token_touch(token_record)
             else:
-                issued_token, issued_at = tokens.device_token_ensure(device=device, role=role, scopes=token_scopes)
+                issued_token, issued_at = tokens.device_token_ensure(
+                    device=device, role=role, scopes=token_scopes, new_device=created
+                )
 
     commands: list[str] = []
     if role == sc.ROLE_NODE:

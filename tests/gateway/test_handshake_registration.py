@@ -218,3 +218,35 @@ def test_a_connect_that_fails_after_registering_leaves_no_connection(monkeypatch
     assert not GatewayConnection.objects.filter(conn_id=consumer.conn_id).exists()
     assert presence_changes == [None]  # it was routable for a moment: presence goes out again
     assert consumer.ctx is None and consumer.phase == "closed"
+
+
+def test_a_new_device_pairs_and_gets_its_token_in_one_transaction_without_savepoints():
+    identity = DeviceIdentity.generate()
+
+    with CaptureQueriesContext(connection) as queries:
+        conn_id, hello_ok = _connect(identity)
+
+    statements = [query["sql"] for query in queries.captured_queries]
+    assert not any(sql.startswith(("SAVEPOINT", "RELEASE SAVEPOINT")) for sql in statements)
+    # The new device row is inserted, not first looked for by an UPDATE of its primary key.
+    [inserted_at] = [i for i, sql in enumerate(statements) if sql.startswith('INSERT INTO "gateway_paireddevice"')]
+    assert not any(sql.startswith('UPDATE "gateway_paireddevice"') for sql in statements[:inserted_at])
+    device = PairedDevice.objects.get(device_id=identity.device_id)
+    token = DeviceToken.objects.get(device=device, role="operator")
+    assert hello_ok["auth"]["deviceToken"] and token.revoked_at is None
+    assert GatewayConnection.objects.filter(conn_id=conn_id).exists()
+
+
+def test_a_silent_pairing_that_fails_midway_leaves_no_device_token_or_connection(monkeypatch):
+    def audit_fails(*args, **kwargs):
+        raise DataError("audit log unavailable")
+
+    monkeypatch.setattr("openclaw_site.gateway.services.pairing.audit", audit_fails)
+    identity = DeviceIdentity.generate()
+
+    with pytest.raises(DataError):
+        _connect(identity)
+
+    assert not PairedDevice.objects.filter(device_id=identity.device_id).exists()
+    assert not DeviceToken.objects.filter(device_id=identity.device_id).exists()
+    assert not GatewayConnection.objects.filter(device_id=identity.device_id).exists()

@@ -359,26 +359,29 @@ def operator_device_covered(device: PairedDevice | None, scopes: list[str]) -> b
 
 def operator_device_auto_approve(
     *, claim: PairingClaim, known: PairedDevice | None = None
-) -> tuple[PairedDevice, bool]:
+) -> tuple[PairedDevice, bool, bool]:
     """Pair (or widen) an operator device that proved possession of the shared secret.
 
     The shared secret is the operator credential of this gateway, so its holder needs no second
     approval; OpenClaw does the same for local clients ("silent" pairing). ``known`` is the device
     as the caller just read it: when it already covers the claim, nothing is locked or written.
+    Returns (device, changed, created).
     """
     if operator_device_covered(known, claim.scopes):
-        return known, False
-    with transaction.atomic():
+        return known, False, False
+    # No savepoint inside the connect's transaction: a failure here fails the whole connect anyway.
+    with transaction.atomic(savepoint=False):
         device = PairedDevice.objects.select_for_update(no_key=True).filter(device_id=claim.device_id).first()
         # Locked: concurrent first connects of one device must merge, not overwrite, scopes.
         now = timezone.now()
         if operator_device_covered(device, claim.scopes):
-            return device, False
+            return device, False, False
         created = device is None
         if device is None:
             device = PairedDevice(device_id=claim.device_id, approved_at=now)
         _grant(device, claim, role=sc.ROLE_OPERATOR, now=now)
-        device.save()
+        # A new row is inserted straight away (save() would try an UPDATE of its primary key first).
+        device.save(force_insert=created)
         audit(
             Actor.system("gateway:shared-secret"),
             "device.pair.auto-approve",
@@ -390,4 +393,4 @@ def operator_device_auto_approve(
             events.EVENT_DEVICE_PAIR_RESOLVED,
             {"requestId": "", "deviceId": device.device_id, "decision": "approved", "ts": now_ms()},
         )
-    return device, True
+    return device, True, created

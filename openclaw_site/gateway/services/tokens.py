@@ -64,16 +64,25 @@ def device_token_covers(*, device: PairedDevice, role: str, scopes: list[str]) -
     return token_covers(found[0] if found else None, scopes)
 
 
-def device_token_ensure(*, device: PairedDevice, role: str, scopes: list[str]) -> tuple[str | None, int | None]:
+def device_token_ensure(
+    *, device: PairedDevice, role: str, scopes: list[str], new_device: bool = False
+) -> tuple[str | None, int | None]:
     """Mint a token for (device, role) when it has no usable one; returns (token, issuedAtMs).
 
     Only hashes are stored, so an existing token cannot be handed out again: a device that lost
-    its token rotates it (``device.token.rotate``) or re-pairs.
+    its token rotates it (``device.token.rotate``) or re-pairs. ``new_device``: the caller's
+    transaction has just inserted the device row, so it has no token, and none can be added by
+    others before that commits: nothing is read or locked.
     """
-    if device_token_covers(device=device, role=role, scopes=scopes):
+    if not new_device and device_token_covers(device=device, role=role, scopes=scopes):
         return None, None  # the common reconnect: nothing to mint, no lock needed
-    with transaction.atomic():
-        record = DeviceToken.objects.select_for_update(no_key=True).filter(device=device, role=role).first()
+    # No savepoint inside a caller's transaction (a connect's, an enrollment's): a failure here fails it.
+    with transaction.atomic(savepoint=False):
+        record = (
+            None
+            if new_device
+            else DeviceToken.objects.select_for_update(no_key=True).filter(device=device, role=role).first()
+        )
         # Locked: two first connects of one device must not both mint.
         if record is not None and record.revoked_at is None and sc.scopes_cover(record.scopes, scopes):
             return None, None
