@@ -34,7 +34,7 @@ from .exceptions import (
     internal_error,
 )
 from .handshake import ConnectContext, FirstFrameInvalid, parse_connect
-from .hello import accept_connect, presence_changed
+from .hello import accept_connect, health_version_soon, presence_changed
 from .protocol import DROP_IF_SLOW_KEY, EncodedEvent, decode_frame, encode_frame
 from .registry import registry
 from .services import connections
@@ -217,6 +217,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             return
         self.handshake_timer.cancel()
         self.phase = "authenticating"
+        # Read beside the database hop and its queue: hello-ok needs it, the connect's decision does not.
+        health_version = health_version_soon()
         try:
             await lifecycle.ensure_process_registered()
             self.ctx, hello, presence = await database_sync_to_async(accept_connect)(
@@ -231,6 +233,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                     browser_origin=_has_origin_header(self.scope),
                 ),
                 protocol,
+                health_version,
             )
         except HandshakeRejected as rejected:
             await self._reject_handshake(request_id, rejected)

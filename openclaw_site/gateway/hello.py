@@ -53,27 +53,31 @@ def presence_snapshot() -> Snapshot:
     return presence_entries(), {"presence": presence, "health": health}
 
 
-# Reads of the health version (Redis) beside the connect's database work: it depends on nothing the
-# connect does, and waiting for it in line would add a Redis round trip to every handshake.
+# The health version (Redis) is read beside the connect's database hop: it depends on nothing the
+# connect does, and read in line it added a Redis round trip to every handshake.
 _side_reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gateway-hello")
 
 
-def _health_version_soon() -> Callable[[], int]:
+def health_version_soon() -> Callable[[], int]:
+    """Start reading the health version; the returned function waits for it."""
     if counters.uses_redis():
-        future = _side_reads.submit(_health_version)
-        return future.result
+        return _side_reads.submit(_health_version).result
     return _health_version
 
 
 def accept_connect(
-    params: ConnectParams, connect_ctx: ConnectContext, protocol: int
+    params: ConnectParams,
+    connect_ctx: ConnectContext,
+    protocol: int,
+    health_version: Callable[[], int] | None = None,
 ) -> tuple[RpcContext, dict, tuple[list, dict]]:
     """The whole accepted-connect database work in one hop: decide, register, build ``hello-ok``.
 
     On PostgreSQL the presence snapshot of ``hello-ok`` (version raised, list read after the
     registration committed) comes back with the registration, in its round trip.
+    ``health_version``: from :func:`health_version_soon`, started before the hop.
     """
-    health_version = _health_version_soon()
+    health_version = health_version or health_version_soon()
     then = presence_snapshot_sql(registered=connect_ctx.conn_id) if connection.vendor == "postgresql" else None
     outcome = authenticate_connect(params, connect_ctx, then=then)
     ctx = RpcContext(
