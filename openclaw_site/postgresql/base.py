@@ -8,7 +8,8 @@ pool. One thread is different: the thread every gateway database hop runs on (as
 process-wide ``single_thread_executor``; channels' ``database_sync_to_async`` sends each RPC call's
 database work there). It lives as long as its process and runs one hop at a time, so once marked
 with :func:`keep_connections_in_this_thread` (the gateway does it at start) it keeps its
-connection across hops: no pool checkout and return, no Django connection setup per call. What
+connection across hops, for as long as the pool keeps a connection (``max_lifetime``): no pool
+checkout and return, no Django connection setup per call. What
 Django checks at the start and end of every hop still applies to it (a connection left outside
 autocommit, or with an error it cannot answer ``SELECT 1`` after, is closed and given back to the
 pool, which discards a broken one); on top of that, a kept connection left inside a transaction is
@@ -74,6 +75,8 @@ def _usable(connection: Any) -> bool:
 
 
 class DatabaseWrapper(postgresql.DatabaseWrapper):
+    # Whether the current connection stays open across hops (opened in a marked thread).
+    kept = False
     # Kept connections: when the latest hop first queried (at or before its last use, so the time
     # since is never less than the time the connection sat unused).
     used_at = 0.0
@@ -93,9 +96,12 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
 
     def connect(self):
         super().connect()
-        if self.pool is not None and keeps_connections():
-            # Never obsolete (the end of a hop keeps it) and checked before a hop's first query.
-            self.close_at = None
+        pool = self.pool
+        self.kept = pool is not None and keeps_connections()
+        if self.kept:
+            # Given back after as long as the pool keeps any connection (its max_lifetime, an hour by
+            # default) rather than at the end of each hop, and checked before a hop's first query.
+            self.close_at = time.monotonic() + pool.max_lifetime
             self.health_check_enabled = True
             self.used_at = time.monotonic()
 
@@ -111,7 +117,7 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
     def close_if_unusable_or_obsolete(self):
         if (
             self.connection is not None
-            and self.close_at is None
+            and self.kept
             and not self.in_atomic_block
             and self.connection.info.transaction_status != TransactionStatus.IDLE
         ):

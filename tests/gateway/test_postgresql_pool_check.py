@@ -4,6 +4,7 @@ clean, and replaces it when the server drops it."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -109,7 +110,7 @@ def test_the_marked_thread_keeps_its_connection_across_hops_another_thread_gives
     first = db_thread(_pid_here)
     assert db_thread(_held) == (True, TransactionStatus.IDLE)
     assert db_thread(_pid_here) == first
-    assert db_thread(lambda: connection.close_at) is None
+    assert db_thread(lambda: connection.kept) is True
 
     other = ThreadPoolExecutor(max_workers=1)
     try:
@@ -123,6 +124,7 @@ def test_the_marked_thread_keeps_its_connection_across_hops_another_thread_gives
             return connection.connection
 
         assert other.submit(hop_elsewhere).result() is None  # back in the pool
+        assert other.submit(lambda: connection.kept).result() is False
     finally:
         other.shutdown()
 
@@ -175,3 +177,15 @@ def test_a_kept_connection_killed_while_idle_is_replaced_before_the_call(db_thre
     assert replacement != victim
     monkeypatch.setattr(pg_backend, "CHECK_AFTER_IDLE_S", 3600.0)
     assert db_thread(_pid_here) == replacement
+
+
+def test_a_kept_connection_is_given_back_after_the_pools_max_lifetime(db_thread):
+    db_thread(_pid_here)
+
+    def age_past_the_lifetime():
+        connection.close_at = time.monotonic() - 1
+
+    db_thread(age_past_the_lifetime)
+    assert db_thread(_held) == (False, None)
+    db_thread(_pid_here)
+    assert db_thread(_held) == (True, TransactionStatus.IDLE)
