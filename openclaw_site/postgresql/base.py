@@ -9,7 +9,9 @@ process-wide ``single_thread_executor``; channels' ``database_sync_to_async`` se
 database work there). It lives as long as its process and runs one hop at a time, so once marked
 with :func:`keep_connections_in_this_thread` (the gateway does it at start) it keeps its
 connection across hops, for as long as the pool keeps a connection (``max_lifetime``): no pool
-checkout and return, no Django connection setup per call. What
+checkout and return, no Django connection setup per call. It is one of the pool's connections, so
+the pool's size stays the process's ceiling; a pool of one (``OPENCLAW_DB_POOL_MAX_SIZE=1``) is
+shared by taking turns, as before. What
 Django checks at the start and end of every hop still applies to it (a connection left outside
 autocommit, or with an error it cannot answer ``SELECT 1`` after, is closed and given back to the
 pool, which discards a broken one); on top of that, a kept connection left inside a transaction is
@@ -97,7 +99,9 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
     def connect(self):
         super().connect()
         pool = self.pool
-        self.kept = pool is not None and keeps_connections()
+        # A pool of one connection is shared by taking turns: kept, it would leave every other thread
+        # of the process (HTTP requests, the heartbeat, recovery) waiting for the pool timeout.
+        self.kept = pool is not None and pool.max_size > 1 and keeps_connections()
         if self.kept:
             # Given back after as long as the pool keeps any connection (its max_lifetime, an hour by
             # default) rather than at the end of each hop, and checked before a hop's first query.

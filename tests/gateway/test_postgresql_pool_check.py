@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.db import OperationalError, close_old_connections, connection, connections, transaction
 from psycopg.pq import TransactionStatus
 
@@ -189,3 +190,14 @@ def test_a_kept_connection_is_given_back_after_the_pools_max_lifetime(db_thread)
     assert db_thread(_held) == (False, None)
     db_thread(_pid_here)
     assert db_thread(_held) == (True, TransactionStatus.IDLE)
+
+
+def test_a_pool_of_one_connection_is_never_kept(db_thread):
+    pool = connection.pool
+    connection.close()  # this thread's, back to the pool: the one slot must be free for the hop
+    pool.resize(min_size=1, max_size=1)
+    try:
+        db_thread(_pid_here)
+        assert db_thread(_held) == (False, None)  # given back: the process's other threads need it
+    finally:
+        pool.resize(min_size=pool.min_size, max_size=settings.DATABASES["default"]["OPTIONS"]["pool"]["max_size"])
