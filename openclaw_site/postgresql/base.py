@@ -11,22 +11,22 @@ with :func:`keep_connections_in_this_thread` (the gateway does it at start) it k
 connection across hops, for as long as the pool keeps a connection (``max_lifetime``): no pool
 checkout and return, no Django connection setup per call. It is one of the pool's connections, so
 the pool's size stays the process's ceiling; a pool of one (``OPENCLAW_DB_POOL_MAX_SIZE=1``) is
-shared by taking turns, as before. What
-Django checks at the start and end of every hop still applies to it (a connection left outside
-autocommit, or with an error it cannot answer ``SELECT 1`` after, is closed and given back to the
-pool, which discards a broken one); on top of that, a kept connection left inside a transaction is
-given back too, so a failed hop never leaves the next one in its transaction.
+shared by taking turns, as before. What Django checks at the start and end of every hop still
+applies to it (a connection left outside autocommit, or with an error it cannot answer ``SELECT 1``
+after, is closed and given back to the pool, which discards a broken one); on top of that, a kept
+connection left inside a transaction is given back too, so a failed hop never leaves the next one
+in its transaction.
 
 Checks. Django's ``CONN_HEALTH_CHECKS`` would ping the server before the first query of every hop
 (on PostgreSQL a round trip as long as the query itself), and psycopg's pool the same on every
 checkout. Here a connection is pinged before use only if it sat unused longer than
 :data:`CHECK_AFTER_IDLE_S`: a pooled one at checkout (a failed one goes back to the pool, which
-discards it, and another is taken), a kept one before its hop's first query (a failed one is given
-back and a new one checked out). So a server restart, or the connection's backend killed
-(``pg_terminate_backend``) while idle, is noticed before a caller's query. One that goes away
-inside that window fails the next query on that connection once, as a connection that breaks
-mid-query does: the call gets an error, the end of the hop finds the connection unusable and gives
-it back, and the next call runs on a new one.
+discards it, and another is taken), a kept one at the start of its hop (a failed one is given back
+and a new one checked out, before the hop's first query or atomic block). So a server restart, or
+the connection's backend killed (``pg_terminate_backend``) while idle, is noticed before a caller's
+query. One that goes away inside that window fails the next query on that connection once, as a
+connection that breaks mid-query does: the call gets an error, the end of the hop finds the
+connection unusable and gives it back, and the next call runs on a new one.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def _usable(connection: Any) -> bool:
 class DatabaseWrapper(postgresql.DatabaseWrapper):
     # Whether the current connection stays open across hops (opened in a marked thread).
     kept = False
-    # Kept connections: when the latest hop first queried (at or before its last use, so the time
-    # since is never less than the time the connection sat unused).
+    # Kept connections: when it was last pinged or a hop first queried on it (at or before its last
+    # use, so the time since is never less than the time the connection sat unused).
     used_at = 0.0
 
     def get_new_connection(self, conn_params):
@@ -110,24 +110,30 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
             self.used_at = time.monotonic()
 
     def close_if_health_check_failed(self):
+        # Before a hop's first query, for what runs on the kept thread without channels' hop (whose
+        # start has checked already, see below).
         if self.connection is None or not self.health_check_enabled or self.health_check_done:
             return
-        now = time.monotonic()
-        if now - self.used_at > CHECK_AFTER_IDLE_S and not self.is_usable():
+        if self._idle_check_failed():
             self.close()
-        self.used_at = now
+        self.used_at = time.monotonic()  # the query about to run uses (and so checks) it
         self.health_check_done = True
 
     def close_if_unusable_or_obsolete(self):
-        if (
-            self.connection is not None
-            and self.kept
-            and not self.in_atomic_block
-            and self.connection.info.transaction_status != TransactionStatus.IDLE
-        ):
-            # A kept connection outside any atomic block but inside a transaction (one left open,
-            # or failed): given back (the pool rolls it back or discards it) rather than carried
-            # into the next hop.
-            self.close()
-            return
+        # At the start and end of every hop (channels' database_sync_to_async): a kept connection is
+        # given back if the hop left it inside a transaction (left open, or failed: the pool rolls it
+        # back or discards it), and checked here after a pause rather than before the first query, so
+        # that a connection the server dropped is replaced before the hop, not inside its atomic block.
+        if self.connection is not None and self.kept and not self.in_atomic_block:
+            if self.connection.info.transaction_status != TransactionStatus.IDLE or self._idle_check_failed():
+                self.close()
+                return
         super().close_if_unusable_or_obsolete()
+
+    def _idle_check_failed(self) -> bool:
+        """Ping a kept connection that sat unused longer than :data:`CHECK_AFTER_IDLE_S`: whether that failed."""
+        now = time.monotonic()
+        if now - self.used_at <= CHECK_AFTER_IDLE_S:
+            return False
+        self.used_at = now
+        return not self.is_usable()

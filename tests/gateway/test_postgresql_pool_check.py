@@ -84,6 +84,7 @@ def db_thread():
 
         return executor.submit(run).result()
 
+    hop.executor = executor
     yield hop
     executor.submit(connections.close_all).result()
     executor.shutdown()
@@ -201,3 +202,28 @@ def test_a_pool_of_one_connection_is_never_kept(db_thread):
         assert db_thread(_held) == (False, None)  # given back: the process's other threads need it
     finally:
         pool.resize(min_size=pool.min_size, max_size=settings.DATABASES["default"]["OPTIONS"]["pool"]["max_size"])
+
+
+def test_a_kept_connection_killed_while_idle_is_replaced_before_the_hops_atomic_block(db_thread, monkeypatch):
+    victim = db_thread(_pid_here)
+    _terminate(victim)
+    monkeypatch.setattr(pg_backend, "CHECK_AFTER_IDLE_S", 0.0)
+
+    def writes_in_one_transaction():
+        with transaction.atomic():
+            return _pid_here()
+
+    assert db_thread(writes_in_one_transaction) != victim
+    assert db_thread(_held) == (True, TransactionStatus.IDLE)
+
+
+def test_a_kept_connection_used_outside_a_hop_is_still_checked_after_a_pause(db_thread, monkeypatch):
+    """What runs on the kept thread without channels' hop (asgiref's sync_to_async, Django's async ORM)
+    gets the check before its first query."""
+    victim = db_thread(_pid_here)
+    _terminate(victim)
+    monkeypatch.setattr(pg_backend, "CHECK_AFTER_IDLE_S", 0.0)
+
+    # Submitted straight to the thread: no close_old_connections around it.
+    replacement = db_thread.executor.submit(_pid_here).result()
+    assert replacement != victim
