@@ -134,12 +134,13 @@ def _database(url: str, sqlite_test_name: str) -> dict:
         # End-to-end tests start gateway processes that must open the test database too.
         database["TEST"] = {"NAME": str(STATE_DIR / sqlite_test_name)}
     else:
-        # Connections go back to the pool at the end of each request and database hop, whichever
-        # thread made it (Django runs each HTTP request's sync code in a thread of its own), so
-        # load cannot leave a connection behind per thread.
+        # Connections go back to the pool at the end of each request and database hop (Django runs
+        # each HTTP request's sync code in a thread of its own), so load cannot leave a connection
+        # behind per thread. The one exception, the gateway's long-lived database thread, keeps its
+        # connection across hops (openclaw_site/postgresql).
         database["CONN_MAX_AGE"] = 0
-        # Django's health checks would ping the server on every checkout, i.e. on every database hop:
-        # this backend checks a connection on checkout after a pause only (openclaw_site/postgresql).
+        # Django's health checks would ping the server on every database hop: this backend checks a
+        # connection after a pause only (openclaw_site/postgresql).
         if database["ENGINE"] == "django.db.backends.postgresql":
             database["ENGINE"] = "openclaw_site.postgresql"
             database["CONN_HEALTH_CHECKS"] = False

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from django.db import connection
 
+from openclaw_client.client import GatewayError
 from tests.support.clients import operator
 from tests.support.processes import current_database_url
 
@@ -80,3 +81,66 @@ def test_sustained_api_and_websocket_load_stays_within_the_pool(gateway_factory)
     assert len(statuses) == 8 * 40 * 3
     assert 1 <= peak <= POOL_SIZE
     assert _connections_of(gateway.pid) <= POOL_SIZE
+
+
+def _sessions_query_backends(pid: int) -> list[int]:
+    """Server pids of the gateway's connections whose latest statement read the sessions table (the text
+    in pg_stat_activity is cut at 1 kB, the query's ``FROM`` lies beyond)."""
+    with psycopg.connect(current_database_url(), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND query LIKE %s",
+            (f"openclaw-{pid}", 'SELECT "sessions_app_session"."id"%'),
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+def _terminate(backend_pid: int) -> None:
+    with psycopg.connect(current_database_url(), autocommit=True) as conn:
+        assert conn.execute("SELECT pg_terminate_backend(%s)", (backend_pid,)).fetchone()[0]
+
+
+def test_the_database_thread_keeps_one_connection_and_recovers_when_it_is_killed(gateway_factory):
+    """The gateway's database thread keeps its connection across calls; its backend killed, the next call
+    succeeds or fails once with a generic error, and the calls after it run on a new connection."""
+    if connection.vendor != "postgresql":
+        pytest.skip("server connections are PostgreSQL's")
+    gateway = gateway_factory()
+
+    async def scenario() -> None:
+        client = operator(gateway)
+        await client.connect()
+        try:
+            for _ in range(20):
+                await client.request("sessions.list", {"limit": 5})
+            kept = _sessions_query_backends(gateway.pid)
+            assert len(kept) == 1, kept
+            for _ in range(20):
+                await client.request("sessions.list", {"limit": 5})
+            assert _sessions_query_backends(gateway.pid) == kept  # the same connection, not a checkout per call
+
+            # Killed right after a call (inside the window where a connection is trusted unpinged).
+            _terminate(kept[0])
+            try:
+                await client.request("sessions.list", {"limit": 5})
+            except GatewayError as error:
+                assert error.code == "UNAVAILABLE"
+                assert "terminat" not in error.message and "SQL" not in error.message
+            listed = await client.request("sessions.list", {"limit": 5})
+            assert listed["sessions"] == []
+            replaced = _sessions_query_backends(gateway.pid)
+            assert len(replaced) == 1 and replaced != kept
+
+            # Killed while idle for longer than the window: pinged before use, the call succeeds.
+            _terminate(replaced[0])
+            await asyncio.sleep(1.5)
+            assert (await client.request("sessions.list", {"limit": 5}))["sessions"] == []
+            renewed = _sessions_query_backends(gateway.pid)
+            assert len(renewed) == 1 and renewed != replaced
+            assert (await client.request("status")) is not None
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+    assert _connections_of(gateway.pid) <= 8
+    # At most the one call that ran into the killed connection failed (logged with its reference).
+    assert gateway.log().count("gateway method sessions.list") <= 1
