@@ -1,0 +1,119 @@
+"""The one-round-trip channel layer against real Redis: same wire format and rules as channels_redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from channels.exceptions import ChannelFull
+from channels_redis.core import RedisChannelLayer as UpstreamLayer
+from django.conf import settings
+
+from openclaw_site.gateway.redis_layer import RedisChannelLayer
+
+pytestmark = pytest.mark.skipif(not settings.REDIS_URL, reason="needs REDIS_URL")
+
+
+def _layers(upstreams: int = 1, **config):
+    """Ours and upstream instances on one prefix: each instance is a process of its own (its own key)."""
+    prefix = f"openclaw-test-layer-{uuid.uuid4().hex[:8]}:asgi"
+    hosts = [{"address": settings.REDIS_URL, "socket_timeout": 15}]
+    return RedisChannelLayer(hosts=hosts, prefix=prefix, **config), *(
+        UpstreamLayer(hosts=hosts, prefix=prefix, **config) for _ in range(upstreams)
+    )
+
+
+async def _close(*layers):
+    for layer in layers:
+        await layer.flush()
+        await layer.close_pools()
+
+
+def test_a_send_is_received_by_the_upstream_layer_and_the_other_way_round():
+    async def scenario():
+        ours, upstream = _layers()
+        try:
+            theirs = await upstream.new_channel()
+            await ours.send(theirs, {"type": "x.one", "n": 1})
+            assert await asyncio.wait_for(upstream.receive(theirs), 5) == {"type": "x.one", "n": 1}
+            mine = await ours.new_channel()
+            await upstream.send(mine, {"type": "x.two"})
+            await ours.send(mine, {"type": "x.three"})
+            assert [await asyncio.wait_for(ours.receive(mine), 5) for _ in range(2)] == [
+                {"type": "x.two"},
+                {"type": "x.three"},
+            ]
+            await ours.send("general", {"type": "x.general"})
+            assert await asyncio.wait_for(upstream.receive("general"), 5) == {"type": "x.general"}
+        finally:
+            await _close(ours, upstream)
+
+    asyncio.run(scenario())
+
+
+def test_a_full_channel_refuses_and_keeps_what_it_holds():
+    async def scenario():
+        ours, upstream = _layers(capacity=2)
+        try:
+            channel = await ours.new_channel()
+            await ours.send(channel, {"type": "x", "n": 1})
+            await ours.send(channel, {"type": "x", "n": 2})
+            with pytest.raises(ChannelFull):
+                await ours.send(channel, {"type": "x", "n": 3})
+            assert [(await asyncio.wait_for(ours.receive(channel), 5))["n"] for _ in range(2)] == [1, 2]
+        finally:
+            await _close(ours, upstream)
+
+    asyncio.run(scenario())
+
+
+def test_expired_messages_are_dropped_before_counting():
+    async def scenario():
+        ours, upstream = _layers(capacity=1, expiry=60)
+        try:
+            channel = await ours.new_channel()
+            key = ours.prefix + ours.non_local_name(channel)
+            connection = ours.connection(ours.consistent_hash(channel))
+            # A message older than the expiry, as a reader that went away leaves it.
+            await connection.zadd(key, {ours.serialize({"type": "x.old", "__asgi_channel__": channel}): 1.0})
+            await ours.send(channel, {"type": "x.new"})
+            assert await asyncio.wait_for(ours.receive(channel), 5) == {"type": "x.new"}
+        finally:
+            await _close(ours, upstream)
+
+    asyncio.run(scenario())
+
+
+def test_group_send_reaches_every_member_once_and_skips_full_and_expired_members():
+    async def scenario():
+        ours, upstream, crowded = _layers(upstreams=2, capacity=1, group_expiry=3600)
+        try:
+            a, b = await ours.new_channel(), await ours.new_channel()
+            elsewhere = await upstream.new_channel()
+            full = await crowded.new_channel()
+            for channel in (a, b, elsewhere, full):
+                await ours.group_add("g", channel)
+            await crowded.send(full, {"type": "x.filler"})
+            # A membership older than group_expiry no longer receives.
+            stale = await upstream.new_channel()
+            await ours.connection(ours.consistent_hash("g")).zadd(ours._group_key("g"), {stale: time.time() - 7200})
+
+            await ours.group_send("g", {"type": "x.all"})
+            await ours.group_send("empty", {"type": "x.nobody"})
+
+            assert await asyncio.wait_for(ours.receive(a), 5) == {"type": "x.all"}
+            assert await asyncio.wait_for(ours.receive(b), 5) == {"type": "x.all"}
+            assert await asyncio.wait_for(upstream.receive(elsewhere), 5) == {"type": "x.all"}
+            assert await asyncio.wait_for(crowded.receive(full), 5) == {"type": "x.filler"}
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(crowded.receive(full), 0.3)
+            members = await ours.connection(ours.consistent_hash("g")).zrange(ours._group_key("g"), 0, -1)
+            assert stale.encode() not in members
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(upstream.receive(stale), 0.3)
+        finally:
+            await _close(ours, upstream, crowded)
+
+    asyncio.run(scenario())
