@@ -20,6 +20,9 @@ from .registry import registry
 logger = logging.getLogger(__name__)
 
 BROADCAST_GROUP = "gateway.broadcast"
+# A notification riding on an event message, handled by each connection after it sent the event to
+# its client (state.on_delivered). Never part of the frame a client receives.
+FOLLOW_UP_KEY = "followUp"
 
 
 def subscription_group(subscription: str) -> str:
@@ -43,33 +46,53 @@ EVENT_NODE_INVOKE_REQUEST = registry.event("node.invoke.request", scope=None, op
 
 
 def broadcast_message(
-    event: str, payload: Any, *, state_version: dict | None = None, drop_if_slow: bool = False
+    event: str,
+    payload: Any,
+    *,
+    state_version: dict | None = None,
+    drop_if_slow: bool = False,
+    follow_up: dict | None = None,
 ) -> dict:
     """``drop_if_slow``: a connection past ``maxBufferedBytes`` skips this event (its ``seq`` is
-    spent, so the client sees a gap and refetches) instead of being closed as a slow consumer."""
+    spent, so the client sees a gap and refetches) instead of being closed as a slow consumer.
+    ``follow_up``: a notification each receiving connection handles once it sent the event
+    (:data:`FOLLOW_UP_KEY`; only events that are not dropped when slow, and not broadcasts)."""
     message = {"type": "gateway.event", "event": event, "payload": payload}
     if state_version is not None:
         message["stateVersion"] = state_version
     if drop_if_slow:
         message[DROP_IF_SLOW_KEY] = True
+    if follow_up is not None:
+        if drop_if_slow or event_group(event) == BROADCAST_GROUP:
+            raise ValueError("a follow-up rides only on subscription or direct events that are never dropped")
+        message[FOLLOW_UP_KEY] = follow_up
     return message
 
 
 def publish_rollback_unsafe(
-    event: str, payload: Any, *, state_version: dict | None = None, drop_if_slow: bool = False
+    event: str,
+    payload: Any,
+    *,
+    state_version: dict | None = None,
+    drop_if_slow: bool = False,
+    follow_up: dict | None = None,
 ) -> None:
     """Send now, whatever the surrounding transaction does. Prefer :func:`publish_on_commit`."""
-    message = broadcast_message(event, payload, state_version=state_version, drop_if_slow=drop_if_slow)
+    message = broadcast_message(
+        event, payload, state_version=state_version, drop_if_slow=drop_if_slow, follow_up=follow_up
+    )
     group = event_group(event)
     publisher.post(lambda: get_channel_layer().group_send(group, message), what=event)
 
 
-def send_direct_rollback_unsafe(channel_name: str, event: str, payload: Any, *, drop_if_slow: bool = False) -> None:
+def send_direct_rollback_unsafe(
+    channel_name: str, event: str, payload: Any, *, drop_if_slow: bool = False, follow_up: dict | None = None
+) -> None:
     """An event for one connection (the one that asked for the work), besides its subscribers.
 
     A connection that is subscribed anyway drops the direct copy, so nobody receives it twice.
     """
-    message = {**broadcast_message(event, payload, drop_if_slow=drop_if_slow), "direct": True}
+    message = {**broadcast_message(event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up), "direct": True}
     publisher.post(lambda: get_channel_layer().send(channel_name, message), what=f"{event} to {channel_name}")
 
 

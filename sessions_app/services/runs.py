@@ -334,7 +334,9 @@ def run_abort(*, session_key: str, run_id: str | None = None, actor: Actor | Non
                 Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
                     status=RunStatus.ABORTED, stop_reason="aborted", abort_requested_at=now, ended_at=now
                 )
-                run.status = RunStatus.ABORTED
+                # As stored: the turn's end events and agent.wait's answer are built from it.
+                run.status, run.stop_reason = RunStatus.ABORTED, "aborted"
+                run.abort_requested_at = run.ended_at = now
                 events.publish_turn_end_on_commit(run, session)
                 _clear_abort_on_commit(run)
             else:
