@@ -172,6 +172,8 @@ def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
             type="message",
             body=message_body("user", run.message, idempotencyKey=f"{run.run_id}:user"),
             idempotency_key=f"{run.run_id}:user",
+            # Appended only by the claim of a queued run, and taken back with a claim that fails.
+            first_time=True,
         )
         now = timezone.now()
         claim = {
@@ -271,6 +273,8 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
                     runId=run.run_id,
                 ),
                 idempotency_key=f"{run.run_id}:assistant",
+                # Appended only by the finish of a running run, which leaves it running no more.
+                first_time=True,
             )
             assistant_event_id = event.event_id
         ended = {
@@ -298,7 +302,7 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
             session.output_tokens += int(outcome.usage.get("output") or 0)
         if not session.model and outcome.model:
             session.model, session.model_provider = outcome.model, outcome.model_provider
-        session.save()
+        session.save(update_fields=["status", "input_tokens", "output_tokens", "model", "model_provider", "updated_at"])
         next_run = (
             Run.objects.filter(session=session, status=RunStatus.QUEUED)
             .order_by("created_at")
