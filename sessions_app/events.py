@@ -16,12 +16,16 @@ import logging
 import time
 from typing import Any
 
-from channels.layers import get_channel_layer
 from django.db import transaction
 
 from openclaw_site.gateway import publisher, state
 from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.events import publish_on_commit, publish_rollback_unsafe, send_direct_rollback_unsafe
+from openclaw_site.gateway.events import (
+    PublicationBatch,
+    publish_on_commit,
+    publish_rollback_unsafe,
+    send_direct_rollback_unsafe,
+)
 from openclaw_site.gateway.registry import registry
 
 from .models import Run, Session
@@ -86,19 +90,13 @@ def run_finished_notification(run: Run) -> dict[str, Any]:
     return {"type": RUN_FINISHED, "runId": run.run_id, "result": run_wait_payload(run)}
 
 
-def notify_run_finished(run: Run) -> None:
-    """Wake ``agent.wait`` callers in every gateway process, after the run's events (one lane).
+def notify_run_finished(run: Run, batch: PublicationBatch) -> None:
+    """Wake ``agent.wait`` callers in every gateway process, after the run's events (same batch).
 
     A waiter on a connection that receives the run's events answers only once that connection sent
     the terminal ``chat`` event (its follow-up, ``waiters.py``); this notification wakes the others.
-    Waits until it went out, so that a task's end (a Celery worker may stop after it) does not
-    outrun the turn's events. A lost wake-up only delays agent.wait (it re-reads on a slow timer)."""
-    message = {**run_finished_notification(run), "originChannel": run.origin_channel}
-    with contextlib.suppress(Exception):  # logged by the publisher
-        publisher.run_sync(
-            lambda: get_channel_layer().group_send(state.PROCESS_GROUP, message),
-            what=f"{RUN_FINISHED} of run {run.run_id}",
-        )
+    A lost wake-up only delays agent.wait (it re-reads on a slow timer)."""
+    batch.group_send(state.PROCESS_GROUP, {**run_finished_notification(run), "originChannel": run.origin_channel})
 
 
 # At most one delta event per run this often (OpenClaw throttles chat deltas to 150 ms): every
@@ -124,10 +122,19 @@ class TurnEmitter:
         self.text = ""
         self.emitted_at: float | None = None  # None: nothing emitted yet (the first chunk goes at once)
         self.origin_channel = run.origin_channel
+        # Set while the run's end is published: its events and notification go out as one batch.
+        self.batch: PublicationBatch | None = None
 
     def _publish(
         self, event: str, payload: dict[str, Any], *, drop_if_slow: bool = False, follow_up: dict | None = None
     ) -> None:
+        if self.batch is not None:
+            self.batch.publish(event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up)
+            if self.origin_channel:
+                self.batch.send_direct(
+                    self.origin_channel, event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up
+                )
+            return
         publish_rollback_unsafe(event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up)
         if self.origin_channel:
             send_direct_rollback_unsafe(
@@ -218,7 +225,17 @@ def publish_turn_end_on_commit(run: Run, session: Session, emitter: TurnEmitter 
     emitter = emitter or TurnEmitter(run, session)
 
     def publish() -> None:
-        emitter.end(run)
-        notify_run_finished(run)
+        # The buffered text, the terminal events and the notification: one batch, in that order.
+        emitter.batch = batch = PublicationBatch()
+        try:
+            emitter.end(run)
+            notify_run_finished(run, batch)
+        finally:
+            emitter.batch = None
+        sent = batch.post(what=f"end of run {run.run_id}")
+        # Waits until it went out, so that a task's end (a Celery worker may stop after it) does not
+        # outrun the turn's events.
+        with contextlib.suppress(Exception):  # logged by the publisher
+            sent.result(publisher.PUBLISH_TIMEOUT_S)
 
     transaction.on_commit(publish)

@@ -7,6 +7,7 @@ each consumer filters by role and scope and stamps its own ``seq``.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -94,6 +95,56 @@ def send_direct_rollback_unsafe(
     """
     message = {**broadcast_message(event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up), "direct": True}
     publisher.post(lambda: get_channel_layer().send(channel_name, message), what=f"{event} to {channel_name}")
+
+
+class PublicationBatch:
+    """Publications sent together, in order: events to their groups, direct copies, control messages.
+
+    One lane entry instead of one per message, and with the Redis layer two round trips for the
+    whole batch (its ``send_batch``); the order of delivery is the order of the calls, as if each
+    had been posted on its own.
+    """
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str, dict]] = []
+
+    def publish(self, event: str, payload: Any, *, drop_if_slow: bool = False, follow_up: dict | None = None) -> None:
+        message = broadcast_message(event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up)
+        self.items.append(("group", event_group(event), message))
+
+    def send_direct(
+        self, channel_name: str, event: str, payload: Any, *, drop_if_slow: bool = False, follow_up: dict | None = None
+    ) -> None:
+        message = broadcast_message(event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up)
+        self.items.append(("channel", channel_name, {**message, "direct": True}))
+
+    def group_send(self, group: str, message: dict) -> None:
+        self.items.append(("group", group, message))
+
+    def post(self, *, what: str) -> Future:
+        items = list(self.items)
+        self.items.clear()
+        return publisher.post(lambda: send_batch(get_channel_layer(), items), what=what)
+
+
+async def send_batch(layer: Any, items: list[tuple[str, str, dict]]) -> None:
+    """Deliver ``(kind, target, message)`` items in order ("group" or "channel"). Every item is
+    attempted; the first failure is raised after the rest went out (as separate posts would)."""
+    batched = getattr(layer, "send_batch", None)
+    if batched is not None:
+        await batched(items)
+        return
+    failure: Exception | None = None
+    for kind, target, message in items:
+        try:
+            if kind == "group":
+                await layer.group_send(target, message)
+            else:
+                await layer.send(target, message)
+        except Exception as error:
+            failure = failure or error
+    if failure is not None:
+        raise failure
 
 
 def publish_on_commit(

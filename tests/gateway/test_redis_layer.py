@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
@@ -11,6 +12,7 @@ from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer as UpstreamLayer
 from django.conf import settings
 
+from openclaw_site.gateway.events import send_batch
 from openclaw_site.gateway.redis_layer import RedisChannelLayer
 
 pytestmark = pytest.mark.skipif(not settings.REDIS_URL, reason="needs REDIS_URL")
@@ -163,3 +165,64 @@ def test_a_message_left_in_flight_by_a_stopped_receiver_is_received_again_first(
             await _close(ours, upstream)
 
     assert asyncio.run(scenario()) == [{"type": "x.stranded"}, {"type": "x.next"}]
+
+
+def test_a_batch_is_delivered_in_order_to_groups_and_channels_and_a_full_channel_refuses_alone():
+    async def scenario():
+        probe, upstream, crowded = _layers(upstreams=2)
+        full = await crowded.new_channel()
+        # The sender's capacity rule applies (as upstream): this channel holds one message.
+        ours = RedisChannelLayer(hosts=probe.hosts, prefix=probe.prefix, channel_capacity={full: 1})
+        try:
+            sub_a, sub_b = await ours.new_channel(), await upstream.new_channel()
+            direct = await ours.new_channel()
+            for channel in (sub_a, sub_b):
+                await ours.group_add("subs", channel)
+            await crowded.send(full, {"type": "x", "n": "filler"})
+            items = [
+                ("group", "subs", {"type": "x", "n": 1}),
+                ("channel", full, {"type": "x", "n": "refused"}),
+                ("group", "nobody", {"type": "x", "n": "dropped"}),
+                ("channel", direct, {"type": "x", "n": 2}),
+                ("group", "subs", {"type": "x", "n": 3}),
+            ]
+            with pytest.raises(ChannelFull):
+                await send_batch(ours, items)
+
+            async def drain(layer, channel):
+                got = []
+                with contextlib.suppress(TimeoutError):
+                    while True:
+                        got.append((await asyncio.wait_for(layer.receive(channel), 0.3))["n"])
+                return got
+
+            # ours reads its channels through one queue: the order across them is the batch's.
+            first_three = [(await asyncio.wait_for(ours.receive(c), 5))["n"] for c in (sub_a, direct, sub_a)]
+            return first_three, await drain(upstream, sub_b), await drain(crowded, full)
+        finally:
+            await _close(ours, probe, upstream, crowded)
+
+    ours_got, sub_b, full = asyncio.run(scenario())
+    assert ours_got == [1, 2, 3]
+    assert sub_b == [1, 3]
+    assert full == ["filler"]
+
+
+def test_without_the_batch_method_a_layer_gets_each_item_in_order_and_every_item_is_tried():
+    class Recording:
+        def __init__(self):
+            self.sent = []
+
+        async def group_send(self, group, message):
+            if group == "broken":
+                raise ChannelFull()
+            self.sent.append((group, message["n"]))
+
+        async def send(self, channel, message):
+            self.sent.append((channel, message["n"]))
+
+    layer = Recording()
+    items = [("group", "g", {"n": 1}), ("group", "broken", {"n": 2}), ("channel", "c", {"n": 3})]
+    with pytest.raises(ChannelFull):
+        asyncio.run(send_batch(layer, items))
+    assert layer.sent == [("g", 1), ("c", 3)]
