@@ -167,7 +167,8 @@ REDIS_PREFIX = env_str("OPENCLAW_REDIS_PREFIX", "openclaw")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels_redis with one Redis round trip per send (openclaw_site/gateway/redis_layer.py).
+            "BACKEND": "openclaw_site.gateway.redis_layer.RedisChannelLayer",
             "CONFIG": {
                 # channels_redis blocks in BRPOP for 5 s; redis-py 8 gives up reading after 5 s by
                 # default, which killed idle consumers (close 1011). Wait longer than the BRPOP.

@@ -4,7 +4,9 @@
 * ``chat`` / ``agent`` — the turn's stream, to the connection that sent the turn and to
   ``sessions.subscribe`` subscribers; each run numbers its own ``chat`` and ``agent`` payloads
   (``payload.seq``).
-* ``sessions.run_finished`` — a process-level notification that wakes ``agent.wait`` callers.
+* ``sessions.run_finished`` — wakes ``agent.wait`` callers with the run's terminal answer: a
+  process-level notification for every gateway process, and a follow-up on the run's terminal
+  ``chat`` event for each connection that receives it (so its answer never overtakes that event).
 """
 
 from __future__ import annotations
@@ -14,15 +16,20 @@ import logging
 import time
 from typing import Any
 
-from channels.layers import get_channel_layer
 from django.db import transaction
 
 from openclaw_site.gateway import publisher, state
 from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.events import publish_on_commit, publish_rollback_unsafe, send_direct_rollback_unsafe
+from openclaw_site.gateway.events import (
+    PublicationBatch,
+    publish_on_commit,
+    publish_rollback_unsafe,
+    send_direct_rollback_unsafe,
+)
 from openclaw_site.gateway.registry import registry
 
 from .models import Run, Session
+from .selectors import run_wait_payload
 
 logger = logging.getLogger(__name__)
 
@@ -77,16 +84,19 @@ def publish_session_changed_payload_on_commit(session: Session, *, reason: str, 
 # --- the turn's stream and its end ----------------------------------------------------------
 
 
-def notify_run_finished(run_id: str) -> None:
-    """Wake ``agent.wait`` callers, after the run's events (one lane): a client that waited has them.
+def run_finished_notification(run: Run) -> dict[str, Any]:
+    """What wakes ``agent.wait``: its answer, built from the outcome that just committed (a terminal
+    run never changes again), so a woken waiter answers without reading the run back."""
+    return {"type": RUN_FINISHED, "runId": run.run_id, "result": run_wait_payload(run)}
 
-    Waits until it went out, so that a task's end (a Celery worker may stop after it) does not
-    outrun the turn's events. A lost wake-up only delays agent.wait (it re-reads on a slow timer)."""
-    with contextlib.suppress(Exception):  # logged by the publisher
-        publisher.run_sync(
-            lambda: get_channel_layer().group_send(state.PROCESS_GROUP, {"type": RUN_FINISHED, "runId": run_id}),
-            what=f"{RUN_FINISHED} of run {run_id}",
-        )
+
+def notify_run_finished(run: Run, batch: PublicationBatch) -> None:
+    """Wake ``agent.wait`` callers in every gateway process, after the run's events (same batch).
+
+    A waiter on a connection that receives the run's events answers only once that connection sent
+    the terminal ``chat`` event (its follow-up, ``waiters.py``); this notification wakes the others.
+    A lost wake-up only delays agent.wait (it re-reads on a slow timer)."""
+    batch.group_send(state.PROCESS_GROUP, {**run_finished_notification(run), "originChannel": run.origin_channel})
 
 
 # At most one delta event per run this often (OpenClaw throttles chat deltas to 150 ms): every
@@ -112,13 +122,26 @@ class TurnEmitter:
         self.text = ""
         self.emitted_at: float | None = None  # None: nothing emitted yet (the first chunk goes at once)
         self.origin_channel = run.origin_channel
+        # Set while the run's end is published: its events and notification go out as one batch.
+        self.batch: PublicationBatch | None = None
 
-    def _publish(self, event: str, payload: dict[str, Any], *, drop_if_slow: bool = False) -> None:
-        publish_rollback_unsafe(event, payload, drop_if_slow=drop_if_slow)
+    def _publish(
+        self, event: str, payload: dict[str, Any], *, drop_if_slow: bool = False, follow_up: dict | None = None
+    ) -> None:
+        if self.batch is not None:
+            self.batch.publish(event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up)
+            if self.origin_channel:
+                self.batch.send_direct(
+                    self.origin_channel, event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up
+                )
+            return
+        publish_rollback_unsafe(event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up)
         if self.origin_channel:
-            send_direct_rollback_unsafe(self.origin_channel, event, payload, drop_if_slow=drop_if_slow)
+            send_direct_rollback_unsafe(
+                self.origin_channel, event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up
+            )
 
-    def _chat(self, state: str, **fields: Any) -> None:
+    def _chat(self, state: str, *, follow_up: dict | None = None, **fields: Any) -> None:
         self.chat_seq += 1
         payload = {
             "runId": self.run_id,
@@ -130,7 +153,7 @@ class TurnEmitter:
         }
         # As in OpenClaw, a slow connection may miss deltas (the final carries the whole text) but
         # not the terminal states.
-        self._publish(EVENT_CHAT, payload, drop_if_slow=state == "delta")
+        self._publish(EVENT_CHAT, payload, drop_if_slow=state == "delta", follow_up=follow_up)
 
     def _agent(self, stream: str, data: dict[str, Any]) -> None:
         self.agent_seq += 1
@@ -169,8 +192,10 @@ class TurnEmitter:
         self.emitted_at = time.monotonic()
 
     def end(self, run: Run) -> None:
+        """The terminal events; the ``chat`` one carries the run-finished notification as a follow-up."""
         self.flush()
         ended_at = _ms(run.ended_at)
+        finished = run_finished_notification(run)
         if run.status == "ok":
             self._agent("lifecycle", {"phase": "end", "endedAt": ended_at, "stopReason": run.stop_reason or "stop"})
             fields: dict[str, Any] = {
@@ -179,16 +204,16 @@ class TurnEmitter:
             }
             if run.usage:
                 fields["usage"] = run.usage
-            self._chat("final", **fields)
+            self._chat("final", follow_up=finished, **fields)
         elif run.status == "aborted":
             self._agent("lifecycle", {"phase": "end", "endedAt": ended_at, "aborted": True, "stopReason": "aborted"})
             fields = {"stopReason": "aborted"}
             if run.output_text:
                 fields["message"] = self._message(run.output_text)
-            self._chat("aborted", **fields)
+            self._chat("aborted", follow_up=finished, **fields)
         else:
             self._agent("lifecycle", {"phase": "error", "endedAt": ended_at, "error": run.error})
-            self._chat("error", errorMessage=run.error, errorKind=_error_kind(run.error_kind))
+            self._chat("error", follow_up=finished, errorMessage=run.error, errorKind=_error_kind(run.error_kind))
 
 
 def _error_kind(kind: str) -> str:
@@ -200,7 +225,17 @@ def publish_turn_end_on_commit(run: Run, session: Session, emitter: TurnEmitter 
     emitter = emitter or TurnEmitter(run, session)
 
     def publish() -> None:
-        emitter.end(run)
-        notify_run_finished(run.run_id)
+        # The buffered text, the terminal events and the notification: one batch, in that order.
+        emitter.batch = batch = PublicationBatch()
+        try:
+            emitter.end(run)
+            notify_run_finished(run, batch)
+        finally:
+            emitter.batch = None
+        sent = batch.post(what=f"end of run {run.run_id}")
+        # Waits until it went out, so that a task's end (a Celery worker may stop after it) does not
+        # outrun the turn's events.
+        with contextlib.suppress(Exception):  # logged by the publisher
+            sent.result(publisher.PUBLISH_TIMEOUT_S)
 
     transaction.on_commit(publish)

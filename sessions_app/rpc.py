@@ -138,4 +138,4 @@ def chat_abort_rpc(ctx: RpcContext, params: ChatAbortParams) -> dict:
 
 @method("agent.wait", params=AgentWaitParams, scope=sc.WRITE)
 async def agent_wait_rpc(ctx: RpcContext, params: AgentWaitParams) -> dict:
-    return await wait_for_run(params.runId, params.timeoutMs)
+    return await wait_for_run(params.runId, params.timeoutMs, ctx)

@@ -293,12 +293,19 @@ def active_path(window: SessionWindow, *, limit: int | None = None) -> list[Tran
     forks copy the active path into a new window. So the active path is the message events in
     ``seq`` order, and a page of it costs one indexed query whatever the transcript's length.
     """
-    messages = TranscriptEvent.objects.filter(window=window, type="message")
     if limit is None:
-        return list(messages.order_by("seq"))
-    newest = list(messages.order_by("-seq")[:limit])
+        return list(TranscriptEvent.objects.filter(window=window, type="message").order_by("seq"))
+    newest = _newest_messages.fetch(window_id=window.pk, limit=limit)
     newest.reverse()
     return newest
+
+
+# Read on every turn's claim (the model's context): compiled once.
+_newest_messages = PreparedQuery(
+    lambda window_id: TranscriptEvent.objects.filter(window_id=window_id, type="message").order_by("-seq"),
+    limit=True,
+    window_id=str,
+)
 
 
 HISTORY_TEXT_LIMIT = 12_000

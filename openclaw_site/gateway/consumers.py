@@ -24,7 +24,7 @@ from . import invoke, lifecycle, state
 from .conf import gateway_setting
 from .context import RpcContext
 from .dispatch import error_response, parse_frame, run_request
-from .events import subscription_group
+from .events import FOLLOW_UP_KEY, subscription_group
 from .exceptions import (
     FrameRejected,
     GatewayError,
@@ -328,6 +328,15 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             state_version=message.get("stateVersion"),
             drop_if_slow=bool(message.get(DROP_IF_SLOW_KEY)),
         )
+        follow_up = message.get(FOLLOW_UP_KEY)
+        if follow_up is not None and self.phase == "open":
+            # The event is in the transport's buffer: an answer this lets out goes after it.
+            handler = state.delivery_handler(follow_up.get("type", ""))
+            if handler is not None:
+                try:
+                    handler(follow_up, self.channel_name)
+                except Exception:
+                    logger.exception("connection %s: failed to handle %s", self.conn_id, follow_up.get("type"))
 
     async def gateway_close(self, message: dict[str, Any]) -> None:
         if self.phase == "open":

@@ -7,6 +7,7 @@ each consumer filters by role and scope and stamps its own ``seq``.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -20,6 +21,9 @@ from .registry import registry
 logger = logging.getLogger(__name__)
 
 BROADCAST_GROUP = "gateway.broadcast"
+# A notification riding on an event message, handled by each connection after it sent the event to
+# its client (state.on_delivered). Never part of the frame a client receives.
+FOLLOW_UP_KEY = "followUp"
 
 
 def subscription_group(subscription: str) -> str:
@@ -43,34 +47,104 @@ EVENT_NODE_INVOKE_REQUEST = registry.event("node.invoke.request", scope=None, op
 
 
 def broadcast_message(
-    event: str, payload: Any, *, state_version: dict | None = None, drop_if_slow: bool = False
+    event: str,
+    payload: Any,
+    *,
+    state_version: dict | None = None,
+    drop_if_slow: bool = False,
+    follow_up: dict | None = None,
 ) -> dict:
     """``drop_if_slow``: a connection past ``maxBufferedBytes`` skips this event (its ``seq`` is
-    spent, so the client sees a gap and refetches) instead of being closed as a slow consumer."""
+    spent, so the client sees a gap and refetches) instead of being closed as a slow consumer.
+    ``follow_up``: a notification each receiving connection handles once it sent the event
+    (:data:`FOLLOW_UP_KEY`; only events that are not dropped when slow, and not broadcasts)."""
     message = {"type": "gateway.event", "event": event, "payload": payload}
     if state_version is not None:
         message["stateVersion"] = state_version
     if drop_if_slow:
         message[DROP_IF_SLOW_KEY] = True
+    if follow_up is not None:
+        if drop_if_slow or event_group(event) == BROADCAST_GROUP:
+            raise ValueError("a follow-up rides only on subscription or direct events that are never dropped")
+        message[FOLLOW_UP_KEY] = follow_up
     return message
 
 
 def publish_rollback_unsafe(
-    event: str, payload: Any, *, state_version: dict | None = None, drop_if_slow: bool = False
+    event: str,
+    payload: Any,
+    *,
+    state_version: dict | None = None,
+    drop_if_slow: bool = False,
+    follow_up: dict | None = None,
 ) -> None:
     """Send now, whatever the surrounding transaction does. Prefer :func:`publish_on_commit`."""
-    message = broadcast_message(event, payload, state_version=state_version, drop_if_slow=drop_if_slow)
+    message = broadcast_message(
+        event, payload, state_version=state_version, drop_if_slow=drop_if_slow, follow_up=follow_up
+    )
     group = event_group(event)
     publisher.post(lambda: get_channel_layer().group_send(group, message), what=event)
 
 
-def send_direct_rollback_unsafe(channel_name: str, event: str, payload: Any, *, drop_if_slow: bool = False) -> None:
+def send_direct_rollback_unsafe(
+    channel_name: str, event: str, payload: Any, *, drop_if_slow: bool = False, follow_up: dict | None = None
+) -> None:
     """An event for one connection (the one that asked for the work), besides its subscribers.
 
     A connection that is subscribed anyway drops the direct copy, so nobody receives it twice.
     """
-    message = {**broadcast_message(event, payload, drop_if_slow=drop_if_slow), "direct": True}
+    message = {**broadcast_message(event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up), "direct": True}
     publisher.post(lambda: get_channel_layer().send(channel_name, message), what=f"{event} to {channel_name}")
+
+
+class PublicationBatch:
+    """Publications sent together, in order: events to their groups, direct copies, control messages.
+
+    One lane entry instead of one per message, and with the Redis layer two round trips for the
+    whole batch (its ``send_batch``); the order of delivery is the order of the calls, as if each
+    had been posted on its own.
+    """
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str, dict]] = []
+
+    def publish(self, event: str, payload: Any, *, drop_if_slow: bool = False, follow_up: dict | None = None) -> None:
+        message = broadcast_message(event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up)
+        self.items.append(("group", event_group(event), message))
+
+    def send_direct(
+        self, channel_name: str, event: str, payload: Any, *, drop_if_slow: bool = False, follow_up: dict | None = None
+    ) -> None:
+        message = broadcast_message(event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up)
+        self.items.append(("channel", channel_name, {**message, "direct": True}))
+
+    def group_send(self, group: str, message: dict) -> None:
+        self.items.append(("group", group, message))
+
+    def post(self, *, what: str) -> Future:
+        items = list(self.items)
+        self.items.clear()
+        return publisher.post(lambda: send_batch(get_channel_layer(), items), what=what)
+
+
+async def send_batch(layer: Any, items: list[tuple[str, str, dict]]) -> None:
+    """Deliver ``(kind, target, message)`` items in order ("group" or "channel"). Every item is
+    attempted; the first failure is raised after the rest went out (as separate posts would)."""
+    batched = getattr(layer, "send_batch", None)
+    if batched is not None:
+        await batched(items)
+        return
+    failure: Exception | None = None
+    for kind, target, message in items:
+        try:
+            if kind == "group":
+                await layer.group_send(target, message)
+            else:
+                await layer.send(target, message)
+        except Exception as error:
+            failure = failure or error
+    if failure is not None:
+        raise failure
 
 
 def publish_on_commit(

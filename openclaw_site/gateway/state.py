@@ -127,3 +127,19 @@ def on_process_message(message_type: str, handler: Callable[[dict[str, Any]], No
 
 def process_message_handler(message_type: str) -> Callable[[dict[str, Any]], None] | None:
     return _process_handlers.get(message_type)
+
+
+# --- notifications that follow an event on one connection -----------------------------------
+
+_delivery_handlers: dict[str, Callable[[dict[str, Any], str], None]] = {}
+
+
+def on_delivered(message_type: str, handler: Callable[[dict[str, Any], str], None]) -> None:
+    """Handle a notification an event carries (``events.FOLLOW_UP_KEY``), called with it and the
+    connection's channel name once that connection has sent the event to its client: whatever the
+    handler lets that connection answer next goes out after the event."""
+    _delivery_handlers[message_type] = handler
+
+
+def delivery_handler(message_type: str) -> Callable[[dict[str, Any], str], None] | None:
+    return _delivery_handlers.get(message_type)

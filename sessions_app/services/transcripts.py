@@ -81,13 +81,16 @@ def transcript_append(
     type: str,
     body: dict[str, Any],
     idempotency_key: str | None = None,
+    first_time: bool = False,
 ) -> TranscriptEvent:
     """Append after the current leaf of a window whose session row the caller holds locked
     (``window`` read inside that transaction).
 
     A repeated append with the same idempotency key returns the existing event unchanged.
+    ``first_time``: the caller's own guard (a run's state, under the same lock) proves the key was
+    never appended, so it is not looked up; the unique constraint still refuses a repeat.
     """
-    if idempotency_key is not None:
+    if idempotency_key is not None and not first_time:
         existing = TranscriptEvent.objects.filter(window=window, idempotency_key=idempotency_key).first()
         if existing is not None:
             return existing

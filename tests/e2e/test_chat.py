@@ -462,3 +462,37 @@ def test_the_stream_goes_to_the_sender_and_to_subscribers_once(gateway):
     assert seen["bystander"] == []
     assert seen["sender"] == seen["subscriber"]
     assert len(seen["sender"]) == len(set(seen["sender"])) > 0
+
+
+def test_agent_wait_never_answers_ahead_of_the_runs_events(gateway):
+    """The answer of agent.wait goes out after the run's events on the same connection: for the
+    connection that sent the turn and for a subscriber, checked the moment each answer arrives."""
+
+    async def scenario():
+        sender, subscriber = operator(gateway), operator(gateway)
+        for client in (sender, subscriber):
+            await client.connect()
+        await subscriber.request("sessions.subscribe")
+        key = await _session(sender, "ordered")
+
+        def terminal_seen(client, run_id: str) -> bool:
+            return any(
+                f["event"] == "chat" and f["payload"]["runId"] == run_id and f["payload"]["state"] == "final"
+                for f in list(client.events._queue)
+            )
+
+        async def wait_and_look(client, run_id: str) -> tuple[str, bool]:
+            waited = await client.request("agent.wait", {"runId": run_id, "timeoutMs": 20_000})
+            return waited["status"], terminal_seen(client, run_id)
+
+        outcomes = []
+        for i in range(15):
+            run_id = f"ord-{i}"
+            await sender.request("chat.send", {"sessionKey": key, "message": f"turn {i}", "idempotencyKey": run_id})
+            outcomes.append(await asyncio.gather(wait_and_look(sender, run_id), wait_and_look(subscriber, run_id)))
+        for client in (sender, subscriber):
+            await client.close()
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes == [[("ok", True), ("ok", True)]] * 15

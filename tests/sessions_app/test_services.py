@@ -251,8 +251,9 @@ def test_claim_and_finish_cost_few_statements_and_return_what_was_stored(django_
     session = make()
     runs.run_submit(session_key=session.key, message="one", idempotency_key="r1")
     # Savepoint and release around each (the test's transaction), lock, run with its window, running
-    # check, idempotency check, insert, window update, claim, session update, history.
-    with django_assert_num_queries(11):
+    # check, insert (no idempotency lookup: the run's state proves the first time), window update,
+    # claim, session update, history.
+    with django_assert_num_queries(10):
         claim = runs.run_claim(run_id="r1", executor="test")
     stored = Run.objects.get(pk="r1")
     assert (claim.run.status, claim.run.user_event_id, claim.run.started_at) == (
@@ -264,12 +265,26 @@ def test_claim_and_finish_cost_few_statements_and_return_what_was_stored(django_
     usage = {"input": 1, "output": 1, "totalTokens": 2}
     outcome = runs.TurnOutcome(status="ok", text="ONE", stop_reason="stop", usage=usage, model="echo")
     # The same up to the finish, then session update and next-run lookup.
-    with django_assert_num_queries(10):
+    with django_assert_num_queries(9):
         finished = runs.run_finish(run_id="r1", outcome=outcome)
     stored = Run.objects.get(pk="r1")
     for field in ("status", "output_text", "assistant_event_id", "ended_at", "usage", "model", "stop_reason"):
         assert getattr(finished, field) == getattr(stored, field), field
     assert stored.assistant_event_id and stored.status == "ok"
+
+
+def test_a_repeated_claim_or_finish_appends_nothing_twice():
+    """Without the idempotency lookup, the run's state is the guard: a second claim or finish of
+    the same run finds it no longer queued or running, and writes nothing."""
+    session = make()
+    runs.run_submit(session_key=session.key, message="one", idempotency_key="r1")
+    assert runs.run_claim(run_id="r1", executor="test") is not None
+    assert runs.run_claim(run_id="r1", executor="test") is None
+    outcome = runs.TurnOutcome(status="ok", text="ONE")
+    assert runs.run_finish(run_id="r1", outcome=outcome) is not None
+    assert runs.run_finish(run_id="r1", outcome=outcome) is None
+    bodies = [(e.body["role"], e.idempotency_key) for e in TranscriptEvent.objects.order_by("seq")]
+    assert bodies == [("user", "r1:user"), ("assistant", "r1:assistant")]
 
 
 def test_claim_and_finish_of_an_unknown_run_change_nothing():
