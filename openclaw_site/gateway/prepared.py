@@ -15,10 +15,15 @@ database, so nothing here can serve one process's (or one moment's) data to anot
 ``limit=True`` adds ``LIMIT``/``OFFSET`` parameters (Django would write their values into the SQL
 text). A builder must use each parameter as a plain value of a lookup (``exact``, ``gte``,
 ``in``…): one that rewrites it (``icontains``) is refused when compiled.
+
+On SQLite the SQL is kept in the named (``%(p0)s``) parameter style: Django's SQLite cursor rewrites
+format-style (``%s``) SQL into ``?`` with a regular expression on every execute, about 25 µs for a
+wide select (more than SQLite takes to run it), while the named style costs it one ``%`` formatting.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +43,9 @@ class IdList:
 
 
 _KINDS = (str, int, datetime, IdList)
+
+# A format-style placeholder, or an escaped percent sign (left as it is: it means "%" in either style).
+_PLACEHOLDER = re.compile(r"%%|%s")
 
 
 def _marker(kind: type, index: int, position: int = 0) -> Any:
@@ -60,6 +68,8 @@ class _Compiled:
     converters: tuple[tuple[int, tuple[Callable, ...], Any], ...]
     # select_related: filled into each instance from the same row, as the ORM's iterator does.
     related_populators: tuple[Any, ...] = ()
+    # The SQL is in the named style (SQLite): the parameters go as a mapping under these names.
+    param_names: tuple[str, ...] | None = None
 
 
 class PreparedQuery:
@@ -129,6 +139,9 @@ class PreparedQuery:
             raise TypeError("a PreparedQuery parameter is not a plain value of a lookup in the compiled SQL")
         if self._limit:
             sql += " LIMIT %s OFFSET %s"
+        param_names = None
+        if connection.vendor == "sqlite":
+            sql, param_names = _named_style(sql, len(slots) + (2 if self._limit else 0))
         model, init_list, model_slice, populators = None, (), slice(0, 0), ()
         if compiler.klass_info is not None and not queryset._fields:
             model = compiler.klass_info["model"]
@@ -141,7 +154,7 @@ class PreparedQuery:
             (position, tuple(functions), expression)
             for position, (functions, expression) in compiler.get_converters(expressions).items()
         )
-        return _Compiled(sql, tuple(slots), model, init_list, model_slice, converters, populators)
+        return _Compiled(sql, tuple(slots), model, init_list, model_slice, converters, populators, param_names)
 
     def _run(self, compiled: _Compiled, alias: str, values: dict[str, Any], limit: int | None, offset: int) -> list:
         connection = connections[alias]
@@ -159,7 +172,10 @@ class PreparedQuery:
         if limit is not None:
             params += [limit, offset]
         with connection.cursor() as cursor:
-            cursor.execute(compiled.sql, params)
+            if compiled.param_names is not None:
+                cursor.execute(compiled.sql, dict(zip(compiled.param_names, params, strict=True)))
+            else:
+                cursor.execute(compiled.sql, params)
             rows = cursor.fetchall()
         if compiled.converters:
             rows = [_converted(row, compiled.converters, connection) for row in rows]
@@ -171,6 +187,27 @@ class PreparedQuery:
             for row, instance in zip(rows, instances, strict=True):
                 populator.populate(row, instance)
         return instances
+
+
+def _named_style(sql: str, count: int) -> tuple[str, tuple[str, ...] | None]:
+    """The SQL with its ``count`` placeholders named ``p0``, ``p1``…, and those names; the SQL unchanged (and
+    None) when it holds a percent sign that is neither, which only the format style's rewriting passes through."""
+    names: list[str] = []
+
+    def named(match: re.Match) -> str:
+        if match.group() == "%%":
+            return "%%"
+        names.append(f"p{len(names)}")
+        return f"%({names[-1]})s"
+
+    converted = _PLACEHOLDER.sub(named, sql)
+    if len(names) != count:
+        return sql, None
+    try:
+        converted % dict.fromkeys(names, "")
+    except (ValueError, TypeError, KeyError):
+        return sql, None
+    return converted, tuple(names)
 
 
 def _converted(row: Sequence, converters: tuple, connection: Any) -> list:

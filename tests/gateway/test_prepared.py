@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from openclaw_site.gateway.models import DeviceToken, GatewayProcess, PairedDevice
-from openclaw_site.gateway.prepared import MAX_ID_LIST, IdList, PreparedQuery
+from openclaw_site.gateway.prepared import MAX_ID_LIST, IdList, PreparedQuery, _named_style
 from sessions_app.models import Session
 
 pytestmark = pytest.mark.django_db
@@ -127,3 +127,47 @@ def test_select_related_objects_come_from_the_same_query():
         assert token.device.display_name == "laptop"
         assert token.device.approved_at == PairedDevice.objects.get(pk=device.pk).approved_at
     assert len(queries) == 2  # the prepared query, and the comparison's own
+
+
+def test_a_literal_percent_sign_in_the_sql_comes_back_as_the_orm_gives_it():
+    _session("agent:main:p", label="50% off")
+    with_percent = PreparedQuery(
+        lambda key: (
+            Session.objects.filter(key=key).extra(select={"shown": "'100%%'"}).values_list("key", "label", "shown")
+        ),
+        limit=True,
+        key=str,
+    )
+    orm = list(
+        Session.objects.filter(key="agent:main:p")
+        .extra(select={"shown": "'100%%'"})
+        .values_list("key", "label", "shown")
+    )
+    assert (
+        [tuple(row) for row in with_percent.fetch(key="agent:main:p", limit=5)]
+        == orm
+        == [("agent:main:p", "50% off", "100%")]
+    )
+
+
+def test_sqlite_gets_named_parameters_and_sql_it_cannot_name_stays_as_compiled():
+    by_key = PreparedQuery(lambda key: Session.objects.filter(key=key), limit=True, key=str)
+    executed = []
+
+    def capture(execute, sql, params, many, context):
+        executed.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        by_key.fetch(key="agent:main:none", limit=1)
+    [(sql, params)] = executed
+    if connection.vendor == "sqlite":
+        assert params == {"p0": "agent:main:none", "p1": 1, "p2": 0}
+        assert sql.endswith("LIMIT %(p1)s OFFSET %(p2)s")
+    else:
+        assert params == ["agent:main:none", 1, 0]
+
+    assert _named_style("SELECT 5 %% 2 WHERE a = %s", 1) == ("SELECT 5 %% 2 WHERE a = %(p0)s", ("p0",))
+    # A percent sign of neither form, or a count of placeholders other than the parameters': left alone.
+    assert _named_style("SELECT '%d' WHERE a = %s", 1) == ("SELECT '%d' WHERE a = %s", None)
+    assert _named_style("SELECT 1 WHERE a = %s", 2) == ("SELECT 1 WHERE a = %s", None)
