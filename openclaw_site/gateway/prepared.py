@@ -23,6 +23,7 @@ wide select (more than SQLite takes to run it), while the named style costs it o
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -32,7 +33,11 @@ from typing import Any
 
 from django.db import connections, router
 from django.db.models import Model, QuerySet
+from django.db.models.base import ModelState
+from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
 from django.db.models.query import get_related_populators
+from django.db.models.query_utils import DeferredAttribute
+from django.db.models.signals import post_init, pre_init
 
 # At most this many ``__in`` lengths are compiled per query; longer lists use the ORM each time.
 MAX_ID_LIST = 256
@@ -179,14 +184,51 @@ class PreparedQuery:
             rows = cursor.fetchall()
         if compiled.converters:
             rows = [_converted(row, compiled.converters, connection) for row in rows]
-        if compiled.model is None:
+        if compiled.model is None or not rows:
             return rows
         model, init_list, model_slice = compiled.model, list(compiled.init_list), compiled.model_slice
-        instances = [model.from_db(alias, init_list, row[model_slice]) for row in rows]
+        if _plain_init(model, compiled.init_list):
+            instances = [_instance(model, alias, init_list, row[model_slice]) for row in rows]
+        else:
+            instances = [model.from_db(alias, init_list, row[model_slice]) for row in rows]
         for populator in compiled.related_populators:
             for row, instance in zip(rows, instances, strict=True):
                 populator.populate(row, instance)
         return instances
+
+
+@functools.cache
+def _plain_construction(model: type[Model], init_list: tuple[str, ...]) -> bool:
+    """Whether ``model.from_db`` is Django's own for these columns: an instance whose fields are plain attributes
+    (deferred ones absent), set in field order, and nothing else (no override, no field descriptor that acts on
+    a set)."""
+    if model.__init__ is not Model.__init__ or model.from_db.__func__ is not Model.from_db.__func__:
+        return False
+    if any("__init__" in vars(base) for base in model.__mro__ if base not in (model, Model, object)):
+        return False
+    concrete = tuple(field.attname for field in model._meta.concrete_fields)
+    return init_list == tuple(attname for attname in concrete if attname in init_list) and all(
+        type(getattr(model, attname, None)) in (DeferredAttribute, ForeignKeyDeferredAttribute) for attname in concrete
+    )
+
+
+def _plain_init(model: type[Model], init_list: tuple[str, ...]) -> bool:
+    # Receivers of pre_init / post_init may be connected at any time, so this part is asked on every fetch.
+    return _plain_construction(model, init_list) and not (
+        pre_init.has_listeners(model) or post_init.has_listeners(model)
+    )
+
+
+def _instance(model: type[Model], alias: str, init_list: list[str], values: Sequence) -> Model:
+    """What ``model.from_db(alias, init_list, values)`` returns, built without running ``Model.__init__`` (its
+    per-field ``setattr`` loop is most of a wide row's cost), for the models :func:`_plain_init` admits."""
+    instance = object.__new__(model)
+    state = ModelState()
+    state.adding = False
+    state.db = alias
+    instance._state = state
+    instance.__dict__.update(zip(init_list, values, strict=True))
+    return instance
 
 
 def _named_style(sql: str, count: int) -> tuple[str, tuple[str, ...] | None]:

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -171,3 +172,44 @@ def test_sqlite_gets_named_parameters_and_sql_it_cannot_name_stays_as_compiled()
     # A percent sign of neither form, or a count of placeholders other than the parameters': left alone.
     assert _named_style("SELECT '%d' WHERE a = %s", 1) == ("SELECT '%d' WHERE a = %s", None)
     assert _named_style("SELECT 1 WHERE a = %s", 2) == ("SELECT 1 WHERE a = %s", None)
+
+
+def test_instances_behave_as_the_orm_s_when_changed_and_saved():
+    session = _session("agent:main:s", label="before")
+    [prepared] = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str).fetch(key=session.key)
+    assert prepared == Session.objects.get(pk=session.pk) and prepared.pk == session.pk
+    assert prepared.get_deferred_fields() == set()
+    prepared.label = "after"
+    prepared.save(update_fields=["label"])
+    assert Session.objects.get(pk=session.pk).label == "after"
+
+
+def test_init_signal_receivers_see_every_instance_a_prepared_query_builds():
+    session = _session("agent:main:r")
+    by_key = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str)
+    by_key.fetch(key=session.key)  # compiled (and its instances built) before a receiver exists
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance)
+
+    post_init.connect(receiver, sender=Session)
+    try:
+        [fetched] = by_key.fetch(key=session.key)
+    finally:
+        post_init.disconnect(receiver, sender=Session)
+    assert seen == [fetched] and seen[0] is fetched
+
+
+def test_deferred_columns_are_left_out_and_load_on_access_as_with_the_orm():
+    session = _session("agent:main:d", label="shown")
+    Session.objects.filter(pk=session.pk).update(plugin_extensions={"a": 1})
+    [prepared] = PreparedQuery(
+        lambda key: Session.objects.filter(key=key).defer("plugin_extensions", "label"), key=str
+    ).fetch(key=session.key)
+    orm = Session.objects.defer("plugin_extensions", "label").get(pk=session.pk)
+    assert prepared.get_deferred_fields() == orm.get_deferred_fields() == {"plugin_extensions", "label"}
+    assert prepared.key == orm.key and prepared.updated_at == orm.updated_at
+    with CaptureQueriesContext(connection) as queries:
+        assert prepared.plugin_extensions == {"a": 1}
+    assert len(queries) == 1
