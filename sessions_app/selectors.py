@@ -138,6 +138,23 @@ def session_get(key: str) -> Session | None:
     return found[0] if found else None
 
 
+@functools.cache
+def _session_row_query(related: tuple[str, ...], unread: tuple[str, ...]) -> PreparedQuery:
+    return PreparedQuery(
+        lambda key: Session.objects.filter(key=key).defer(*_UNSHOWN_COLUMNS).select_related(*related).defer(*unread),
+        key=str,
+    )
+
+
+def session_row_of(key: str) -> dict | None:
+    """``sessions.describe``'s row of the session of ``key`` (None: no such session), read with only the columns a
+    row and the projections show, as a ``sessions.list`` page reads them (one query in all)."""
+    related = session_projections.related()
+    found = _session_row_query(related, session_projections.unread_columns()).fetch(key=key)
+    session_projections.mark_related_loaded(found, related)
+    return session_row(found[0]) if found else None
+
+
 def session_require(key: str) -> Session:
     session = session_get(key)
     if session is None:

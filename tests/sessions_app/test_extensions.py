@@ -145,7 +145,12 @@ def test_a_page_reads_only_the_related_columns_its_contributors_declared(django_
 
     with connection.execute_wrapper(capture):
         rpc.sessions_list_rpc(_ctx(), schemas.SessionsListParams())
-    assert '"turn_claim_id"' not in statements[0] and '"generation"' in statements[0]
+        described = rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))
+    assert len(statements) == 2  # one query each
+    for sql in statements:
+        assert '"turn_claim_id"' not in sql and '"generation"' in sql and '"plugin_extensions"' not in sql
+    assert described["session"]["key"] == "agent:main:s0"
+    assert rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:none")) == {"session": None}
 
     # A contributor that reads the same relation without declaring its columns gets all of them again.
     with session_projections.contributing("claims", lambda batch: {}, related=("placement",)):
