@@ -109,8 +109,8 @@ class SessionProjections:
         contributor still gets sessions without them from other callers and must read those itself.
 
         ``columns``: ``relation__field`` paths, every column of a ``related`` relation the contributor reads.
-        A ``sessions.list`` page then reads only those of that relation (every column of it otherwise); a
-        column left out loads on access, one query per row."""
+        A ``sessions.list`` page and ``sessions.describe`` then read only those of that relation (every column
+        of it otherwise); a column left out loads on access, one query per row."""
         declared = _declared_columns(related, columns)
         with self._lock:
             if name in self._contributors:
