@@ -125,7 +125,11 @@ def session_fork(request: HttpRequest, key: str, payload: ForkEntry):
 )
 def session_describe(request: HttpRequest, key: str):
     """``sessions.describe``; an unknown key is a 404."""
-    return {"session": selectors.session_row(selectors.session_require(_key(key)))}
+    canonical = _key(key)
+    row = selectors.session_row_of(canonical)
+    if row is None:
+        raise NotFound(f"session not found: {canonical}")
+    return {"session": row}
 
 
 @router.patch(

@@ -90,26 +90,78 @@ class SessionProjections:
     def __init__(self) -> None:
         self._contributors: dict[str, ProjectionContributor] = {}
         self._related: dict[str, tuple[str, ...]] = {}
+        # Per contributor: relation -> the columns of it the contributor reads (relations it declared them for).
+        self._columns: dict[str, dict[str, frozenset[str]]] = {}
+        # (related, unread columns), worked out again after each change of the contributors.
+        self._shape: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._lock = threading.Lock()
 
-    def register(self, name: str, contributor: ProjectionContributor, *, related: Sequence[str] = ()) -> None:
+    def register(
+        self,
+        name: str,
+        contributor: ProjectionContributor,
+        *,
+        related: Sequence[str] = (),
+        columns: Sequence[str] = (),
+    ) -> None:
         """``related``: one-to-one relations of Session the contributor reads, which the session reads
         of ``sessions.list`` / ``sessions.describe`` load in their own query (``select_related``); the
-        contributor still gets sessions without them from other callers and must read those itself."""
+        contributor still gets sessions without them from other callers and must read those itself.
+
+        ``columns``: ``relation__field`` paths, every column of a ``related`` relation the contributor reads.
+        A ``sessions.list`` page and ``sessions.describe`` then read only those of that relation (every column
+        of it otherwise); a column left out loads on access, one query per row."""
+        declared = _declared_columns(related, columns)
         with self._lock:
             if name in self._contributors:
                 raise RuntimeError(f"session projection registered twice: {name}")
             self._contributors[name] = contributor
             self._related[name] = tuple(related)
+            self._columns[name] = declared
+            self._shape = None
 
     def unregister(self, name: str) -> None:
         with self._lock:
             self._contributors.pop(name, None)
             self._related.pop(name, None)
+            self._columns.pop(name, None)
+            self._shape = None
 
     def related(self) -> tuple[str, ...]:
         """Every contributor's ``related`` relations, sorted (a stable key for a compiled query)."""
-        return tuple(sorted({relation for relations in list(self._related.values()) for relation in relations}))
+        return self._query_shape()[0]
+
+    def unread_columns(self) -> tuple[str, ...]:
+        """``relation__field`` paths of the related columns no contributor reads, sorted: those of relations
+        whose every contributor declared its ``columns``."""
+        return self._query_shape()[1]
+
+    def _query_shape(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        shape = self._shape
+        if shape is not None:
+            return shape
+        with self._lock:
+            related = tuple(sorted({relation for relations in self._related.values() for relation in relations}))
+            wanted: dict[str, set[str]] = {}
+            whole: set[str] = set()
+            for name, relations in self._related.items():
+                for relation in relations:
+                    if relation in self._columns[name]:
+                        wanted.setdefault(relation, set()).update(self._columns[name][relation])
+                    else:
+                        whole.add(relation)
+            unread = []
+            for relation, fields in wanted.items():
+                if relation in whole:
+                    continue
+                target = Session._meta.get_field(relation).related_model._meta
+                unread += [
+                    f"{relation}__{field.name}"
+                    for field in target.concrete_fields
+                    if not field.primary_key and field.name not in fields
+                ]
+            self._shape = shape = (related, tuple(sorted(unread)))
+            return shape
 
     def mark_related_loaded(self, sessions: Sequence[Session], related: tuple[str, ...]) -> None:
         """These sessions were read with ``related`` in the same query (by the sessions selectors)."""
@@ -141,13 +193,32 @@ class SessionProjections:
 
     @contextmanager
     def contributing(
-        self, name: str, contributor: ProjectionContributor, *, related: Sequence[str] = ()
+        self,
+        name: str,
+        contributor: ProjectionContributor,
+        *,
+        related: Sequence[str] = (),
+        columns: Sequence[str] = (),
     ) -> Iterator[None]:
-        self.register(name, contributor, related=related)
+        self.register(name, contributor, related=related, columns=columns)
         try:
             yield
         finally:
             self.unregister(name)
+
+
+def _declared_columns(related: Sequence[str], columns: Sequence[str]) -> dict[str, frozenset[str]]:
+    """``columns`` by relation; a path that names no column of a ``related`` relation is refused."""
+    declared: dict[str, set[str]] = {}
+    for path in columns:
+        relation, _, field = path.partition("__")
+        if relation not in related:
+            raise ValueError(f"session projection column {path!r} is not of a related relation")
+        target = Session._meta.get_field(relation).related_model._meta
+        if field not in {f.name for f in target.concrete_fields}:
+            raise ValueError(f"session projection column {path!r} names no column")
+        declared.setdefault(relation, set()).add(field)
+    return {relation: frozenset(fields) for relation, fields in declared.items()}
 
 
 class SessionAction(StrEnum):

@@ -49,8 +49,7 @@ def sessions_list_rpc(ctx: RpcContext, params: SessionsListParams) -> dict:
 
 @method("sessions.describe", params=SessionRef, scope=sc.READ)
 def sessions_describe_rpc(ctx: RpcContext, params: SessionRef) -> dict:
-    session = selectors.session_get(_key(params.key, params.agentId))
-    return {"session": selectors.session_row(session) if session is not None else None}
+    return {"session": selectors.session_row_of(_key(params.key, params.agentId))}
 
 
 @method("sessions.patch", params=SessionsPatchParams, scope=sc.ADMIN)

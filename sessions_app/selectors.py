@@ -19,7 +19,7 @@ from . import keys
 from .extensions import session_projections
 from .model_providers import default_model
 from .models import Run, Session, SessionWindow, TranscriptEvent
-from .schemas import RunsListParams, SessionsListParams
+from .schemas import RunsListParams, SessionRowOut, SessionsListParams
 
 
 def _ms(value) -> int | None:
@@ -32,11 +32,14 @@ def session_rows(sessions: Sequence[Session]) -> list[dict]:
     extra = session_projections.extra_fields(sessions)
     rows = []
     for session in sessions:
-        row, contributed = _own_row(session), extra.get(session.key, {})
-        overridden = row.keys() & contributed.keys()
-        if overridden:
-            raise RuntimeError(f"a session projection overrides session fields {sorted(overridden)}")
-        rows.append({**{k: v for k, v in row.items() if v is not None}, **contributed})
+        row = _own_row(session)
+        contributed = extra.get(session.key)
+        if contributed:
+            overridden = _OWN_FIELDS & contributed.keys()
+            if overridden:
+                raise RuntimeError(f"a session projection overrides session fields {sorted(overridden)}")
+            row.update(contributed)
+        rows.append(row)
     return rows
 
 
@@ -44,43 +47,64 @@ def session_row(session: Session) -> dict:
     return session_rows([session])[0]
 
 
+# Every field of a row that sessions_app writes, set or not (the JSON API's schema of the row lists them): a
+# projection may claim none of them.
+_OWN_FIELDS = frozenset(SessionRowOut.model_fields)
+
+
 def _own_row(session: Session) -> dict:
-    """Every field of the row, unset ones as None (left out on the wire)."""
-    row = {
+    """The session's own fields, unset ones left out (absent on the wire), in the protocol's order.
+
+    Built field by field rather than as a full dict filtered afterwards: a page of rows is the bulk of
+    sessions.list's own work."""
+    row: dict = {
         "key": session.key,
         "kind": "direct",
         "agentId": session.agent_id,
         "sessionId": session.session_id,
         "lifecycleRevision": session.lifecycle_revision,
-        "updatedAt": _ms(session.updated_at),
-        "createdAt": _ms(session.created_at),
-        "lastInteractionAt": _ms(session.last_interaction_at),
-        "label": session.label or None,
-        "displayName": session.display_name or None,
-        "category": session.category or None,
-        "archived": session.archived_at is not None,
-        "pinned": session.pinned_at is not None,
-        "initializationPending": session.initialization_pending,
-        "createdVia": session.created_via,
-        "parentSessionKey": session.parent_session_key or None,
-        "status": session.status or None,
-        "model": session.model or None,
-        "modelProvider": session.model_provider or None,
-        "inputTokens": session.input_tokens,
-        "outputTokens": session.output_tokens,
-        "lastRunId": session.last_run_id or None,
     }
-    row["forkSource"] = (
-        {
+    if session.updated_at:
+        row["updatedAt"] = int(session.updated_at.timestamp() * 1000)
+    if session.created_at:
+        row["createdAt"] = int(session.created_at.timestamp() * 1000)
+    if session.last_interaction_at:
+        row["lastInteractionAt"] = int(session.last_interaction_at.timestamp() * 1000)
+    if session.label:
+        row["label"] = session.label
+    if session.display_name:
+        row["displayName"] = session.display_name
+    if session.category:
+        row["category"] = session.category
+    row["archived"] = session.archived_at is not None
+    row["pinned"] = session.pinned_at is not None
+    row["initializationPending"] = session.initialization_pending
+    if session.created_via is not None:
+        row["createdVia"] = session.created_via
+    if session.parent_session_key:
+        row["parentSessionKey"] = session.parent_session_key
+    if session.status:
+        row["status"] = session.status
+    if session.model:
+        row["model"] = session.model
+    if session.model_provider:
+        row["modelProvider"] = session.model_provider
+    if session.input_tokens is not None:
+        row["inputTokens"] = session.input_tokens
+    if session.output_tokens is not None:
+        row["outputTokens"] = session.output_tokens
+    if session.last_run_id:
+        row["lastRunId"] = session.last_run_id
+    if session.fork_source_session_key:
+        row["forkSource"] = {
             "sessionKey": session.fork_source_session_key,
             "sessionId": session.fork_source_session_id,
             "entryId": session.fork_source_entry_id or None,
         }
-        if session.fork_source_session_key
-        else None
-    )
-    row["spawnedCwd"] = shown_path(session.cwd) if session.cwd else None
-    row["worktree"] = _shown_worktree(session.worktree) if session.worktree else None
+    if session.cwd:
+        row["spawnedCwd"] = shown_path(session.cwd)
+    if session.worktree:
+        row["worktree"] = _shown_worktree(session.worktree)
     return row
 
 
@@ -112,6 +136,23 @@ def session_get(key: str) -> Session | None:
     found = _session_by_key_query(related).fetch(key=key)  # the key is unique
     session_projections.mark_related_loaded(found, related)
     return found[0] if found else None
+
+
+@functools.cache
+def _session_row_query(related: tuple[str, ...], unread: tuple[str, ...]) -> PreparedQuery:
+    return PreparedQuery(
+        lambda key: Session.objects.filter(key=key).defer(*_UNSHOWN_COLUMNS).select_related(*related).defer(*unread),
+        key=str,
+    )
+
+
+def session_row_of(key: str) -> dict | None:
+    """``sessions.describe``'s row of the session of ``key`` (None: no such session), read with only the columns a
+    row and the projections show, as a ``sessions.list`` page reads them (one query in all)."""
+    related = session_projections.related()
+    found = _session_row_query(related, session_projections.unread_columns()).fetch(key=key)
+    session_projections.mark_related_loaded(found, related)
+    return session_row(found[0]) if found else None
 
 
 def session_require(key: str) -> Session:
@@ -224,9 +265,9 @@ def sessions_page(
 ) -> tuple[list[Session], bool]:
     """One page, newest first, plus whether more follow. One query; from a keyset cursor (``after``: the
     previous page's last ``(updated_at, id)``) its cost does not grow with the depth, from an offset it does."""
-    related = session_projections.related()
+    related, unread = session_projections.related(), session_projections.unread_columns()
     if search:
-        queryset = _sessions_filtered(agent_id, label, search, archived).select_related(*related)
+        queryset = _sessions_filtered(agent_id, label, search, archived).select_related(*related).defer(*unread)
         if after is not None:
             queryset = _after(queryset, *after)
         rows = list(queryset[offset : offset + limit + 1])
@@ -234,7 +275,9 @@ def sessions_page(
         given: dict = {name: value for name, value in (("agent_id", agent_id), ("label", label)) if value is not None}
         if after is not None:
             given.update(after_updated_at=after[0], after_id=after[1])
-        query = _session_page_query(agent_id is not None, label is not None, after is not None, archived, related)
+        query = _session_page_query(
+            agent_id is not None, label is not None, after is not None, archived, related, unread
+        )
         rows = query.fetch(limit=limit + 1, offset=offset, **given)
     session_projections.mark_related_loaded(rows, related)
     return rows[:limit], len(rows) > limit
@@ -247,10 +290,16 @@ def _after(qs: QuerySet[Session], updated_at: datetime, pk: int) -> QuerySet[Ses
     return qs.filter(Q(updated_at__lte=updated_at), Q(updated_at__lt=updated_at) | Q(updated_at=updated_at, pk__lt=pk))
 
 
+# Session columns that neither a row nor a projection reads, left out of a page's query: on SQLite each
+# column of a result costs its execute about 0.5 µs even when no row comes back, and the plugin extensions
+# are a JSON document to decode per row. Anything that reads them from a page's sessions loads them then.
+_UNSHOWN_COLUMNS = ("plugin_extensions", "agent_harness_id", "model_selection_locked")
+
+
 def _sessions_filtered(
     agent_id: str | None, label: str | None, search: str | None, archived: bool | str
 ) -> QuerySet[Session]:
-    qs: QuerySet[Session] = Session.objects.all()
+    qs: QuerySet[Session] = Session.objects.defer(*_UNSHOWN_COLUMNS)
     if agent_id is not None:
         qs = qs.filter(agent_id=agent_id)
     if label is not None:
@@ -266,10 +315,16 @@ def _sessions_filtered(
 
 @functools.cache
 def _session_page_query(
-    by_agent: bool, by_label: bool, keyset: bool, archived: bool | str, related: tuple[str, ...]
+    by_agent: bool,
+    by_label: bool,
+    keyset: bool,
+    archived: bool | str,
+    related: tuple[str, ...],
+    unread: tuple[str, ...],
 ) -> PreparedQuery:
     """A page without ``search`` (a substring match the ORM rewrites per value): one compiled query per
-    combination of filters (twenty-four), with the relations session projections read."""
+    combination of filters (twenty-four), with the relations session projections read (only the columns
+    they read of them, ``unread`` left out)."""
     kinds: dict = {name: str for name, given in (("agent_id", by_agent), ("label", by_label)) if given}
     if keyset:
         kinds.update(after_updated_at=datetime, after_id=int)
@@ -280,7 +335,7 @@ def _session_page_query(
         after_updated_at: datetime | None = None,
         after_id: int | None = None,
     ) -> QuerySet[Session]:
-        qs = _sessions_filtered(agent_id, label, None, archived).select_related(*related)
+        qs = _sessions_filtered(agent_id, label, None, archived).select_related(*related).defer(*unread)
         return _after(qs, after_updated_at, after_id) if keyset else qs
 
     return PreparedQuery(build, limit=True, **kinds)

@@ -22,11 +22,13 @@ class WorkersConfig(AppConfig):
         from .providers.static_ssh import StaticSshProvider
         from .runners import select_worker_runner
         from .runtimes import worker_runtimes
-        from .selectors import node_worker_fields, placement_fields
+        from .selectors import PLACEMENT_PROJECTION_COLUMNS, node_worker_fields, placement_fields
         from .services.recovery import workers_node_removed, workers_recover_startup
         from .tasks import recovery_sweep
 
-        session_projections.register("placement", placement_fields, related=("placement",))
+        session_projections.register(
+            "placement", placement_fields, related=("placement",), columns=PLACEMENT_PROJECTION_COLUMNS
+        )
         registry.node_projections.append(node_worker_fields)
         registry.node_removal_hooks.append(workers_node_removed)
         action_guards.register(placement_barrier)

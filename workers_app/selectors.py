@@ -33,6 +33,30 @@ PRE_OWNER_STATES = (S.PROVISIONING, S.SYNCING, S.STARTING)
 OWNER_STATES = (S.ACTIVE, S.DRAINING, S.RECONCILING)
 
 
+# Every column of a placement that placement_fields and placement_projection read: a sessions.list page reads
+# only these of its sessions' placements (a column read but missing here costs a query per placed row).
+PLACEMENT_PROJECTION_COLUMNS = tuple(
+    f"placement__{name}"
+    for name in (
+        "state",
+        "generation",
+        "created_at_ms",
+        "updated_at_ms",
+        "state_changed_at_ms",
+        "environment_id",
+        "active_owner_epoch",
+        "worker_bundle_hash",
+        "workspace_base_manifest_ref",
+        "remote_workspace_dir",
+        "last_transcript_ack_cursor",
+        "last_live_event_ack_cursor",
+        "terminal_reason",
+        "terminal_at_ms",
+        "recovery_error",
+    )
+)
+
+
 def placement_projection(placement: Placement, environment: WorkerEnvironment | None) -> dict[str, Any]:
     """What clients see of a placement: never turn claims, agent or session ids (workers.md §4.4)."""
     projection: dict[str, Any] = {

@@ -56,22 +56,15 @@ def _rss_bytes() -> int | None:
 
 @method("status", scope=sc.READ)
 def status_rpc(ctx: RpcContext, params) -> dict:
+    processes, counts = selectors.live_processes_and_connection_counts()
     return {
         "runtimeVersion": SERVER_VERSION,
         "pid": os.getpid(),
         "bootId": state.BOOT_ID,
         "uptimeMs": state.uptime_ms(),
         "processMemory": {"rssBytes": _rss_bytes()},
-        "gatewayProcesses": [
-            {
-                "bootId": str(p.boot_id),
-                "hostname": p.hostname,
-                "pid": p.pid,
-                "heartbeatAtMs": selectors.to_ms(p.heartbeat_at),
-            }
-            for p in selectors.live_process_list()
-        ],
-        "connections": {**selectors.connection_counts(), "local": len(state.local_connections)},
+        "gatewayProcesses": processes,
+        "connections": {**counts, "local": len(state.local_connections)},
     }
 
 

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from . import counters
@@ -379,26 +379,35 @@ def node_describe(node_id: str) -> dict | None:
     return None
 
 
-_LIVE_PROCESSES = PreparedQuery(
-    lambda cutoff: GatewayProcess.objects.filter(heartbeat_at__gte=cutoff).order_by("started_at", "boot_id"),
+# Live processes and the roles of their connections, counted per process and role (a process without
+# connections gives one row with no role): what ``status`` shows of the cluster, in one query.
+_LIVE_PROCESS_ROLES = PreparedQuery(
+    lambda cutoff: (
+        GatewayProcess.objects.filter(heartbeat_at__gte=cutoff)
+        .values_list("boot_id", "hostname", "pid", "heartbeat_at", "connections__role")
+        .annotate(count=Count("connections"))
+        .order_by("started_at", "boot_id", "connections__role")
+    ),
     cutoff=datetime,
 )
-_LIVE_CONNECTION_ROLES = PreparedQuery(
-    lambda cutoff: GatewayConnection.objects.filter(process__heartbeat_at__gte=cutoff).values_list("role"),
-    cutoff=datetime,
-)
 
 
-def live_process_list() -> list[GatewayProcess]:
-    """:func:`live_processes` for ``status``, which asks on every call."""
-    return _LIVE_PROCESSES.fetch(cutoff=process_stale_before())
-
-
-def connection_counts() -> dict:
+def live_processes_and_connection_counts() -> tuple[list[dict], dict[str, int]]:
+    """For ``status``, which asks on every call: the live processes, oldest first, and the number of their
+    connections per role (``operator`` and ``node`` always present)."""
+    processes: dict = {}
     counts = {"operator": 0, "node": 0}
-    for (role,) in _LIVE_CONNECTION_ROLES.fetch(cutoff=process_stale_before()):
-        counts[role] = counts.get(role, 0) + 1
-    return counts
+    for boot_id, hostname, pid, heartbeat_at, role, count in _LIVE_PROCESS_ROLES.fetch(cutoff=process_stale_before()):
+        if boot_id not in processes:
+            processes[boot_id] = {
+                "bootId": str(boot_id),
+                "hostname": hostname,
+                "pid": pid,
+                "heartbeatAtMs": to_ms(heartbeat_at),
+            }
+        if role is not None:
+            counts[role] = counts.get(role, 0) + count
+    return list(processes.values()), counts
 
 
 PRESENCE_MAX_ENTRIES = 100

@@ -7,11 +7,12 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from openclaw_site.gateway.models import DeviceToken, GatewayProcess, PairedDevice
-from openclaw_site.gateway.prepared import MAX_ID_LIST, IdList, PreparedQuery
+from openclaw_site.gateway.prepared import MAX_ID_LIST, IdList, PreparedQuery, _named_style
 from sessions_app.models import Session
 
 pytestmark = pytest.mark.django_db
@@ -127,3 +128,88 @@ def test_select_related_objects_come_from_the_same_query():
         assert token.device.display_name == "laptop"
         assert token.device.approved_at == PairedDevice.objects.get(pk=device.pk).approved_at
     assert len(queries) == 2  # the prepared query, and the comparison's own
+
+
+def test_a_literal_percent_sign_in_the_sql_comes_back_as_the_orm_gives_it():
+    _session("agent:main:p", label="50% off")
+    with_percent = PreparedQuery(
+        lambda key: (
+            Session.objects.filter(key=key).extra(select={"shown": "'100%%'"}).values_list("key", "label", "shown")
+        ),
+        limit=True,
+        key=str,
+    )
+    orm = list(
+        Session.objects.filter(key="agent:main:p")
+        .extra(select={"shown": "'100%%'"})
+        .values_list("key", "label", "shown")
+    )
+    assert (
+        [tuple(row) for row in with_percent.fetch(key="agent:main:p", limit=5)]
+        == orm
+        == [("agent:main:p", "50% off", "100%")]
+    )
+
+
+def test_sqlite_gets_named_parameters_and_sql_it_cannot_name_stays_as_compiled():
+    by_key = PreparedQuery(lambda key: Session.objects.filter(key=key), limit=True, key=str)
+    executed = []
+
+    def capture(execute, sql, params, many, context):
+        executed.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        by_key.fetch(key="agent:main:none", limit=1)
+    [(sql, params)] = executed
+    if connection.vendor == "sqlite":
+        assert params == {"p0": "agent:main:none", "p1": 1, "p2": 0}
+        assert sql.endswith("LIMIT %(p1)s OFFSET %(p2)s")
+    else:
+        assert params == ["agent:main:none", 1, 0]
+
+    assert _named_style("SELECT 5 %% 2 WHERE a = %s", 1) == ("SELECT 5 %% 2 WHERE a = %(p0)s", ("p0",))
+    # A percent sign of neither form, or a count of placeholders other than the parameters': left alone.
+    assert _named_style("SELECT '%d' WHERE a = %s", 1) == ("SELECT '%d' WHERE a = %s", None)
+    assert _named_style("SELECT 1 WHERE a = %s", 2) == ("SELECT 1 WHERE a = %s", None)
+
+
+def test_instances_behave_as_the_orm_s_when_changed_and_saved():
+    session = _session("agent:main:s", label="before")
+    [prepared] = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str).fetch(key=session.key)
+    assert prepared == Session.objects.get(pk=session.pk) and prepared.pk == session.pk
+    assert prepared.get_deferred_fields() == set()
+    prepared.label = "after"
+    prepared.save(update_fields=["label"])
+    assert Session.objects.get(pk=session.pk).label == "after"
+
+
+def test_init_signal_receivers_see_every_instance_a_prepared_query_builds():
+    session = _session("agent:main:r")
+    by_key = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str)
+    by_key.fetch(key=session.key)  # compiled (and its instances built) before a receiver exists
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance)
+
+    post_init.connect(receiver, sender=Session)
+    try:
+        [fetched] = by_key.fetch(key=session.key)
+    finally:
+        post_init.disconnect(receiver, sender=Session)
+    assert seen == [fetched] and seen[0] is fetched
+
+
+def test_deferred_columns_are_left_out_and_load_on_access_as_with_the_orm():
+    session = _session("agent:main:d", label="shown")
+    Session.objects.filter(pk=session.pk).update(plugin_extensions={"a": 1})
+    [prepared] = PreparedQuery(
+        lambda key: Session.objects.filter(key=key).defer("plugin_extensions", "label"), key=str
+    ).fetch(key=session.key)
+    orm = Session.objects.defer("plugin_extensions", "label").get(pk=session.pk)
+    assert prepared.get_deferred_fields() == orm.get_deferred_fields() == {"plugin_extensions", "label"}
+    assert prepared.key == orm.key and prepared.updated_at == orm.updated_at
+    with CaptureQueriesContext(connection) as queries:
+        assert prepared.plugin_extensions == {"a": 1}
+    assert len(queries) == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from openclaw_site.gateway.exceptions import Unavailable
@@ -129,6 +130,51 @@ def test_a_related_relation_is_trusted_only_from_the_query_that_read_the_session
         rpc.sessions_list_rpc(_ctx(), schemas.SessionsListParams())
         selectors.session_row(Session.objects.get(key="agent:main:s0"))
     assert seen == [True, True, False]
+
+
+def test_a_page_reads_only_the_related_columns_its_contributors_declared(django_assert_num_queries):
+    # workers_app declares the placement columns its projection reads; the page leaves the others out.
+    unread = set(session_projections.unread_columns())
+    assert "placement__turn_claim_id" in unread and "placement__state" not in unread
+    make("agent:main:s0")
+    statements: list[str] = []
+
+    def capture(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        rpc.sessions_list_rpc(_ctx(), schemas.SessionsListParams())
+        described = rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))
+    assert len(statements) == 2  # one query each
+    for sql in statements:
+        assert '"turn_claim_id"' not in sql and '"generation"' in sql and '"plugin_extensions"' not in sql
+    assert described["session"]["key"] == "agent:main:s0"
+    assert rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:none")) == {"session": None}
+
+    # A contributor that reads the same relation without declaring its columns gets all of them again.
+    with session_projections.contributing("claims", lambda batch: {}, related=("placement",)):
+        assert not any(path.startswith("placement__") for path in session_projections.unread_columns())
+        with connection.execute_wrapper(capture):
+            rpc.sessions_list_rpc(_ctx(), schemas.SessionsListParams())
+        assert '"turn_claim_id"' in statements[-1]
+    assert set(session_projections.unread_columns()) == unread
+
+
+@pytest.mark.parametrize(
+    ("related", "columns", "message"),
+    [
+        ((), ("placement__state",), "not of a related relation"),
+        (("placement",), ("placement__no_such_column",), "names no column"),
+        (("placement",), ("state",), "not of a related relation"),
+    ],
+)
+def test_a_declared_column_must_name_a_column_of_a_related_relation(related, columns, message):
+    with pytest.raises(ValueError, match=message):
+        session_projections.register("wrong", lambda batch: {}, related=related, columns=columns)
+    # Nothing was registered: the name is free and the page's columns are unchanged.
+    with session_projections.contributing("wrong", lambda batch: {}):
+        pass
 
 
 def test_a_projection_may_not_override_session_fields():

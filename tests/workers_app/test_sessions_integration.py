@@ -44,6 +44,7 @@ def test_describe_and_list_show_the_projection_of_each_state(django_assert_num_q
     with django_assert_num_queries(2):  # the page with its placements, their environments
         listed = {row["key"]: row for row in rpc.sessions_list_rpc(Ctx(), schemas.SessionsListParams())["sessions"]}
 
+    assert listed[active.key]["placement"] == shown
     assert shown["state"] == S.ACTIVE and shown["generation"] == 5
     assert shown["environmentId"] == ENV and shown["activeOwnerEpoch"] == 1
     assert (shown["providerId"], shown["profileId"]) == ("static-ssh", "test")  # the environment it owns
@@ -63,7 +64,10 @@ def test_a_failed_placement_shows_its_terminal_facts_and_recovery_action():
     store.placement_fail(session=gone, recovery_error="cloud worker disappeared: environment record missing")
 
     shown = describe(gone.key)["placement"]
+    listed = {row["key"]: row for row in rpc.sessions_list_rpc(Ctx(), schemas.SessionsListParams())["sessions"]}
 
+    # The page reads only the placement columns the projection declares: the same projection as describe's.
+    assert listed[gone.key]["placement"] == shown
     assert shown["state"] == S.FAILED
     assert shown["terminalReason"] == shown["recoveryError"] == "cloud worker disappeared: environment record missing"
     assert isinstance(shown["terminalAtMs"], int)
