@@ -80,18 +80,18 @@ return false
 
 
 class RedisChannelLayer(core.RedisChannelLayer):
-    async def send(self, channel, message):
+    def _addressed(self, channel, message) -> tuple[str, dict]:
+        """The channel's sorted-set key and the message as stored there (upstream's checks and rules)."""
         assert isinstance(message, dict), "message is not a dict"
         assert self.require_valid_channel_name(channel), "Channel name not valid"
         assert "__asgi_channel__" not in message
-        channel_non_local_name = channel
         if "!" in channel:
-            message = {**message, "__asgi_channel__": channel}
-            channel_non_local_name = self.non_local_name(channel)
-            index = self.consistent_hash(channel)
-        else:
-            index = next(self._send_index_generator)
-        channel_key = self.prefix + channel_non_local_name
+            return self.prefix + self.non_local_name(channel), {**message, "__asgi_channel__": channel}
+        return self.prefix + channel, message
+
+    async def send(self, channel, message):
+        channel_key, message = self._addressed(channel, message)
+        index = self.consistent_hash(channel) if "!" in channel else next(self._send_index_generator)
         now = time.time()
         full = await self.connection(index).eval(
             _SEND,
@@ -192,17 +192,11 @@ class RedisChannelLayer(core.RedisChannelLayer):
                     )
                     sends.append(("group", target))
                 continue
-            assert isinstance(message, dict), "message is not a dict"
-            assert self.require_valid_channel_name(target), "Channel name not valid"
-            assert "__asgi_channel__" not in message
-            channel_non_local_name = target
-            if "!" in target:
-                message = {**message, "__asgi_channel__": target}
-                channel_non_local_name = self.non_local_name(target)
+            channel_key, message = self._addressed(target, message)
             delivering.eval(
                 _SEND,
                 1,
-                self.prefix + channel_non_local_name,
+                channel_key,
                 self.serialize(message),
                 score,
                 stale,
