@@ -87,9 +87,7 @@ def test_reads_keep_answering_while_turns_write(gateway):
 
     assert statuses == ["ok"] * turns
     assert [len(methods) for methods in reads] == [reads_each] * readers  # every read answered, none failed
-    assert sorted(row["key"] for row in listed["sessions"]) == sorted(
-        Session.objects.values_list("key", flat=True)
-    )
+    assert sorted(row["key"] for row in listed["sessions"]) == sorted(Session.objects.values_list("key", flat=True))
     assert {f"agent:main:busy-{index}" for index in range(turns)} <= {row["key"] for row in listed["sessions"]}
     assert "Traceback" not in gateway.log()
 
