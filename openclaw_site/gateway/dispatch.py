@@ -83,10 +83,10 @@ async def run_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any]:
             raise InvalidRequest(f"invalid {frame.method} params: {format_validation_error(exc)}") from None
         if spec.is_async:
             payload = await spec.handler(ctx, params)
-        elif spec.reads_only and loop_reads.enabled():
+        elif spec.reads_only and loop_reads.serves(spec.reads_cache):
             try:
-                payload = loop_reads.call(spec.handler, ctx, params)
-            except loop_reads.DatabaseBusy:
+                payload = await loop_reads.call(spec.handler, ctx, params)
+            except loop_reads.Unavailable:
                 payload = await _hop(spec.handler)(ctx, params)
         else:
             payload = await _hop(spec.handler)(ctx, params)

@@ -111,9 +111,9 @@ async def startup() -> None:
     # on asgiref's process-wide thread, which lives as long as the process: it keeps its PostgreSQL
     # connection across hops instead of a pool checkout and Django's connection setup per call.
     await asyncio.wrap_future(SyncToAsync.single_thread_executor.submit(keep_connections_in_this_thread))
-    # On the embedded profile, read-only methods skip that hop altogether (loop_reads).
+    # Read-only methods skip that hop altogether (loop_reads).
     if loop_reads.enable():
-        logger.info("read-only methods are answered on the event loop (embedded profile: SQLite, in-process cache)")
+        logger.info("read-only methods are answered on the event loop")
     ensure_started()
     await ensure_process_registered()
     # A predecessor killed on this host still looks live for a heartbeat timeout: its connections are

@@ -1,26 +1,35 @@
-"""Read-only gateway methods answered on the event loop, on the embedded (SQLite) profile.
+"""Read-only gateway methods answered on the event loop's thread, without a database hop.
 
 A database hop (channels' ``database_sync_to_async``) hands the call to the database thread and the
-answer back: two thread switches, a future and the GIL changing hands twice. For a method that
-reads a few rows of a local SQLite file that costs several times the query: ``sessions.list`` took
-0.70 ms against ``health``'s 0.31 ms, and the loop thread spent most of its time handing calls over.
-SQLite answers such a read in microseconds without waiting on anything (WAL: a reader never waits
-for a writer), so the methods registered ``reads_only`` run their sync handler right on the loop
-thread, as any sync thread would, on connections this module owns:
+answer back: two thread switches, a future and the GIL changing hands twice. For a method that reads
+a few rows that costs several times the query: ``sessions.list`` took 0.70 ms on SQLite against
+``health``'s 0.31 ms, and the loop thread spent most of its time handing calls over. So the methods
+registered ``reads_only`` run their sync handler on the loop's thread, on connections this module
+owns (a few per process, never a connection of a request or task), bound as ``connections[alias]``
+only while the call runs:
 
-- one Django connection per database alias, opened on the loop thread when first needed and kept
-  for the life of the process (a process-owned connection, never a connection of a request or
-  task), bound as ``connections[alias]`` for the duration of the call only;
-- read-only (``PRAGMA query_only``): a handler that writes fails (the caller gets the generic
-  error, the log the cause) and writes nothing, rather than taking SQLite's write lock on the loop;
-- never waiting for a lock (``busy_timeout`` 0): in the rare case SQLite answers busy (another
-  connection recovering the WAL), the call is run again by a database hop, which may wait.
+- SQLite (the embedded profile): a read answers in microseconds without waiting on anything (WAL: a
+  reader never waits for a writer), so the handler simply runs. The connection is opened when first
+  needed and kept; it is read-only (``PRAGMA query_only``) and never waits for a lock
+  (``busy_timeout`` 0): in the rare case SQLite answers busy (another connection recovering the
+  WAL) the call is run again by a hop, which may wait.
+- PostgreSQL: a query is a network round trip, which must not hold the loop. The handler runs as a
+  cooperative call (openclaw_site/postgresql/cooperative.py): its waits for the server are awaited
+  on the loop, which serves other connections meanwhile. Each call has a connection of its own for
+  as long as it runs, one of :data:`POSTGRESQL_CONNECTIONS` kept pooled connections (taken from the
+  pool, so the pool's size stays the process's ceiling), read-only while kept
+  (``default_transaction_read_only``). When all are busy, or the pool has no idle connection to
+  give one at once, the call takes a hop instead.
+
+Methods that read the cache too (``reads_cache``) are answered this way only when the cache is the
+process's own memory: a network cache is as much a wait as a network database, and has no
+cooperative client here. A handler that writes fails (the caller gets the generic error, the log the
+cause) and writes nothing.
 
 Every call reads the database: nothing is cached, so nothing one process (or one moment) saw is
-served for another. On PostgreSQL the methods keep their hop: a query there is a network round
-trip, which the event loop must not wait for. Django refuses sync database work while an event loop
-runs in the thread (its guard against blocking a loop by mistake); here the loop thread runs such
-work on purpose, so the guard is lifted (the running loop unset) for the call and restored after.
+served for another. Django refuses sync database work while an event loop runs in the thread (its
+guard against blocking a loop by mistake); here the loop thread runs such work on purpose, so the
+guard is lifted (the running loop unset) while the handler runs, and restored whenever it stops.
 """
 
 from __future__ import annotations
@@ -40,35 +49,65 @@ from django.db import OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
+from psycopg_pool import PoolTimeout
+
+from openclaw_site.postgresql.cooperative import run_cooperatively
 
 _SQLITE_ENGINE = "django.db.backends.sqlite3"
+_POSTGRESQL_ENGINE = "openclaw_site.postgresql"
 _MEMORY_CACHE = "django.core.cache.backends.locmem.LocMemCache"
-_SETUP = ("PRAGMA query_only = ON", "PRAGMA busy_timeout = 0")
+_SQLITE_SETUP = ("PRAGMA query_only = ON", "PRAGMA busy_timeout = 0")
+
+# Kept PostgreSQL connections for calls on the loop, at most; a quarter of the pool at most, so that
+# HTTP requests, the database thread and in-process tasks keep most of it (none with a pool under 4).
+POSTGRESQL_CONNECTIONS = 4
 
 
-class DatabaseBusy(Exception):
-    """SQLite could not read without waiting for a lock: run the call where waiting is allowed."""
+class Unavailable(Exception):
+    """The call cannot run on the loop now (SQLite busy, no free connection): run it by a hop."""
+
+
+class _Slot:
+    """The connections (one per alias) of one call at a time."""
+
+    def __init__(self) -> None:
+        self.wrappers: dict[str, BaseDatabaseWrapper] = {}
+        self.busy = False
 
 
 class _LoopReads:
     def __init__(self) -> None:
         self.enabled = False
         self.thread_ident: int | None = None
-        self.wrappers: dict[str, BaseDatabaseWrapper] = {}
-        # Per alias, the sqlite3 connection that was set up (read-only, no waiting); a wrapper holding any
-        # other (a connect that failed half-way) is closed before use.
-        self.ready: dict[str, Any] = {}
+        self.cooperative = False  # some alias is PostgreSQL: calls run cooperatively
+        self.local_cache = False
+        self.slots: list[_Slot] = []
+        # Per SQLite wrapper, the sqlite3 connection that was set up (read-only, no waiting); a wrapper
+        # holding any other (a connect that failed half-way) is closed before use.
+        self.ready: dict[int, Any] = {}
 
 
 _state = _LoopReads()
 
 
+def _connections_on_the_loop() -> int:
+    """How many calls can run on the loop at once with these settings (0: none, every call hops)."""
+    databases = list(settings.DATABASES.values())
+    if any(database["ENGINE"] not in (_SQLITE_ENGINE, _POSTGRESQL_ENGINE) for database in databases):
+        return 0
+    pools = [
+        database.get("OPTIONS", {}).get("pool") for database in databases if database["ENGINE"] == _POSTGRESQL_ENGINE
+    ]
+    if not pools:
+        return 1  # SQLite only: a call runs to its end before the loop does anything else
+    if not all(isinstance(pool, dict) for pool in pools):
+        return 0
+    return min(POSTGRESQL_CONNECTIONS, min(pool["max_size"] for pool in pools) // 4)
+
+
 def supported() -> bool:
-    """Whether this is the embedded profile: every database a SQLite file, the cache in process memory (a read
-    handler may consult the cache, and a network cache is as much a wait as a network database)."""
-    return all(database["ENGINE"] == _SQLITE_ENGINE for database in settings.DATABASES.values()) and all(
-        cache["BACKEND"] == _MEMORY_CACHE for cache in settings.CACHES.values()
-    )
+    """Whether these settings let read-only methods run on the loop (SQLite, or PostgreSQL with a pool)."""
+    return _connections_on_the_loop() > 0
 
 
 def enable() -> bool:
@@ -77,78 +116,129 @@ def enable() -> bool:
     Called by the gateway when it starts serving; returns whether it took effect.
     """
     asyncio.get_running_loop()  # a loop thread only
-    if not supported():
+    count = _connections_on_the_loop()
+    if count == 0:
         return False
+    _state.cooperative = any(database["ENGINE"] == _POSTGRESQL_ENGINE for database in settings.DATABASES.values())
+    _state.local_cache = all(cache["BACKEND"] == _MEMORY_CACHE for cache in settings.CACHES.values())
+    _state.slots = [_Slot() for _ in range(count)]
     _state.thread_ident = threading.get_ident()
     _state.enabled = True
     return True
 
 
-def disable() -> None:
-    """Back to database hops for every method; the loop's connections are closed (call it on the loop thread)."""
+async def disable() -> None:
+    """Back to database hops for every method; the loop's connections are given back (on the loop thread)."""
     _state.enabled = False
-    wrappers, _state.wrappers = _state.wrappers, {}
+    slots, _state.slots = _state.slots, []
     _state.ready = {}
-    with _sync_section():
-        for wrapper in wrappers.values():
-            wrapper.close()
+    for slot in slots:
+        wrappers = list(slot.wrappers.values())
+        if _state.cooperative:
+            await run_cooperatively(_close_all, wrappers, enter=_lift_guard, leave=_restore_guard)
+        else:
+            with _sync_section():
+                _close_all(wrappers)
 
 
-def enabled() -> bool:
-    return _state.enabled and _state.thread_ident == threading.get_ident()
+def serves(reads_cache: bool) -> bool:
+    """Whether a ``reads_only`` method (one that also reads the cache: ``reads_cache``) runs on this thread's loop."""
+    return _state.enabled and _state.thread_ident == threading.get_ident() and (_state.local_cache or not reads_cache)
 
 
-def call(handler: Callable[..., Any], *args: Any) -> Any:
-    """``handler(*args)`` on the loop thread with the loop's read-only connections (see the module).
+async def call(handler: Callable[..., Any], *args: Any) -> Any:
+    """``handler(*args)`` on the loop's thread with a slot of its own (see the module).
 
-    Raises :class:`DatabaseBusy` when SQLite answered busy: the caller runs the handler by a hop.
+    Raises :class:`Unavailable` when it cannot run there now: the caller runs the handler by a hop.
     """
-    previous: dict[str, BaseDatabaseWrapper | None] = {}
-    with _sync_section():
-        try:
-            _bind(previous)
-            return handler(*args)
-        except OperationalError as error:
-            if _busy(error):
-                raise DatabaseBusy from error
-            raise
-        finally:
+    slot = next((slot for slot in _state.slots if not slot.busy), None)
+    if slot is None:
+        raise Unavailable
+    slot.busy = True
+    try:
+        if not _state.cooperative:
+            with _sync_section(), _bound(slot):
+                return _run(slot, handler, args)
+        previous: dict[str, BaseDatabaseWrapper | None] = {}
+
+        def enter() -> None:
+            _lift_guard()
+            _bind(slot, previous)
+
+        def leave() -> None:
             _unbind(previous)
+            _restore_guard()
+
+        return await run_cooperatively(_run, slot, handler, args, enter=enter, leave=leave)
+    finally:
+        slot.busy = False
+
+
+def _run(slot: _Slot, handler: Callable[..., Any], args: tuple) -> Any:
+    try:
+        return handler(*args)
+    except OperationalError as error:
+        # SQLite busy, or no idle pooled connection to take without waiting (Django wraps psycopg's error).
+        if _busy(error) or isinstance(error.__cause__, PoolTimeout):
+            raise Unavailable from error
+        raise
+    finally:
+        # As at the end of a hop: a PostgreSQL connection left in a transaction, failed or past its age is
+        # given back. (A SQLite one is the process's own, kept for its life.)
+        for wrapper in slot.wrappers.values():
+            if wrapper.vendor == "postgresql" and wrapper.connection is not None:
+                wrapper.close_if_unusable_or_obsolete()
+
+
+# --- the thread as sync code expects it -------------------------------------------------------
+
+_guarded_loops: list[asyncio.AbstractEventLoop] = []
+
+
+def _lift_guard() -> None:
+    _guarded_loops.append(asyncio.get_running_loop())
+    _set_running_loop(None)
+
+
+def _restore_guard() -> None:
+    _set_running_loop(_guarded_loops.pop())
 
 
 @contextmanager
 def _sync_section() -> Iterator[None]:
-    loop = asyncio.get_running_loop()
-    _set_running_loop(None)
+    _lift_guard()
     try:
         yield
     finally:
-        _set_running_loop(loop)
+        _restore_guard()
 
 
-def _bind(previous: dict[str, BaseDatabaseWrapper | None]) -> None:
+@contextmanager
+def _bound(slot: _Slot) -> Iterator[None]:
+    previous: dict[str, BaseDatabaseWrapper | None] = {}
+    try:
+        _bind(slot, previous)
+        yield
+    finally:
+        _unbind(previous)
+
+
+def _bind(slot: _Slot, previous: dict[str, BaseDatabaseWrapper | None]) -> None:
     # The thread's own connections (the sync view of Django's per-thread storage, which is where
     # Django looks while no loop runs) are set aside in ``previous`` and given back after: the loop
-    # thread normally has none, but a test's loop may run in a thread that holds one. The loop's
+    # thread normally has none, but a test's loop may run in a thread that holds one. The slot's
     # connect when first used (an alias no method reads is never opened).
     for alias in connections:
-        wrapper = _state.wrappers.get(alias)
+        wrapper = slot.wrappers.get(alias)
         if wrapper is None:
-            wrapper = _state.wrappers[alias] = connections.create_connection(alias)
-        elif wrapper.connection is not None and wrapper.connection is not _state.ready.get(alias):
-            wrapper.close()
+            wrapper = slot.wrappers[alias] = connections.create_connection(alias)
+            if wrapper.vendor == "postgresql":
+                wrapper.cooperative = True
+        elif wrapper.vendor == "sqlite" and wrapper.connection is not None:
+            if wrapper.connection is not _state.ready.get(id(wrapper)):
+                wrapper.close()
         previous[alias] = _current(alias)
         connections[alias] = wrapper
-
-
-@receiver(connection_created, dispatch_uid="loop_reads_set_up")
-def _set_up(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    if _state.wrappers.get(connection.alias) is not connection:
-        return
-    with connection.wrap_database_errors:
-        for statement in _SETUP:
-            connection.connection.execute(statement)  # the sqlite3 connection itself
-    _state.ready[connection.alias] = connection.connection
 
 
 def _unbind(previous: dict[str, BaseDatabaseWrapper | None]) -> None:
@@ -157,13 +247,32 @@ def _unbind(previous: dict[str, BaseDatabaseWrapper | None]) -> None:
             del connections[alias]
         else:
             connections[alias] = wrapper
+    previous.clear()
 
 
 def _current(alias: str) -> BaseDatabaseWrapper | None:
+    # Django's handler has no way to ask for a connection without creating one.
     try:
         return getattr(connections._connections, alias)
     except AttributeError:
         return None
+
+
+@receiver(connection_created, dispatch_uid="loop_reads_sqlite_set_up")
+def _set_up_sqlite(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    if connection.vendor != "sqlite" or not any(
+        slot.wrappers.get(connection.alias) is connection for slot in _state.slots
+    ):
+        return
+    with connection.wrap_database_errors:
+        for statement in _SQLITE_SETUP:
+            connection.connection.execute(statement)  # the sqlite3 connection itself
+    _state.ready[id(connection)] = connection.connection
+
+
+def _close_all(wrappers: list[BaseDatabaseWrapper]) -> None:
+    for wrapper in wrappers:
+        wrapper.close()
 
 
 def _busy(error: OperationalError) -> bool:
@@ -171,4 +280,4 @@ def _busy(error: OperationalError) -> bool:
     return "locked" in message or "busy" in message
 
 
-__all__ = ["DatabaseBusy", "call", "disable", "enable", "enabled", "supported"]
+__all__ = ["POSTGRESQL_CONNECTIONS", "Unavailable", "call", "disable", "enable", "serves", "supported"]

@@ -37,6 +37,8 @@ class MethodSpec:
     # The handler only reads the database (and the process's own state): on the embedded profile it
     # runs on the event loop instead of a database hop (openclaw_site/gateway/loop_reads.py).
     reads_only: bool = False
+    # ... and reads the cache too: on the loop only when the cache is in process memory.
+    reads_cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class MethodRegistry:
         role: Role = "operator",
         advertise: bool = True,
         reads_only: bool = False,
+        reads_cache: bool = False,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register ``handler(ctx, params)``. Unclassified methods default to ``operator.admin``."""
 
@@ -90,6 +93,7 @@ class MethodRegistry:
                 is_async=inspect.iscoroutinefunction(handler),
                 advertise=advertise,
                 reads_only=reads_only,
+                reads_cache=reads_cache,
             )
             return handler
 

@@ -38,10 +38,13 @@ from typing import Any
 
 from django.db.backends.postgresql import base as postgresql
 from psycopg import Error as PsycopgError
+from psycopg import IsolationLevel
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 CHECK_AFTER_IDLE_S = 1.0
+# How long the event loop's thread may wait for an idle pooled connection (see ``cooperative``).
+COOPERATIVE_CHECKOUT_TIMEOUT_S = 0.001
 
 # Checkout time per pooled connection: measured from checkout, the idle time is never underestimated.
 _checked_out_at: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
@@ -79,6 +82,9 @@ def _usable(connection: Any) -> bool:
 class DatabaseWrapper(postgresql.DatabaseWrapper):
     # Whether the current connection stays open across hops (opened in a marked thread).
     kept = False
+    # A connection of the event loop's read-only calls (openclaw_site/gateway/loop_reads.py): checked out
+    # without waiting, kept, and read-only (``default_transaction_read_only``) until given back.
+    cooperative = False
     # Kept connections: when it was last pinged or a hop first queried on it (at or before its last
     # use, so the time since is never less than the time the connection sat unused).
     used_at = 0.0
@@ -90,24 +96,66 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         # As psycopg's own checking getconn does: hand a failed connection back (the pool discards
         # it) and take another, at most once per pooled connection before trusting a fresh one.
         for _attempt in range(pool.max_size):
-            connection = super().get_new_connection(conn_params)
+            connection = self._checkout(conn_params)
             if _usable(connection):
                 return connection
             pool.putconn(connection)
-        return super().get_new_connection(conn_params)
+        return self._checkout(conn_params)
+
+    def _checkout(self, conn_params):
+        if not self.cooperative:
+            return super().get_new_connection(conn_params)
+        # The event loop's thread never waits for the pool: with no idle connection the checkout fails
+        # at once (PoolTimeout) and the caller takes a database hop instead.
+        pool = self.pool
+        pool.open()
+        connection = pool.getconn(timeout=COOPERATIVE_CHECKOUT_TIMEOUT_S)
+        isolation_level = self.settings_dict["OPTIONS"].get("isolation_level")
+        self.isolation_level = IsolationLevel(isolation_level or IsolationLevel.READ_COMMITTED)
+        if isolation_level is not None:
+            connection.isolation_level = self.isolation_level
+        return connection
 
     def connect(self):
         super().connect()
         pool = self.pool
+        if self.cooperative:
+            self._make_read_only()
         # A pool of one connection is shared by taking turns: kept, it would leave every other thread
         # of the process (HTTP requests, the heartbeat, recovery) waiting for the pool timeout.
-        self.kept = pool is not None and pool.max_size > 1 and keeps_connections()
+        self.kept = pool is not None and pool.max_size > 1 and (keeps_connections() or self.cooperative)
         if self.kept:
             # Given back after as long as the pool keeps any connection (its max_lifetime, an hour by
             # default) rather than at the end of each hop, and checked before a hop's first query.
             self.close_at = time.monotonic() + pool.max_lifetime
             self.health_check_enabled = True
             self.used_at = time.monotonic()
+
+    def _make_read_only(self):
+        try:
+            with self.wrap_database_errors:
+                self.connection.execute("SET default_transaction_read_only = on")
+        except BaseException:
+            self.close()
+            raise
+
+    def _close(self):
+        if self.cooperative and self.connection is not None and self.pool is not None:
+            self._restore_writable()
+        super()._close()
+
+    def _restore_writable(self):
+        # A pooled connection goes back as it came, or not at all: one left read-only would fail the
+        # writes of whichever thread takes it next. Anything but an idle connection is closed here,
+        # which the pool discards (it would roll a connection in a transaction back and keep it).
+        connection = self.connection
+        try:
+            if connection.info.transaction_status == TransactionStatus.IDLE:
+                connection.execute("RESET default_transaction_read_only")
+                return
+        except PsycopgError:
+            pass
+        connection.close()
 
     def close_if_health_check_failed(self):
         # Before a hop's first query, for what runs on the kept thread without channels' hop (whose

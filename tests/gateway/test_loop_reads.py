@@ -1,4 +1,5 @@
-"""Read-only methods answered on the event loop (embedded profile): committed data, no writes, busy → hop."""
+"""Read-only methods answered on the event loop's thread: committed data, no writes, never holding the loop,
+and a hop whenever the loop cannot answer at once (SQLite busy, every loop connection taken)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import sqlite3
 import threading
 from pathlib import Path
 
+import psycopg
 import pytest
-from django.db import OperationalError, connections
+from django.db import OperationalError, connection, connections
 
 from openclaw_site.gateway import loop_reads
 from openclaw_site.gateway import scopes as sc
@@ -20,10 +22,13 @@ from openclaw_site.gateway.protocol import RequestFrame
 from openclaw_site.gateway.registry import EmptyParams, MethodRegistry, MethodSpec, registry
 from sessions_app.models import Session
 from sessions_app.services.sessions import session_ensure_main
+from tests.support.processes import current_database_url
 
-EMBEDDED_ONLY = pytest.mark.skipif(
-    not loop_reads.supported(),
-    reason="answering on the event loop is the embedded profile's (SQLite); on PostgreSQL these methods hop",
+SQLITE_ONLY = pytest.mark.skipif(
+    connection.vendor != "sqlite", reason="a SQLite reader's busy answer; PostgreSQL readers are never refused"
+)
+POSTGRESQL_ONLY = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="cooperative waits are PostgreSQL's (SQLite reads never wait)"
 )
 
 
@@ -46,35 +51,56 @@ def _reads_only(monkeypatch, name: str, handler) -> None:
     monkeypatch.setitem(registry.methods, name, spec)
 
 
-def _on_the_loop(*frames: RequestFrame) -> list[dict]:
-    """The frames' responses, answered one after another by a loop that has loop reads enabled."""
+def _frame(method: str, request_id: str = "r", params: dict | None = None) -> RequestFrame:
+    return RequestFrame(type="req", id=request_id, method=method, params=params)
+
+
+def _on_the_loop(*frames: RequestFrame, concurrently: bool = False) -> list[dict]:
+    """The frames' responses, answered by a loop that has loop reads enabled (one after another, or all at once)."""
 
     async def run() -> list[dict]:
         assert loop_reads.enable()
         try:
+            if concurrently:
+                return list(await asyncio.gather(*(run_request(_ctx(), frame) for frame in frames)))
             return [await run_request(_ctx(), frame) for frame in frames]
         finally:
-            loop_reads.disable()
+            await loop_reads.disable()
 
     return asyncio.run(run())
 
 
 # supported() only reads the two settings; no connection is made with the overridden ones.
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
-def test_supported_only_on_sqlite_with_the_in_process_cache(settings):
+def test_supported_with_sqlite_or_a_postgresql_pool(settings):
     sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": "/tmp/x.sqlite3"}
-    postgresql = {"ENGINE": "openclaw_site.postgresql", "NAME": "openclaw"}
-    memory = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
-    redis = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": "redis://127.0.0.1:6379/0"}
+
+    def postgresql(pool):
+        return {"ENGINE": "openclaw_site.postgresql", "NAME": "openclaw", "OPTIONS": {"pool": pool}}
 
     settings.DATABASES = {"default": sqlite, "harness": sqlite}
-    settings.CACHES = {"default": memory}
     assert loop_reads.supported()
-    settings.DATABASES = {"default": sqlite, "harness": postgresql}
+    settings.DATABASES = {"default": postgresql({"max_size": 8}), "harness": sqlite}
+    assert loop_reads.supported()
+    settings.DATABASES = {"default": postgresql({"max_size": 3}), "harness": sqlite}  # too small a pool to share
     assert not loop_reads.supported()
-    settings.DATABASES = {"default": sqlite, "harness": sqlite}
-    settings.CACHES = {"default": redis}
+    settings.DATABASES = {"default": postgresql(None), "harness": sqlite}
     assert not loop_reads.supported()
+    settings.DATABASES = {"default": {"ENGINE": "django.db.backends.mysql", "NAME": "x"}, "harness": sqlite}
+    assert not loop_reads.supported()
+
+
+def test_methods_reading_the_cache_stay_on_the_loop_only_with_the_in_process_cache(settings):
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": "redis://x"}}
+
+    async def served() -> tuple[bool, bool]:
+        assert loop_reads.enable()
+        try:
+            return loop_reads.serves(reads_cache=False), loop_reads.serves(reads_cache=True)
+        finally:
+            await loop_reads.disable()
+
+    assert asyncio.run(served()) == (True, False)
 
 
 def test_only_sync_handlers_can_be_reads_only():
@@ -88,16 +114,16 @@ def test_only_sync_handlers_can_be_reads_only():
 
 
 def test_loop_reads_apply_to_the_loop_thread_only():
-    async def enable_here() -> bool:
+    async def enable_here() -> tuple[bool, bool, bool]:
         enabled = loop_reads.enable()
-        seen_elsewhere = await asyncio.get_running_loop().run_in_executor(None, loop_reads.enabled)
-        loop_reads.disable()
-        return enabled and loop_reads.enabled() is False and seen_elsewhere is False
+        here = loop_reads.serves(reads_cache=False)
+        elsewhere = await asyncio.get_running_loop().run_in_executor(None, loop_reads.serves, False)
+        await loop_reads.disable()
+        return enabled, here, elsewhere
 
-    assert asyncio.run(enable_here()) is loop_reads.supported()
+    assert asyncio.run(enable_here()) == (True, True, False)
 
 
-@EMBEDDED_ONLY
 @pytest.mark.django_db(transaction=True)
 def test_a_reads_only_method_reads_committed_data_on_the_loop_thread_with_a_connection_of_its_own(monkeypatch):
     session_ensure_main(agent_id="main")
@@ -109,9 +135,7 @@ def test_a_reads_only_method_reads_committed_data_on_the_loop_thread_with_a_conn
         return {"keys": list(Session.objects.values_list("key", flat=True))}
 
     _reads_only(monkeypatch, "test.read", handler)
-    first, second = _on_the_loop(
-        RequestFrame(type="req", id="r1", method="test.read"), RequestFrame(type="req", id="r2", method="test.read")
-    )
+    first, second = _on_the_loop(_frame("test.read", "r1"), _frame("test.read", "r2"))
 
     assert first["payload"] == second["payload"] == {"keys": ["agent:main:main"]}
     assert [thread for thread, _, _ in seen] == [threading.get_ident()] * 2
@@ -121,11 +145,10 @@ def test_a_reads_only_method_reads_committed_data_on_the_loop_thread_with_a_conn
     assert connections["default"] is thread_connection
 
 
-@EMBEDDED_ONLY
 @pytest.mark.django_db(transaction=True)
 def test_sessions_list_on_the_loop_answers_as_by_a_hop():
     session_ensure_main(agent_id="main")
-    frame = RequestFrame(type="req", id="l", method="sessions.list", params={"limit": 10})
+    frame = _frame("sessions.list", "l", {"limit": 10})
     (on_loop,) = _on_the_loop(frame)
     by_hop = asyncio.run(run_request(_ctx(), frame))
 
@@ -135,7 +158,6 @@ def test_sessions_list_on_the_loop_answers_as_by_a_hop():
     assert on_loop == by_hop
 
 
-@EMBEDDED_ONLY
 @pytest.mark.django_db(transaction=True)
 def test_a_write_in_a_reads_only_method_fails_generically_and_writes_nothing(monkeypatch, caplog):
     session_ensure_main(agent_id="main")
@@ -146,17 +168,19 @@ def test_a_write_in_a_reads_only_method_fails_generically_and_writes_nothing(mon
 
     _reads_only(monkeypatch, "test.writes", handler)
     with caplog.at_level(logging.ERROR):
-        (response,) = _on_the_loop(RequestFrame(type="req", id="w", method="test.writes"))
+        (response,) = _on_the_loop(_frame("test.writes", "w"))
 
     assert response["ok"] is False and response["error"]["code"] == "UNAVAILABLE"
-    assert "readonly" not in json.dumps(response) and "UPDATE" not in json.dumps(response)
-    assert any("readonly" in str(record.exc_info[1]) for record in caplog.records if record.exc_info)
+    text = json.dumps(response)
+    assert "read" not in text.replace("reference", "") and "UPDATE" not in text
+    causes = [str(record.exc_info[1]) for record in caplog.records if record.exc_info]
+    assert any("readonly" in cause or "read-only" in cause for cause in causes)
     assert Session.objects.get(key="agent:main:main").label in ("", None)
 
 
-@EMBEDDED_ONLY
+@SQLITE_ONLY
 @pytest.mark.django_db(transaction=True)
-def test_a_busy_database_sends_the_call_to_a_hop(monkeypatch, tmp_path: Path):
+def test_a_busy_sqlite_database_sends_the_call_to_a_hop(monkeypatch, tmp_path: Path):
     # A WAL reader is refused (SQLITE_BUSY) only while another connection holds the database in exclusive
     # locking mode; the loop never waits for it (busy_timeout 0): the call is run again by a hop.
     locked = tmp_path / "locked.sqlite3"
@@ -176,7 +200,7 @@ def test_a_busy_database_sends_the_call_to_a_hop(monkeypatch, tmp_path: Path):
 
     _reads_only(monkeypatch, "test.busy", handler)
     try:
-        (response,) = _on_the_loop(RequestFrame(type="req", id="b", method="test.busy"))
+        (response,) = _on_the_loop(_frame("test.busy", "b"))
     finally:
         holder.close()
 
@@ -184,7 +208,6 @@ def test_a_busy_database_sends_the_call_to_a_hop(monkeypatch, tmp_path: Path):
     assert threads[0] == threading.get_ident() and threads[1] != threads[0]
 
 
-@EMBEDDED_ONLY
 @pytest.mark.django_db(transaction=True)
 def test_an_error_other_than_busy_is_not_retried():
     async def run() -> None:
@@ -197,13 +220,148 @@ def test_an_error_other_than_busy_is_not_retried():
 
         try:
             with pytest.raises(OperationalError, match="no such table"):
-                loop_reads.call(handler)
-            assert asyncio.get_running_loop() is not None  # given back after the failure
+                await loop_reads.call(handler)
+            asyncio.get_running_loop()  # given back after the failure
             assert calls == [1]
         finally:
-            loop_reads.disable()
+            await loop_reads.disable()
 
     asyncio.run(run())
+
+
+@POSTGRESQL_ONLY
+@pytest.mark.django_db(transaction=True)
+def test_postgresql_reads_wait_on_the_loop_and_a_call_beyond_the_loop_connections_hops(monkeypatch):
+    ticks = 0
+    seen: list[tuple[int, int, int]] = []  # (thread, ticks before the query, ticks after)
+
+    def handler(ctx, params):
+        before = ticks
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(0.2)")
+        seen.append((threading.get_ident(), before, ticks))
+        return {"ok": True}
+
+    _reads_only(monkeypatch, "test.sleep", handler)
+
+    async def run() -> list[dict]:
+        nonlocal ticks
+        assert loop_reads.enable()
+        slots = len(loop_reads._state.slots)
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.005)
+                ticks += 1
+
+        ticking = asyncio.get_running_loop().create_task(ticker())
+        try:
+            return list(
+                await asyncio.gather(*(run_request(_ctx(), _frame("test.sleep", str(n))) for n in range(slots + 1)))
+            )
+        finally:
+            ticking.cancel()
+            await loop_reads.disable()
+
+    responses = asyncio.run(run())
+
+    assert all(response["ok"] for response in responses)
+    on_loop = [entry for entry in seen if entry[0] == threading.get_ident()]
+    by_hop = [entry for entry in seen if entry[0] != threading.get_ident()]
+    assert len(by_hop) == 1 and len(on_loop) == len(responses) - 1
+    # The loop kept running (the ticker ticked) while each of its own queries waited for the server.
+    assert all(after > before for _, before, after in on_loop)
+    _assert_pool_connections_writable()
+
+
+@POSTGRESQL_ONLY
+@pytest.mark.django_db(transaction=True)
+def test_postgresql_a_call_cancelled_mid_query_frees_its_connection(monkeypatch):
+    started = threading.Event()
+
+    def slow(ctx, params):
+        started.set()
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(5)")
+        return {"ok": True}
+
+    def quick(ctx, params):
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT 1")
+            return {"value": cursor.fetchone()[0]}
+
+    _reads_only(monkeypatch, "test.slow", slow)
+    _reads_only(monkeypatch, "test.quick", quick)
+
+    async def run() -> tuple[bool, list[dict]]:
+        assert loop_reads.enable()
+        try:
+            slow_call = asyncio.get_running_loop().create_task(run_request(_ctx(), _frame("test.slow")))
+            while not started.is_set():
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            slow_call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await slow_call
+            free = all(not slot.busy for slot in loop_reads._state.slots)
+            return free, [await run_request(_ctx(), _frame("test.quick", str(n))) for n in range(3)]
+        finally:
+            await loop_reads.disable()
+
+    free, answers = asyncio.run(run())
+
+    assert free
+    assert [answer["payload"] for answer in answers] == [{"value": 1}] * 3
+    _assert_pool_connections_writable()
+
+
+@POSTGRESQL_ONLY
+@pytest.mark.django_db(transaction=True)
+def test_postgresql_a_loop_connection_killed_between_calls_is_replaced(monkeypatch):
+    def backend(ctx, params):
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            return {"pid": cursor.fetchone()[0]}
+
+    _reads_only(monkeypatch, "test.backend", backend)
+
+    async def run() -> tuple[dict, list[dict]]:
+        assert loop_reads.enable()
+        try:
+            first = await run_request(_ctx(), _frame("test.backend", "first"))
+            await asyncio.to_thread(_terminate, first["payload"]["pid"])
+            later = [await run_request(_ctx(), _frame("test.backend", str(n))) for n in range(3)]
+            return first, later
+        finally:
+            await loop_reads.disable()
+
+    first, later = asyncio.run(run())
+
+    # At most one call fails (generically) on the killed connection; after it, calls run on another.
+    assert sum(not answer["ok"] for answer in later) <= 1
+    assert all(answer["error"]["code"] == "UNAVAILABLE" for answer in later if not answer["ok"])
+    assert later[-1]["ok"] and later[-1]["payload"]["pid"] != first["payload"]["pid"]
+    _assert_pool_connections_writable()
+
+
+def _terminate(pid: int) -> None:
+    with psycopg.connect(current_database_url(), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+def _assert_pool_connections_writable() -> None:
+    """Every idle connection of the pool is as the pool gave it out: not left read-only by the loop."""
+    pool = connections["default"].pool
+    taken = []
+    try:
+        while pool.get_stats().get("pool_available", 0) > 0:
+            taken.append(pool.getconn(timeout=1))
+        for pooled in taken:
+            assert pooled.execute("SHOW default_transaction_read_only").fetchone()[0] == "off"
+    finally:
+        for pooled in taken:
+            pool.putconn(pooled)
 
 
 def _loop_running() -> bool:
