@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
+from django.db import connection, connections
 from django.utils import timezone
 
 from openclaw_site.gateway.models import GatewayProcess
@@ -36,6 +37,9 @@ class ScriptedProvider:
     destroy_error: Exception | None = None
     hang: threading.Event | None = None
     destroyed: list[str] = field(default_factory=list)
+    # Reads the database in inspect, as the device and local providers do; the connection it used is kept.
+    reads_database: bool = False
+    inspect_connections: list = field(default_factory=list)
 
     def validate_settings(self, settings):
         return None
@@ -46,6 +50,9 @@ class ScriptedProvider:
     def inspect(self, lease_id, profile):
         if self.hang is not None:
             self.hang.wait(10)
+        if self.reads_database:
+            GatewayProcess.objects.exists()
+            self.inspect_connections.append(connections["default"])
         if self.inspect_error is not None:
             raise self.inspect_error
         return Inspection(self.status)
@@ -224,6 +231,21 @@ def test_a_provider_that_hangs_costs_its_deadline_and_changes_nothing(scripted, 
     environment = WorkerEnvironment.objects.get(pk=ENV)
     assert environment.last_error == "inspect: Worker provider scripted inspect timed out after 200 ms"
     assert environment.state == "attached" and row(session) == placement_before
+
+
+def test_a_provider_that_reads_the_database_gives_its_connection_back_to_the_pool(scripted):
+    if connection.vendor != "postgresql":
+        pytest.skip("the connection pool is PostgreSQL's (SQLite keeps a thread's connection for CONN_MAX_AGE)")
+    scripted.reads_database = True
+    session = make_session()
+    on_scripted(session)
+
+    workers_recovery_sweep()
+
+    # Provider calls run on threads that live as long as the process: a connection kept there is one the
+    # pool never gets back, and a session that blocks dropping the database.
+    [used] = scripted.inspect_connections
+    assert used.connection is None
 
 
 def test_a_provider_bug_reaches_last_error_as_its_kind_not_its_text(scripted):

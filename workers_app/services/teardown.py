@@ -14,6 +14,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from django.conf import settings
+from django.db import close_old_connections
 
 from sessions_app.models import Session
 
@@ -46,9 +47,19 @@ def provider_timeout_s() -> float:
     return settings.OPENCLAW_WORKERS["PROVIDER_TIMEOUT_MS"] / 1000
 
 
+def _run_provider_call[T](fn: Callable[..., T], *args: Any) -> T:
+    try:
+        return fn(*args)
+    finally:
+        # The pool's threads live as long as the process: a connection a provider's queries (the device
+        # and local providers read the node's records) left checked out would never go back to the
+        # database pool, and would keep a session open on the database until the process exits.
+        close_old_connections()
+
+
 def call_provider[T](provider_id: str, operation: str, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` bounded by the provider deadline; a hang or a crash becomes a ``WorkerProviderError``."""
-    future = _pool.submit(fn, *args)
+    future = _pool.submit(_run_provider_call, fn, *args)
     try:
         return future.result(timeout=provider_timeout_s())
     except FutureTimeout:
