@@ -242,6 +242,10 @@ async def shutdown(reason: str = "gateway stopping", restart_expected_ms: int | 
         await database_sync_to_async(connection_services.process_unregister)(boot_id=state.BOOT_ID)
     except Exception:
         logger.exception("failed to unregister gateway process")
+    try:
+        await loop_reads.disable()  # the loop's kept connections go back to the pool, writable again
+    except Exception:
+        logger.exception("failed to close the event loop's read connections")
     for task in (_tasks.loop_task, _tasks.listener_task):
         if task is not None:
             task.cancel()

@@ -133,6 +133,8 @@ async def disable() -> None:
     slots, _state.slots = _state.slots, []
     _state.ready = {}
     for slot in slots:
+        if slot.busy:
+            continue  # a call still running on it (the process is stopping): its connection closes with the process
         wrappers = list(slot.wrappers.values())
         if _state.cooperative:
             await run_cooperatively(_close_all, wrappers, enter=_lift_guard, leave=_restore_guard)
