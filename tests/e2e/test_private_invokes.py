@@ -487,7 +487,13 @@ def route(request, settings):
 
 @contextlib.asynccontextmanager
 async def node_for(server, commands: list[str], script: Script) -> AsyncIterator[Node]:
-    """A node offering ``commands`` whose invokes ``script`` answers, on the route's connection."""
+    """A node offering ``commands`` whose invokes ``script`` answers, on the route's connection.
+
+    The channel layer's Redis pools are not closed here: channels_redis closes a loop's pools when
+    the loop closes (the end of the scenario's ``asyncio.run``). ``close_pools()`` would close every
+    loop's, from this one: the layer is the process's, and the publisher's long-lived loop holds
+    pools in it once an earlier test published from synchronous code.
+    """
     if server is None:
         node = InProcessNode(uuid.uuid4().hex * 2, commands, script)
         await node.open()
@@ -495,7 +501,6 @@ async def node_for(server, commands: list[str], script: Script) -> AsyncIterator
             yield node
         finally:
             await node.disconnect()
-            await _close_layer()
         return
     holder: dict[str, WireNode] = {}
 
@@ -504,16 +509,7 @@ async def node_for(server, commands: list[str], script: Script) -> AsyncIterator
 
     async with operator_and_node(server, commands=commands, handler=handler) as (_admin, client):
         holder["node"] = WireNode(client)
-        try:
-            yield holder["node"]
-        finally:
-            await _close_layer()
-
-
-async def _close_layer() -> None:
-    close = getattr(get_channel_layer(), "close_pools", None)
-    if close is not None:
-        await close()
+        yield holder["node"]
 
 
 def test_progress_reaches_the_caller_in_seq_order_before_the_result(route):
