@@ -82,7 +82,7 @@ def test_supported_with_sqlite_or_a_postgresql_pool(settings):
     assert loop_reads.supported()
     settings.DATABASES = {"default": postgresql({"max_size": 8}), "harness": sqlite}
     assert loop_reads.supported()
-    settings.DATABASES = {"default": postgresql({"max_size": 3}), "harness": sqlite}  # too small a pool to share
+    settings.DATABASES = {"default": postgresql({"max_size": 1}), "harness": sqlite}  # too small a pool to share
     assert not loop_reads.supported()
     settings.DATABASES = {"default": postgresql(None), "harness": sqlite}
     assert not loop_reads.supported()
@@ -248,6 +248,8 @@ def test_postgresql_reads_wait_on_the_loop_and_a_call_beyond_the_loop_connection
         nonlocal ticks
         assert loop_reads.enable()
         slots = len(loop_reads._state.slots)
+        # A slot takes an idle pooled connection or none (the call hops): the pool is grown first.
+        await asyncio.to_thread(_grow_pool, slots + 1)
 
         async def ticker() -> None:
             nonlocal ticks
@@ -343,6 +345,14 @@ def test_postgresql_a_loop_connection_killed_between_calls_is_replaced(monkeypat
     assert all(answer["error"]["code"] == "UNAVAILABLE" for answer in later if not answer["ok"])
     assert later[-1]["ok"] and later[-1]["payload"]["pid"] != first["payload"]["pid"]
     _assert_pool_connections_writable()
+
+
+def _grow_pool(size: int) -> None:
+    pool = connections["default"].pool
+    pool.open()
+    taken = [pool.getconn(timeout=10) for _ in range(size)]
+    for pooled in taken:
+        pool.putconn(pooled)
 
 
 def _terminate(pid: int) -> None:
