@@ -238,6 +238,10 @@ def _bind(slot: _Slot, previous: dict[str, BaseDatabaseWrapper | None]) -> None:
             wrapper = slot.wrappers[alias] = connections.create_connection(alias)
             if wrapper.vendor == "postgresql":
                 wrapper.cooperative = True
+            else:
+                # Not even while connecting (the connection's set-up statements) does the loop wait for a lock.
+                options = {**wrapper.settings_dict.get("OPTIONS", {}), "timeout": 0}
+                wrapper.settings_dict = {**wrapper.settings_dict, "OPTIONS": options}
         elif wrapper.vendor == "sqlite" and wrapper.connection is not None:
             if wrapper.connection is not _state.ready.get(id(wrapper)):
                 wrapper.close()
