@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 # asyncio's own setter for the thread's running loop (what its loops call on entry and exit). Public
 # in asyncio.events' __all__, underscored because only event loops are expected to need it.
@@ -63,6 +64,7 @@ _SQLITE_SETUP = ("PRAGMA query_only = ON", "PRAGMA busy_timeout = 0")
 # default pool of 8: 4, which took sessions.list from ~1,400 to ~1,800 calls/s over 8 connections
 # (2 took it to ~1,400: the other calls hop).
 POSTGRESQL_CONNECTIONS = 4
+POOL_RETRY_AFTER_S = 1.0
 
 
 class Unavailable(Exception):
@@ -75,6 +77,9 @@ class _Slot:
     def __init__(self) -> None:
         self.wrappers: dict[str, BaseDatabaseWrapper] = {}
         self.busy = False
+        # After the pool had no idle connection for it: not tried again before then (monotonic time), so
+        # that an exhausted pool costs the loop one short checkout attempt per slot and second, not per call.
+        self.idle_pool_after = 0.0
 
 
 class _LoopReads:
@@ -155,7 +160,8 @@ async def call(handler: Callable[..., Any], *args: Any) -> Any:
 
     Raises :class:`Unavailable` when it cannot run there now: the caller runs the handler by a hop.
     """
-    slot = next((slot for slot in _state.slots if not slot.busy), None)
+    now = time.monotonic()
+    slot = next((slot for slot in _state.slots if not slot.busy and slot.idle_pool_after <= now), None)
     if slot is None:
         raise Unavailable
     slot.busy = True
@@ -183,7 +189,10 @@ def _run(slot: _Slot, handler: Callable[..., Any], args: tuple) -> Any:
         return handler(*args)
     except OperationalError as error:
         # SQLite busy, or no idle pooled connection to take without waiting (Django wraps psycopg's error).
-        if _busy(error) or isinstance(error.__cause__, PoolTimeout):
+        if isinstance(error.__cause__, PoolTimeout):
+            slot.idle_pool_after = time.monotonic() + POOL_RETRY_AFTER_S
+            raise Unavailable from error
+        if _busy(error):
             raise Unavailable from error
         raise
     finally:

@@ -44,7 +44,7 @@ from psycopg_pool import ConnectionPool
 
 CHECK_AFTER_IDLE_S = 1.0
 # How long the event loop's thread may wait for an idle pooled connection (see ``cooperative``).
-COOPERATIVE_CHECKOUT_TIMEOUT_S = 0.001
+COOPERATIVE_CHECKOUT_TIMEOUT_S = 0.0001
 
 # Checkout time per pooled connection: measured from checkout, the idle time is never underestimated.
 _checked_out_at: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()

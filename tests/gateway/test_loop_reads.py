@@ -8,11 +8,13 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import psycopg
 import pytest
 from django.db import OperationalError, connection, connections
+from psycopg_pool import PoolTimeout
 
 from openclaw_site.gateway import loop_reads
 from openclaw_site.gateway import scopes as sc
@@ -344,6 +346,53 @@ def test_postgresql_a_loop_connection_killed_between_calls_is_replaced(monkeypat
     assert sum(not answer["ok"] for answer in later) <= 1
     assert all(answer["error"]["code"] == "UNAVAILABLE" for answer in later if not answer["ok"])
     assert later[-1]["ok"] and later[-1]["payload"]["pid"] != first["payload"]["pid"]
+    _assert_pool_connections_writable()
+
+
+@POSTGRESQL_ONLY
+@pytest.mark.django_db(transaction=True)
+def test_postgresql_an_exhausted_pool_sends_calls_to_a_hop_without_holding_the_loop(monkeypatch):
+    threads: list[int] = []
+
+    def handler(ctx, params):
+        threads.append(threading.get_ident())
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return {"ok": True}
+
+    _reads_only(monkeypatch, "test.pool", handler)
+    pool = connections["default"].pool
+    pool.open()
+    taken = []
+    while True:  # every connection the pool may open, checked out by this test
+        try:
+            taken.append(pool.getconn(timeout=0.5))
+        except PoolTimeout:
+            break
+
+    def give_back_soon() -> None:
+        time.sleep(0.3)
+        for pooled in taken:
+            pool.putconn(pooled)
+
+    async def run() -> tuple[dict, bool]:
+        assert loop_reads.enable()
+        try:
+            releaser = threading.Thread(target=give_back_soon)
+            releaser.start()
+            answer = await run_request(_ctx(), _frame("test.pool"))
+            await asyncio.to_thread(releaser.join)
+            backing_off = any(slot.idle_pool_after > time.monotonic() for slot in loop_reads._state.slots)
+            return answer, backing_off
+        finally:
+            await loop_reads.disable()
+
+    answer, backing_off = asyncio.run(run())
+
+    assert taken and answer["ok"] is True
+    # Tried on the loop (no idle connection: no wait), then answered by the hop once the pool had one again.
+    assert len(threads) == 2 and threads[0] == threading.get_ident() and threads[1] != threads[0]
+    assert backing_off  # the slot is not tried again at once: one short checkout attempt per second at most
     _assert_pool_connections_writable()
 
 
