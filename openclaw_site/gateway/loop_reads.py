@@ -88,6 +88,9 @@ class _LoopReads:
         self.thread_ident: int | None = None
         self.cooperative = False  # some alias is PostgreSQL: calls run cooperatively
         self.local_cache = False
+        # SQLite, and the loop's thread had no connections of its own: the one slot's stay bound as the
+        # thread's (sync-view) connections between calls, rather than being bound and unbound per call.
+        self.resident = False
         self.slots: list[_Slot] = []
         # Per SQLite wrapper, the sqlite3 connection that was set up (read-only, no waiting); a wrapper
         # holding any other (a connect that failed half-way) is closed before use.
@@ -129,6 +132,13 @@ def enable() -> bool:
     _state.cooperative = any(database["ENGINE"] == _POSTGRESQL_ENGINE for database in settings.DATABASES.values())
     _state.local_cache = all(cache["BACKEND"] == _MEMORY_CACHE for cache in settings.CACHES.values())
     _state.slots = [_Slot() for _ in range(count)]
+    _state.resident = False
+    if not _state.cooperative:
+        with _sync_section():
+            if all(_current(alias) is None for alias in connections):
+                for alias in connections:
+                    connections[alias] = _slot_wrapper(_state.slots[0], alias)
+                _state.resident = True
     _state.thread_ident = threading.get_ident()
     _state.enabled = True
     return True
@@ -139,6 +149,12 @@ async def disable() -> None:
     _state.enabled = False
     slots, _state.slots = _state.slots, []
     _state.ready = {}
+    if _state.resident:
+        _state.resident = False
+        with _sync_section():
+            for alias in connections:
+                if _current(alias) is slots[0].wrappers.get(alias):
+                    del connections[alias]
     for slot in slots:
         if slot.busy:
             continue  # a call still running on it (the process is stopping): its connection closes with the process
@@ -167,8 +183,15 @@ async def call(handler: Callable[..., Any], *args: Any) -> Any:
     slot.busy = True
     try:
         if not _state.cooperative:
-            with _sync_section(), _bound(slot):
-                return _run(slot, handler, args)
+            _lift_guard()
+            try:
+                if _state.resident:
+                    _discard_half_set_up(slot)
+                    return _run(slot, handler, args)
+                with _bound(slot):
+                    return _run(slot, handler, args)
+            finally:
+                _restore_guard()
         previous: dict[str, BaseDatabaseWrapper | None] = {}
 
         def enter() -> None:
@@ -241,21 +264,32 @@ def _bind(slot: _Slot, previous: dict[str, BaseDatabaseWrapper | None]) -> None:
     # Django looks while no loop runs) are set aside in ``previous`` and given back after: the loop
     # thread normally has none, but a test's loop may run in a thread that holds one. The slot's
     # connect when first used (an alias no method reads is never opened).
+    _discard_half_set_up(slot)
     for alias in connections:
-        wrapper = slot.wrappers.get(alias)
-        if wrapper is None:
-            wrapper = slot.wrappers[alias] = connections.create_connection(alias)
-            if wrapper.vendor == "postgresql":
-                wrapper.cooperative = True
-            else:
-                # Not even while connecting (the connection's set-up statements) does the loop wait for a lock.
-                options = {**wrapper.settings_dict.get("OPTIONS", {}), "timeout": 0}
-                wrapper.settings_dict = {**wrapper.settings_dict, "OPTIONS": options}
-        elif wrapper.vendor == "sqlite" and wrapper.connection is not None:
-            if wrapper.connection is not _state.ready.get(id(wrapper)):
-                wrapper.close()
+        wrapper = _slot_wrapper(slot, alias)
         previous[alias] = _current(alias)
         connections[alias] = wrapper
+
+
+def _slot_wrapper(slot: _Slot, alias: str) -> BaseDatabaseWrapper:
+    wrapper = slot.wrappers.get(alias)
+    if wrapper is None:
+        wrapper = slot.wrappers[alias] = connections.create_connection(alias)
+        if wrapper.vendor == "postgresql":
+            wrapper.cooperative = True
+        else:
+            # Not even while connecting (the connection's set-up statements) does the loop wait for a lock.
+            options = {**wrapper.settings_dict.get("OPTIONS", {}), "timeout": 0}
+            wrapper.settings_dict = {**wrapper.settings_dict, "OPTIONS": options}
+    return wrapper
+
+
+def _discard_half_set_up(slot: _Slot) -> None:
+    # A SQLite connection whose set-up failed half-way (say, busy before ``query_only``) is never used.
+    for wrapper in slot.wrappers.values():
+        if wrapper.vendor == "sqlite" and wrapper.connection is not None:
+            if wrapper.connection is not _state.ready.get(id(wrapper)):
+                wrapper.close()
 
 
 def _unbind(previous: dict[str, BaseDatabaseWrapper | None]) -> None:

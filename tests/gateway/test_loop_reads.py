@@ -147,6 +147,51 @@ def test_a_reads_only_method_reads_committed_data_on_the_loop_thread_with_a_conn
     assert connections["default"] is thread_connection
 
 
+@SQLITE_ONLY
+@pytest.mark.django_db(transaction=True)
+def test_a_loop_thread_without_connections_of_its_own_keeps_the_loop_connection_bound_between_calls(monkeypatch):
+    # The gateway's case: nothing on the loop's thread uses Django's connections but these calls, so they
+    # stay bound (no bind and unbind per call) until loop reads are disabled.
+    session_ensure_main(agent_id="main")
+    seen: list[object] = []
+
+    def handler(ctx, params):
+        seen.append(connections["default"])
+        return {"count": Session.objects.count()}
+
+    _reads_only(monkeypatch, "test.count", handler)
+    outcome: dict = {}
+
+    def loop_thread() -> None:
+        async def run() -> None:
+            assert loop_reads.enable()
+            outcome["answers"] = [await run_request(_ctx(), _frame("test.count", str(n))) for n in range(2)]
+            outcome["bound_between_calls"] = _bound_connection()
+            await loop_reads.disable()
+            outcome["bound_after"] = _bound_connection()
+
+        asyncio.run(run())
+
+    thread = threading.Thread(target=loop_thread)
+    thread.start()
+    thread.join()
+
+    assert [answer["payload"] for answer in outcome["answers"]] == [{"count": 1}] * 2
+    assert seen[0] is seen[1] and outcome["bound_between_calls"] is seen[0]
+    assert outcome["bound_after"] is None
+    assert connections["default"] is not seen[0]  # this thread's own, untouched
+
+
+def _bound_connection():
+    """The calling loop thread's sync-view connection of ``default`` (None: none), as Django sees it outside a loop."""
+    loop = asyncio.get_running_loop()
+    asyncio.events._set_running_loop(None)
+    try:
+        return getattr(connections._connections, "default", None)
+    finally:
+        asyncio.events._set_running_loop(loop)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_sessions_list_on_the_loop_answers_as_by_a_hop():
     session_ensure_main(agent_id="main")
