@@ -156,6 +156,9 @@ def _database(url: str, sqlite_test_name: str) -> dict:
             },
             # Which process holds a connection, in pg_stat_activity.
             "application_name": f"openclaw-{os.getpid()}",
+            # Lets psycopg prepare statements at all (None: never). Django's cursors bind on the client and never
+            # prepare; the gateway's hot read queries do, once per connection (openclaw_site/gateway/prepared.py).
+            "prepare_threshold": 5,
         }
     return database
 

@@ -103,7 +103,7 @@ class PreparedQuery:
             with self._lock:
                 compiled = self._compiled.get((queryset_alias, lengths)) or self._compile(queryset_alias, lengths)
                 self._compiled[(queryset_alias, lengths)] = compiled
-        return self._run(compiled, queryset_alias, values, limit, offset)
+        return self._run(compiled, queryset_alias, values, limit, offset, fixed_text=not lengths)
 
     def _queryset(self, values: dict[str, Any], limit: int | None, offset: int) -> QuerySet:
         queryset = self._build(**values)
@@ -161,7 +161,16 @@ class PreparedQuery:
         )
         return _Compiled(sql, tuple(slots), model, init_list, model_slice, converters, populators, param_names)
 
-    def _run(self, compiled: _Compiled, alias: str, values: dict[str, Any], limit: int | None, offset: int) -> list:
+    def _run(
+        self,
+        compiled: _Compiled,
+        alias: str,
+        values: dict[str, Any],
+        limit: int | None,
+        offset: int,
+        *,
+        fixed_text: bool,
+    ) -> list:
         connection = connections[alias]
         params = []
         for name, detail in compiled.slots:
@@ -176,7 +185,14 @@ class PreparedQuery:
             params.append(value)
         if limit is not None:
             params += [limit, offset]
-        with connection.cursor() as cursor:
+        # On PostgreSQL a query of one SQL text whatever the values (no ``IdList``, compiled per length) is prepared
+        # on the server once per connection (openclaw_site/postgresql: ``prepared_statement_cursor``).
+        prepared_statement_cursor = getattr(connection, "prepared_statement_cursor", None)
+        if prepared_statement_cursor is not None and fixed_text:
+            cursor = prepared_statement_cursor()
+        else:
+            cursor = connection.cursor()
+        with cursor:
             if compiled.param_names is not None:
                 cursor.execute(compiled.sql, dict(zip(compiled.param_names, params, strict=True)))
             else:

@@ -37,6 +37,7 @@ import weakref
 from typing import Any
 
 from django.db.backends.postgresql import base as postgresql
+from django.db.backends.postgresql import operations as postgresql_operations
 from psycopg import Error as PsycopgError
 from psycopg import IsolationLevel
 from psycopg.pq import TransactionStatus
@@ -79,7 +80,26 @@ def _usable(connection: Any) -> bool:
     return True
 
 
+class _PreparingCursor(postgresql.ServerBindingCursor):
+    """Server-side binding, the statement prepared at its first execution on a connection and its plan kept."""
+
+    def execute(self, query, params=None, *, prepare=None, binary=None):
+        return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
+
+
+class DatabaseOperations(postgresql_operations.DatabaseOperations):
+    def last_executed_query(self, cursor, sql, params):
+        # What the query log shows (tests, DEBUG): psycopg keeps no client-side text of a prepared statement.
+        if isinstance(cursor, _PreparingCursor):
+            try:
+                return self.compose_sql(sql, params)
+            except PsycopgError:
+                return sql
+        return super().last_executed_query(cursor, sql, params)
+
+
 class DatabaseWrapper(postgresql.DatabaseWrapper):
+    ops_class = DatabaseOperations
     # Whether the current connection stays open across hops (opened in a marked thread).
     kept = False
     # A connection of the event loop's read-only calls (openclaw_site/gateway/loop_reads.py): checked out
@@ -130,6 +150,19 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
             self.close_at = time.monotonic() + pool.max_lifetime
             self.health_check_enabled = True
             self.used_at = time.monotonic()
+
+    def prepared_statement_cursor(self):
+        """A cursor (Django's wrapper, logged like any) whose statements are prepared on the server.
+
+        For the gateway's hot read queries (openclaw_site/gateway/prepared.py), whose SQL text is fixed: the server
+        parses and plans each once per connection (~0.1 ms of a ~0.2–0.3 ms query here) instead of on every call.
+        Django's own cursors bind on the client and never prepare; psycopg keeps at most ``prepared_max`` (100)
+        statements per connection.
+        """
+        self.close_if_health_check_failed()
+        self.ensure_connection()
+        with self.wrap_database_errors:
+            return self._prepare_cursor(_PreparingCursor(self.connection))
 
     def _make_read_only(self):
         try:

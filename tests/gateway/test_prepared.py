@@ -213,3 +213,26 @@ def test_deferred_columns_are_left_out_and_load_on_access_as_with_the_orm():
     with CaptureQueriesContext(connection) as queries:
         assert prepared.plugin_extensions == {"a": 1}
     assert len(queries) == 1
+
+
+def test_postgresql_prepares_a_fixed_query_on_the_server_and_binds_id_lists_on_the_client():
+    if connection.vendor != "postgresql":
+        pytest.skip("server-side prepared statements are PostgreSQL's; SQLite caches its own statements")
+    _session("agent:main:prepared-a", label="a")
+    _session("agent:main:prepared-b", label="b")
+    by_key = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str)
+    by_ids = PreparedQuery(lambda ids: Session.objects.filter(pk__in=ids).order_by("pk"), ids=IdList)
+
+    first = by_key.fetch(key="agent:main:prepared-a")
+    with CaptureQueriesContext(connection) as logged:  # logged as any query
+        second = by_key.fetch(key="agent:main:prepared-b")
+    listed = by_ids.fetch(ids=[first[0].pk, second[0].pk])
+
+    assert [s.label for s in first + second] == ["a", "b"] and [s.pk for s in listed] == [first[0].pk, second[0].pk]
+    assert len(logged.captured_queries) == 1
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s", ["%sessions_app_session%"]
+        )
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert len(prepared) == 1 and '"key" = $1' in prepared[0]  # once for both calls; the id list is not prepared
