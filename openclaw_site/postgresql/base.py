@@ -40,6 +40,7 @@ from django.db.backends.postgresql import base as postgresql
 from django.db.backends.postgresql import operations as postgresql_operations
 from psycopg import Error as PsycopgError
 from psycopg import IsolationLevel
+from psycopg.errors import FeatureNotSupported
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
@@ -84,7 +85,17 @@ class _PreparingCursor(postgresql.ServerBindingCursor):
     """Server-side binding, the statement prepared at its first execution on a connection and its plan kept."""
 
     def execute(self, query, params=None, *, prepare=None, binary=None):
-        return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
+        prepare = True if prepare is None else prepare
+        try:
+            return super().execute(query, params, prepare=prepare, binary=binary)
+        except FeatureNotSupported as error:
+            # A table changed under the connection's prepared statements (a migration run while the gateway
+            # serves): PostgreSQL refuses to run them again. Forget them all (psycopg notices the DEALLOCATE ALL
+            # and prepares anew), then run this one again, once, outside any transaction it would have aborted.
+            if "cached plan must not change result type" not in str(error) or not self.connection.autocommit:
+                raise
+            self.connection.execute("DEALLOCATE ALL")
+            return super().execute(query, params, prepare=prepare, binary=binary)
 
 
 class DatabaseOperations(postgresql_operations.DatabaseOperations):

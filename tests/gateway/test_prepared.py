@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.db import connection
 from django.db.models.signals import post_init
@@ -14,6 +15,7 @@ from django.utils import timezone
 from openclaw_site.gateway.models import DeviceToken, GatewayProcess, PairedDevice
 from openclaw_site.gateway.prepared import MAX_ID_LIST, IdList, PreparedQuery, _named_style
 from sessions_app.models import Session
+from tests.support.processes import current_database_url
 
 pytestmark = pytest.mark.django_db
 
@@ -236,3 +238,23 @@ def test_postgresql_prepares_a_fixed_query_on_the_server_and_binds_id_lists_on_t
         )
         prepared = [row[0] for row in cursor.fetchall()]
     assert len(prepared) == 1 and '"key" = $1' in prepared[0]  # once for both calls; the id list is not prepared
+
+
+@pytest.mark.django_db(transaction=True)
+def test_postgresql_a_table_changed_under_a_prepared_query_is_read_again_after_one_retry():
+    if connection.vendor != "postgresql":
+        pytest.skip("server-side prepared statements are PostgreSQL's")
+    _session("agent:main:altered", label="before")
+    by_key = PreparedQuery(lambda key: Session.objects.filter(key=key), key=str)
+    assert by_key.fetch(key="agent:main:altered")[0].label == "before"
+    column = Session._meta.get_field("label").column
+    table = Session._meta.db_table
+    with psycopg.connect(current_database_url(), autocommit=True) as migration:  # another process's migration
+        migration.execute(f'ALTER TABLE "{table}" ALTER COLUMN "{column}" TYPE text')
+    try:
+        assert by_key.fetch(key="agent:main:altered")[0].label == "before"
+        assert by_key.fetch(key="agent:main:altered")[0].label == "before"
+    finally:
+        with psycopg.connect(current_database_url(), autocommit=True) as migration:
+            length = Session._meta.get_field("label").max_length
+            migration.execute(f'ALTER TABLE "{table}" ALTER COLUMN "{column}" TYPE varchar({length})')
