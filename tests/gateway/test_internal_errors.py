@@ -10,30 +10,17 @@ from typing import Any
 import pytest
 
 from openclaw_site.gateway import consumers, health, lifecycle
-from openclaw_site.gateway import scopes as sc
 from openclaw_site.gateway.consumers import GatewayConsumer
-from openclaw_site.gateway.context import RpcContext
 from openclaw_site.gateway.dispatch import run_request
 from openclaw_site.gateway.protocol import RequestFrame
 from openclaw_site.gateway.registry import EmptyParams, MethodSpec, registry
+from tests.support.connections import admin_operator_context
 
 LEAK = 'DataError: value too long for type character varying(200)\nINSERT INTO "sessions_app_session" ("label")'
 
 
 class DataError(Exception):
     """Stands for a database error whose text carries SQL."""
-
-
-def _ctx() -> RpcContext:
-    return RpcContext(
-        conn_id="c",
-        channel_name="inmemory!c",
-        role=sc.ROLE_OPERATOR,
-        scopes=[sc.ADMIN],
-        auth_method="token",
-        client_id="test",
-        client_mode="test",
-    )
 
 
 def _assert_reference(error: dict, caplog) -> str:
@@ -61,7 +48,7 @@ def test_a_handler_exception_is_answered_with_a_reference(monkeypatch, caplog):
     monkeypatch.setitem(registry.methods, "test.broken", spec)
     frame = RequestFrame(type="req", id="r1", method="test.broken")
     with caplog.at_level(logging.ERROR):
-        response = asyncio.run(run_request(_ctx(), frame))
+        response = asyncio.run(run_request(admin_operator_context(), frame))
 
     assert response["id"] == "r1" and response["ok"] is False
     _assert_reference(response["error"], caplog)
@@ -74,7 +61,7 @@ def test_a_failed_health_probe_is_answered_with_a_reference(monkeypatch, caplog)
 
     monkeypatch.setattr(health, "health_snapshot", probe_fails)
     with caplog.at_level(logging.ERROR):
-        response = asyncio.run(run_request(_ctx(), RequestFrame(type="req", id="h", method="health")))
+        response = asyncio.run(run_request(admin_operator_context(), RequestFrame(type="req", id="h", method="health")))
 
     _assert_reference(response["error"], caplog)
     assert "db.internal" not in json.dumps(response)

@@ -18,12 +18,12 @@ from psycopg_pool import PoolTimeout
 
 from openclaw_site.gateway import loop_reads
 from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.context import RpcContext
 from openclaw_site.gateway.dispatch import run_request
 from openclaw_site.gateway.protocol import RequestFrame
 from openclaw_site.gateway.registry import EmptyParams, MethodRegistry, MethodSpec, registry
 from sessions_app.models import Session
 from sessions_app.services.sessions import session_ensure_main
+from tests.support.connections import admin_operator_context
 from tests.support.processes import current_database_url
 
 SQLITE_ONLY = pytest.mark.skipif(
@@ -32,18 +32,6 @@ SQLITE_ONLY = pytest.mark.skipif(
 POSTGRESQL_ONLY = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="cooperative waits are PostgreSQL's (SQLite reads never wait)"
 )
-
-
-def _ctx() -> RpcContext:
-    return RpcContext(
-        conn_id="c",
-        channel_name="inmemory!c",
-        role=sc.ROLE_OPERATOR,
-        scopes=[sc.ADMIN],
-        auth_method="token",
-        client_id="test",
-        client_mode="test",
-    )
 
 
 def _reads_only(monkeypatch, name: str, handler) -> None:
@@ -64,8 +52,8 @@ def _on_the_loop(*frames: RequestFrame, concurrently: bool = False) -> list[dict
         assert loop_reads.enable()
         try:
             if concurrently:
-                return list(await asyncio.gather(*(run_request(_ctx(), frame) for frame in frames)))
-            return [await run_request(_ctx(), frame) for frame in frames]
+                return list(await asyncio.gather(*(run_request(admin_operator_context(), frame) for frame in frames)))
+            return [await run_request(admin_operator_context(), frame) for frame in frames]
         finally:
             await loop_reads.disable()
 
@@ -165,7 +153,9 @@ def test_a_loop_thread_without_connections_of_its_own_keeps_the_loop_connection_
     def loop_thread() -> None:
         async def run() -> None:
             assert loop_reads.enable()
-            outcome["answers"] = [await run_request(_ctx(), _frame("test.count", str(n))) for n in range(2)]
+            outcome["answers"] = [
+                await run_request(admin_operator_context(), _frame("test.count", str(n))) for n in range(2)
+            ]
             outcome["bound_between_calls"] = _bound_connection()
             await loop_reads.disable()
             outcome["bound_after"] = _bound_connection()
@@ -197,7 +187,7 @@ def test_sessions_list_on_the_loop_answers_as_by_a_hop():
     session_ensure_main(agent_id="main")
     frame = _frame("sessions.list", "l", {"limit": 10})
     (on_loop,) = _on_the_loop(frame)
-    by_hop = asyncio.run(run_request(_ctx(), frame))
+    by_hop = asyncio.run(run_request(admin_operator_context(), frame))
 
     assert on_loop["ok"] is True
     assert [row["key"] for row in on_loop["payload"]["sessions"]] == ["agent:main:main"]
@@ -307,7 +297,9 @@ def test_postgresql_reads_wait_on_the_loop_and_a_call_beyond_the_loop_connection
         ticking = asyncio.get_running_loop().create_task(ticker())
         try:
             return list(
-                await asyncio.gather(*(run_request(_ctx(), _frame("test.sleep", str(n))) for n in range(slots + 1)))
+                await asyncio.gather(
+                    *(run_request(admin_operator_context(), _frame("test.sleep", str(n))) for n in range(slots + 1))
+                )
             )
         finally:
             ticking.cancel()
@@ -346,7 +338,9 @@ def test_postgresql_a_call_cancelled_mid_query_frees_its_connection(monkeypatch)
     async def run() -> tuple[bool, list[dict]]:
         assert loop_reads.enable()
         try:
-            slow_call = asyncio.get_running_loop().create_task(run_request(_ctx(), _frame("test.slow")))
+            slow_call = asyncio.get_running_loop().create_task(
+                run_request(admin_operator_context(), _frame("test.slow"))
+            )
             while not started.is_set():
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.05)
@@ -354,7 +348,7 @@ def test_postgresql_a_call_cancelled_mid_query_frees_its_connection(monkeypatch)
             with pytest.raises(asyncio.CancelledError):
                 await slow_call
             free = all(not slot.busy for slot in loop_reads._state.slots)
-            return free, [await run_request(_ctx(), _frame("test.quick", str(n))) for n in range(3)]
+            return free, [await run_request(admin_operator_context(), _frame("test.quick", str(n))) for n in range(3)]
         finally:
             await loop_reads.disable()
 
@@ -378,9 +372,9 @@ def test_postgresql_a_loop_connection_killed_between_calls_is_replaced(monkeypat
     async def run() -> tuple[dict, list[dict]]:
         assert loop_reads.enable()
         try:
-            first = await run_request(_ctx(), _frame("test.backend", "first"))
+            first = await run_request(admin_operator_context(), _frame("test.backend", "first"))
             await asyncio.to_thread(_terminate, first["payload"]["pid"])
-            later = [await run_request(_ctx(), _frame("test.backend", str(n))) for n in range(3)]
+            later = [await run_request(admin_operator_context(), _frame("test.backend", str(n))) for n in range(3)]
             return first, later
         finally:
             await loop_reads.disable()
@@ -425,7 +419,7 @@ def test_postgresql_an_exhausted_pool_sends_calls_to_a_hop_without_holding_the_l
         try:
             releaser = threading.Thread(target=give_back_soon)
             releaser.start()
-            answer = await run_request(_ctx(), _frame("test.pool"))
+            answer = await run_request(admin_operator_context(), _frame("test.pool"))
             await asyncio.to_thread(releaser.join)
             backing_off = any(slot.idle_pool_after > time.monotonic() for slot in loop_reads._state.slots)
             return answer, backing_off

@@ -5,6 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from openclaw_site.gateway import scopes as sc
+from openclaw_site.gateway.context import RpcContext
 from openclaw_site.gateway.services.connections import ConnectionRecord
 
 
@@ -32,3 +34,16 @@ def connection_record(*, boot_id: str, channel_name: str, **fields: Any) -> Conn
         "path_env": "",
     }
     return ConnectionRecord(boot_id=boot_id, channel_name=channel_name, **{**defaults, **fields})
+
+
+def admin_operator_context() -> RpcContext:
+    """What an operator connection with a shared token and ``operator.admin`` hands a method (in-process dispatch)."""
+    return RpcContext(
+        conn_id="c",
+        channel_name="inmemory!c",
+        role=sc.ROLE_OPERATOR,
+        scopes=[sc.ADMIN],
+        auth_method="token",
+        client_id="test",
+        client_mode="test",
+    )
