@@ -1,5 +1,7 @@
 """Django's PostgreSQL backend with psycopg's pool, a connection kept by the gateway's database thread,
-and connection checks run only after a connection sat unused.
+and connection checks run only after a connection sat unused. Also: the event loop's read-only
+connections (``cooperative``, openclaw_site/gateway/loop_reads.py) and server-prepared statements for
+the gateway's hot queries (``prepared_statement_cursor``).
 
 Every thread checks a connection out of the pool when it first queries and gives it back at the end
 of its request, task or database hop (``CONN_MAX_AGE=0``): HTTP request threads, Celery worker
