@@ -317,8 +317,12 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext, then: tupl
         if device is None or not device.has_role(sc.ROLE_NODE):
             reason = "not-paired" if device is None else "role-upgrade"
             claim = _claim(params, ctx, role, [], public_key, reason, is_repair=device is not None)
-            request, _created = pairing.pairing_request_ensure(claim=claim)
-            raise _pairing_required(request, reason, role, [], device)
+            try:
+                request, _created = pairing.pairing_request_ensure(claim=claim)
+            except pairing.ApprovedMeanwhile as approved:
+                device = approved.device
+            else:
+                raise _pairing_required(request, reason, role, [], device)
     elif device is None or not device.has_role(role):
         if auth_method not in ("token", "password"):
             # A device token of a device that was since removed.

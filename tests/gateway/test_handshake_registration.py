@@ -18,13 +18,21 @@ from openclaw_client.client import ClientOptions, GatewayClient
 from openclaw_client.identity import DeviceIdentity
 from openclaw_site.gateway import hello, lifecycle, state
 from openclaw_site.gateway import scopes as sc
+from openclaw_site.gateway.audit import Actor
 from openclaw_site.gateway.conf import shared_token
 from openclaw_site.gateway.consumers import GatewayConsumer
-from openclaw_site.gateway.handshake import ConnectContext, parse_connect
+from openclaw_site.gateway.handshake import ConnectContext, HandshakeRejected, parse_connect
 from openclaw_site.gateway.hello import accept_connect, presence_snapshot
-from openclaw_site.gateway.models import DeviceToken, GatewayConnection, GatewayProcess, PairedDevice
+from openclaw_site.gateway.models import (
+    DevicePairingRequest,
+    DeviceToken,
+    GatewayConnection,
+    GatewayProcess,
+    PairedDevice,
+    PairingStatus,
+)
 from openclaw_site.gateway.selectors import presence_snapshot_sql
-from openclaw_site.gateway.services import connections
+from openclaw_site.gateway.services import connections, pairing
 from tests.support.clients import ALL_SCOPES
 from tests.support.connections import connection_record
 
@@ -42,14 +50,16 @@ def gateway_token(settings):
     shared_token.cache_clear()
 
 
-def _connect_frame(identity: DeviceIdentity, nonce: str, scopes: list[str]) -> dict:
-    client = GatewayClient(ClientOptions(url="ws://unused", token=TOKEN, scopes=list(scopes), identity=identity))
+def _connect_frame(identity: DeviceIdentity, nonce: str, scopes: list[str], **options) -> dict:
+    client = GatewayClient(
+        ClientOptions(url="ws://unused", token=TOKEN, scopes=list(scopes), identity=identity, **options)
+    )
     return {"type": "req", "id": "c1", "method": "connect", "params": client.build_connect_params(nonce)}
 
 
-def _connect(identity: DeviceIdentity, scopes: list[str] = ALL_SCOPES) -> tuple[str, dict]:
+def _connect(identity: DeviceIdentity, scopes: list[str] = ALL_SCOPES, **options) -> tuple[str, dict]:
     nonce, conn_id = str(uuid.uuid4()), str(uuid.uuid4())
-    _id, params, protocol = parse_connect(_connect_frame(identity, nonce, scopes))
+    _id, params, protocol = parse_connect(_connect_frame(identity, nonce, scopes, **options))
     ctx = ConnectContext(
         conn_id=conn_id, boot_id=state.BOOT_ID, channel_name=f"test!{conn_id}", nonce=nonce, remote_ip="127.0.0.1"
     )
@@ -78,6 +88,27 @@ def test_a_paired_operator_reconnects_in_one_statement_with_its_presence_snapsho
     assert identity.device_id in _presence_device_ids(hello_ok)
     assert hello_ok["snapshot"]["stateVersion"]["presence"] > paired["snapshot"]["stateVersion"]["presence"]
     assert PairedDevice.objects.get(device_id=identity.device_id).last_connected_at > before
+
+
+def test_a_node_approved_while_its_connect_was_deciding_connects_and_leaves_no_new_request(monkeypatch):
+    identity = DeviceIdentity.generate()
+    node = dict(role="node", client_id="node-host", client_mode="node", commands=["system.run"])
+    with pytest.raises(HandshakeRejected, match="pairing required"):
+        _connect(identity, [], **node)
+    request = DevicePairingRequest.objects.get(device_id=identity.device_id)
+    ensure = pairing.pairing_request_ensure
+
+    def approved_after_the_device_was_read(*, claim):
+        # The operator's approval commits between the connect's read of the device and its request.
+        pairing.pairing_request_approve(request_id=str(request.pk), actor=Actor.system("operator"))
+        return ensure(claim=claim)
+
+    monkeypatch.setattr(pairing, "pairing_request_ensure", approved_after_the_device_was_read)
+    conn_id, hello_ok = _connect(identity, [], **node)
+
+    assert hello_ok["auth"]["role"] == "node" and hello_ok["auth"]["deviceToken"]
+    assert GatewayConnection.objects.get(conn_id=conn_id).commands == ["system.run"]
+    assert not DevicePairingRequest.objects.filter(device_id=identity.device_id, status=PairingStatus.PENDING).exists()
 
 
 def test_a_scope_upgrade_is_decided_the_slow_way_and_widens_the_pairing():

@@ -122,6 +122,29 @@ def test_approving_twice_fails_the_second_time():
 
 
 @pytest.mark.django_db
+def test_a_claim_approved_since_the_device_was_read_opens_no_new_request():
+    request, _ = pairing.pairing_request_ensure(claim=claim())
+    pairing.pairing_request_approve(request_id=str(request.pk), actor=Actor.system())
+
+    # The connect that read the device before the approval asks again: nothing for an operator to approve.
+    with pytest.raises(pairing.ApprovedMeanwhile) as approved:
+        pairing.pairing_request_ensure(claim=claim())
+
+    assert approved.value.device.has_role("node")
+    assert list(DevicePairingRequest.objects.values_list("status", flat=True)) == [PairingStatus.APPROVED]
+
+
+@pytest.mark.django_db
+def test_a_device_paired_for_another_role_still_gets_a_request_for_this_one():
+    operator_request, _ = pairing.pairing_request_ensure(claim=claim(role="operator", commands=[]))
+    pairing.pairing_request_approve(request_id=str(operator_request.pk), actor=Actor.system())
+
+    node_request, created = pairing.pairing_request_ensure(claim=claim())
+
+    assert created and node_request.status == PairingStatus.PENDING
+
+
+@pytest.mark.django_db
 def test_malformed_request_ids_are_unknown():
     with pytest.raises(InvalidRequest, match="unknown requestId"):
         pairing.pairing_request_approve(request_id="not-a-uuid", actor=Actor.system())

@@ -71,11 +71,21 @@ def pairing_request_publish_resolved(request: DevicePairingRequest, decision: st
         )
 
 
+class ApprovedMeanwhile(Exception):
+    """The claim was approved between the caller's read of the device and this request: the device
+    already holds the role, so a new request would be one no operator needs to see."""
+
+    def __init__(self, device: PairedDevice):
+        super().__init__(device.device_id)
+        self.device = device
+
+
 def pairing_request_ensure(*, claim: PairingClaim) -> tuple[DevicePairingRequest, bool]:
     """The open pairing request of a device, created if it has none (idempotent per device).
 
     An open request is refreshed with the latest claim, so an operator approves what the device
-    asks for now. Concurrent connects of one device meet on the partial unique index.
+    asks for now. Concurrent connects of one device meet on the partial unique index. Raises
+    ``ApprovedMeanwhile`` when the device was granted the claimed role since the caller read it.
     """
     fields = dict(
         public_key=claim.public_key,
@@ -116,6 +126,11 @@ def pairing_request_ensure(*, claim: PairingClaim) -> tuple[DevicePairingRequest
                         for key, value in changed.items():
                             setattr(existing, key, value)
                     return existing, False
+                # Read after the pending row: an approval that resolved it has committed its grant,
+                # or the locking read above would have waited for it.
+                device = PairedDevice.objects.filter(device_id=claim.device_id).first()
+                if device is not None and device.has_role(claim.role):
+                    raise ApprovedMeanwhile(device)
                 request = DevicePairingRequest.objects.create(
                     device_id=claim.device_id, expires_at=timezone.now() + ttl, **fields
                 )
