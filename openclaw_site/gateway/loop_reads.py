@@ -135,7 +135,10 @@ def enable() -> bool:
     _state.resident = False
     if not _state.cooperative:
         with _sync_section():
-            if all(_current(alias) is None for alias in connections):
+            # A wrapper the thread made before serving without connecting (a vendor or settings read) is
+            # dropped; one with a connection (a test's loop in a thread holding one) stays, and calls bind
+            # per call instead.
+            if all(_current(alias) is None or _current(alias).connection is None for alias in connections):
                 for alias in connections:
                     connections[alias] = _slot_wrapper(_state.slots[0], alias)
                 _state.resident = True
