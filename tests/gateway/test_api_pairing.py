@@ -8,10 +8,10 @@ from django.test import Client
 
 from openclaw_site.gateway import rpc, selectors
 from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.context import RpcContext
 from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
 from openclaw_site.gateway.schemas import MAX_SCOPES
 from tests.support.api import API_TOKEN
+from tests.support.connections import admin_operator_context
 
 pytestmark = pytest.mark.django_db
 
@@ -45,18 +45,6 @@ def refused(response, status: int, message: str, *, before: dict) -> None:
 
 def post(client: Client, url: str, body: dict | None = None):
     return client.post(url, body or {}, content_type="application/json")
-
-
-def admin() -> RpcContext:
-    return RpcContext(
-        conn_id="c1",
-        channel_name="inmemory!c1",
-        role=sc.ROLE_OPERATOR,
-        scopes=[sc.ADMIN],
-        auth_method="token",
-        client_id="test",
-        client_mode="test",
-    )
 
 
 def device_id(n: int) -> str:
@@ -176,7 +164,7 @@ def test_node_pairing_lists_approves_and_rejects_only_node_requests(client, make
     operator = make_pairing_request(3)
 
     listed = client.get("/api/gateway/nodes/pairing").json()
-    assert listed == rpc.node_pair_list_rpc(admin(), None)
+    assert listed == rpc.node_pair_list_rpc(admin_operator_context(), None)
     assert {r["requestId"] for r in listed["pending"]} == {str(node.pk), str(other_node.pk)}
 
     before = world()
@@ -204,7 +192,7 @@ def test_devices_are_the_device_pair_list_payload(client, make_pairing_request, 
     response = client.get("/api/gateway/devices")
 
     assert response.status_code == 200
-    assert response.json() == rpc.device_pair_list_rpc(admin(), None)
+    assert response.json() == rpc.device_pair_list_rpc(admin_operator_context(), None)
     paired = response.json()["paired"][0]
     assert (paired["deviceId"], paired["connected"], [t["role"] for t in paired["tokens"]]) == (
         device_id(2),
