@@ -87,7 +87,7 @@ def round_for(gateways: int, args: argparse.Namespace) -> dict:
         "REDIS_URL": args.redis,
         "OPENCLAW_REDIS_PREFIX": redis.prefix,
         "OPENCLAW_CELERY_QUEUE": redis.prefix,
-        # The framework floor (openclaw_site/gateway/bench_floor.py) behind the same balancer and processes.
+        # The framework floor (gateway/bench_floor.py) behind the same balancer and processes.
         "OPENCLAW_BENCH_FLOOR": "1",
     }
     cluster = start_cluster(

@@ -56,7 +56,7 @@ METHODS = ("health", "sessions.list", "node.list")
 # Params sent with each method (None: no params member), the same for every gateway measured.
 METHOD_PARAMS: dict[str, Any] = {"sessions.list": {}}
 LOAD_WARMUP_CALLS = 20
-FLOOR_PATH = "/bench/floor"  # openclaw_site/gateway/bench_floor.py, routed with OPENCLAW_BENCH_FLOOR=1
+FLOOR_PATH = "/bench/floor"  # gateway/bench_floor.py, routed with OPENCLAW_BENCH_FLOOR=1
 # The floor answers any method alike; the name only shows in its request frames.
 FLOOR_METHOD = "health"
 

@@ -322,7 +322,7 @@ def contended(target: int, writers: int) -> dict:
     ``test_sixteen_concurrent_writers_lose_no_update``) until ``target`` changes succeeded."""
     from django.db import connections
 
-    from openclaw_site.gateway.exceptions import Conflict, InvalidRequest
+    from gateway.exceptions import Conflict, InvalidRequest
     from sessions_app.models import Session
     from workers_app.models import Placement, PlacementHistory, PlacementState
     from workers_app.services import placements as store

@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Any
 
-from openclaw_site.gateway.exceptions import GatewayError, InvalidRequest
+from gateway.exceptions import GatewayError, InvalidRequest
 from sessions_app import stages
 from sessions_app.harnesses import DeletionTarget, ForkRequest, ForkResult, registry
 from sessions_app.keys import dashboard_key

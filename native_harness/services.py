@@ -13,8 +13,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from gateway.exceptions import InvalidRequest
 from openclaw_site.db_routers import HARNESS_DB
-from openclaw_site.gateway.exceptions import InvalidRequest
 
 from .models import (
     BindingState,

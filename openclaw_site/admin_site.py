@@ -14,7 +14,7 @@ from django.contrib import admin
 from django.contrib.admin.apps import AdminConfig
 from django.http import HttpRequest, HttpResponse
 
-from openclaw_site.gateway.auth import AuthRateLimiter
+from gateway.auth import AuthRateLimiter
 
 admin_login_limiter = AuthRateLimiter("admin-login")
 

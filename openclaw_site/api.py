@@ -19,8 +19,8 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.operation import Operation
 
-from openclaw_site.gateway.api import router as gateway_router
-from openclaw_site.gateway.exceptions import (
+from gateway.api import router as gateway_router
+from gateway.exceptions import (
     GatewayError,
     InvalidRequest,
     NotFound,
@@ -28,8 +28,8 @@ from openclaw_site.gateway.exceptions import (
     Unauthorized,
     internal_error,
 )
-from openclaw_site.gateway.http_auth import OPERATOR_AUTH, TOKEN_HEADER
-from openclaw_site.gateway.protocol import error_path, validation_message
+from gateway.http_auth import OPERATOR_AUTH, TOKEN_HEADER
+from gateway.protocol import error_path, validation_message
 from sessions_app.api import router as sessions_router
 from workers_app.api import router as workers_router
 

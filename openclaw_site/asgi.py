@@ -11,8 +11,8 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from openclaw_site.gateway.bench_floor import FLOOR_PATH, FloorConsumer  # noqa: E402
-from openclaw_site.gateway.consumers import GatewayConsumer  # noqa: E402
+from gateway.bench_floor import FLOOR_PATH, FloorConsumer  # noqa: E402
+from gateway.consumers import GatewayConsumer  # noqa: E402
 from operator_ui.consumers import ConsoleConsumer  # noqa: E402
 from operator_ui.origins import SameOriginOnly  # noqa: E402
 from workers_app.inference import INFERENCE_PATH  # noqa: E402

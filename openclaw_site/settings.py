@@ -13,6 +13,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from gateway import secret_files
 from openclaw_site.env import (
     SettingsError,
     env_absolute_paths,
@@ -26,7 +27,6 @@ from openclaw_site.env import (
     env_str,
     env_url,
 )
-from openclaw_site.gateway import secret_files
 from openclaw_site.postgresql.cooperative import CooperativeConnection
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -66,7 +66,7 @@ INSTALLED_APPS = [
     "channels",
     # Listed so its API docs use the bundled Swagger UI files instead of a CDN.
     "ninja",
-    "openclaw_site.gateway",
+    "gateway",
     "sessions_app",
     "native_harness",
     "workers_app",
@@ -157,7 +157,7 @@ def _database(url: str, sqlite_test_name: str) -> dict:
             # Which process holds a connection, in pg_stat_activity.
             "application_name": f"openclaw-{os.getpid()}",
             # Lets psycopg prepare statements at all (None: never). Django's cursors bind on the client and never
-            # prepare; the gateway's hot read queries do, once per connection (openclaw_site/gateway/prepared.py).
+            # prepare; the gateway's hot read queries do, once per connection (gateway/prepared.py).
             "prepare_threshold": 5,
         }
     return database
@@ -178,8 +178,8 @@ REDIS_PREFIX = env_str("OPENCLAW_REDIS_PREFIX", "openclaw")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            # channels_redis with one Redis round trip per send (openclaw_site/gateway/redis_layer.py).
-            "BACKEND": "openclaw_site.gateway.redis_layer.RedisChannelLayer",
+            # channels_redis with one Redis round trip per send (gateway/redis_layer.py).
+            "BACKEND": "gateway.redis_layer.RedisChannelLayer",
             "CONFIG": {
                 # channels_redis blocks in BRPOP for 5 s; redis-py 8 gives up reading after 5 s by
                 # default, which killed idle consumers (close 1011). Wait longer than the BRPOP.
@@ -271,7 +271,7 @@ if OPENCLAW_GATEWAY["PROCESS_STALE_AFTER_MS"] <= OPENCLAW_GATEWAY["PROCESS_HEART
     )
 
 # The benchmarks' framework floor: a do-nothing WebSocket consumer at /bench/floor, without authentication
-# (openclaw_site/gateway/bench_floor.py). Only bench/gateway_bench.py sets this; never in a deployment.
+# (gateway/bench_floor.py). Only bench/gateway_bench.py sets this; never in a deployment.
 OPENCLAW_BENCH_FLOOR = env_bool("OPENCLAW_BENCH_FLOOR", False)
 
 # --- Session workspaces -------------------------------------------------------------------------

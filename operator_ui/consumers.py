@@ -17,8 +17,8 @@ from urllib.parse import parse_qs
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from openclaw_site.gateway.broadcast import EVENT_MESSAGE_TYPE
-from openclaw_site.gateway.events import BROADCAST_GROUP, subscription_group
+from gateway.broadcast import EVENT_MESSAGE_TYPE
+from gateway.events import BROADCAST_GROUP, subscription_group
 
 SESSIONS_GROUP = subscription_group("sessions")
 FORWARDED_EVENTS = frozenset({"sessions.changed", "chat"})

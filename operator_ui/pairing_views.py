@@ -24,13 +24,13 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 from pydantic import ValidationError
 
-from openclaw_site.gateway import scopes
-from openclaw_site.gateway import selectors as gateway_selectors
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import GatewayError
-from openclaw_site.gateway.schemas import DeviceIdParams, RequestIdParams, TokenRevokeParams
-from openclaw_site.gateway.services import pairing as pairing_services
-from openclaw_site.gateway.services import tokens as token_services
+from gateway import scopes
+from gateway import selectors as gateway_selectors
+from gateway.audit import Actor
+from gateway.exceptions import GatewayError
+from gateway.schemas import DeviceIdParams, RequestIdParams, TokenRevokeParams
+from gateway.services import pairing as pairing_services
+from gateway.services import tokens as token_services
 
 from .views import _refusal
 

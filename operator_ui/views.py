@@ -16,13 +16,13 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from pydantic import ValidationError
 
+from gateway import scopes
+from gateway import selectors as gateway_selectors
+from gateway.audit import Actor
+from gateway.exceptions import GatewayError, InvalidRequest
+from gateway.protocol import error_path, validation_message
+from gateway.services import pairing
 from openclaw_site.admin_site import rate_limited_login
-from openclaw_site.gateway import scopes
-from openclaw_site.gateway import selectors as gateway_selectors
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import GatewayError, InvalidRequest
-from openclaw_site.gateway.protocol import error_path, validation_message
-from openclaw_site.gateway.services import pairing
 from sessions_app import keys
 from sessions_app import selectors as session_selectors
 from sessions_app.models import RunStatus

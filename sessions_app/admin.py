@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from openclaw_site.gateway.admin.common import (
+from gateway.admin.common import (
     EstimatedCountPaginator,
     ReadOnlyAdmin,
     ReadOnlyTabularInline,
@@ -28,8 +28,8 @@ from openclaw_site.gateway.admin.common import (
     per_object_action,
     short_id,
 )
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import Conflict
+from gateway.audit import Actor
+from gateway.exceptions import Conflict
 
 from .model_providers.base import ModelProviderErrorKind
 from .models import Run, RunStatus, Session, SessionWindow, TranscriptEvent

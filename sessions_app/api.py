@@ -14,8 +14,8 @@ from channels.db import database_sync_to_async
 from django.http import HttpRequest
 from ninja import Path, Query, Router, Status
 
-from openclaw_site.gateway.exceptions import NotFound
-from openclaw_site.gateway.schemas import error_responses
+from gateway.exceptions import NotFound
+from gateway.schemas import error_responses
 
 from . import keys, selectors
 from .schemas import (

@@ -7,7 +7,7 @@ class SessionsConfig(AppConfig):
     verbose_name = "Sessions"
 
     def ready(self) -> None:
-        from openclaw_site.gateway import lifecycle
+        from gateway import lifecycle
 
         # Importing the handler modules registers the sessions.* / chat.* / agent.* methods and
         # events with the gateway core.

@@ -18,15 +18,15 @@ from typing import Any
 
 from django.db import transaction
 
-from openclaw_site.gateway import publisher, state
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.events import (
+from gateway import publisher, state
+from gateway import scopes as sc
+from gateway.events import (
     PublicationBatch,
     publish_on_commit,
     publish_rollback_unsafe,
     send_direct_rollback_unsafe,
 )
-from openclaw_site.gateway.registry import registry
+from gateway.registry import registry
 
 from .models import Run, Session
 from .selectors import run_wait_payload

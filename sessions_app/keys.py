@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from openclaw_site.gateway.exceptions import InvalidRequest
+from gateway.exceptions import InvalidRequest
 
 DEFAULT_AGENT_ID = "main"
 MAIN_KEY = "main"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.context import RpcContext
-from openclaw_site.gateway.registry import registry
+from gateway import scopes as sc
+from gateway.context import RpcContext
+from gateway.registry import registry
 
 from . import keys, selectors
 from .schemas import (

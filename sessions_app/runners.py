@@ -1,12 +1,12 @@
 """The gateway's own turn runner: the default of :data:`sessions_app.extensions.turn_runners`.
 
 A turn runs as the ``sessions.run_turn`` task: in a Celery worker in production, in a worker
-thread of the gateway when embedded (``openclaw_site.gateway.background``).
+thread of the gateway when embedded (``gateway.background``).
 """
 
 from __future__ import annotations
 
-from openclaw_site.gateway import background
+from gateway import background
 
 from .tasks import run_turn
 

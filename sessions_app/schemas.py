@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import Field
 
-from openclaw_site.gateway.protocol import ClosedModel, NulCheckedByService
-from openclaw_site.gateway.schemas import OpenSchema
+from gateway.protocol import ClosedModel, NulCheckedByService
+from gateway.schemas import OpenSchema
 
 WORKTREE_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
 MAX_WAIT_MS = 24 * 3600 * 1000

@@ -11,9 +11,9 @@ from pathlib import Path
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
-from openclaw_site.gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
-from openclaw_site.gateway.exceptions import InvalidRequest, NotFound
-from openclaw_site.gateway.prepared import PreparedQuery
+from gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
+from gateway.exceptions import InvalidRequest, NotFound
+from gateway.prepared import PreparedQuery
 
 from . import keys
 from .extensions import session_projections

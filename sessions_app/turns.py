@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from openclaw_site.gateway import background
+from gateway import background
 
 from .events import TurnEmitter
 from .model_providers import default_model, get_model_provider

@@ -19,10 +19,10 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from openclaw_site.gateway import state
-from openclaw_site.gateway.context import RpcContext
-from openclaw_site.gateway.registry import registry
-from openclaw_site.gateway.visibility import event_visible
+from gateway import state
+from gateway.context import RpcContext
+from gateway.registry import registry
+from gateway.visibility import event_visible
 
 from . import selectors
 from .events import EVENT_CHAT, RUN_FINISHED

@@ -7,7 +7,7 @@ import pytest
 from django.db import OperationalError
 from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
 
-from openclaw_site.gateway.conf import shared_token
+from gateway.conf import shared_token
 from tests.support.api import API_TOKEN
 from tests.support.browser import AXE_REPORTS, SCREENSHOTS
 from tests.support.processes import start_gateway
@@ -68,7 +68,7 @@ def _gateway_settles_before_flush(request):
         return
     request.getfixturevalue("transactional_db")
     yield
-    from openclaw_site.gateway.models import GatewayConnection
+    from gateway.models import GatewayConnection
 
     deadline = time.monotonic() + 10
     while GatewayConnection.objects.exists() and time.monotonic() < deadline:

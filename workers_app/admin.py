@@ -12,14 +12,14 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
-from openclaw_site.gateway.admin.common import (
+from gateway.admin.common import (
     EstimatedCountPaginator,
     ReadOnlyAdmin,
     ViewOnlyObjectsMixin,
     audit_history_link,
     per_object_action,
 )
-from openclaw_site.gateway.audit import Actor
+from gateway.audit import Actor
 
 from .models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementHistory, PlacementMove, WorkerEnvironment
 from .services import reclaim

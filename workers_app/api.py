@@ -21,9 +21,9 @@ from channels.db import database_sync_to_async
 from django.http import FileResponse, HttpRequest
 from ninja import Path, Query, Router, Schema
 
-from openclaw_site.gateway.exceptions import NotFound
-from openclaw_site.gateway.http_auth import NODE_OR_OPERATOR_AUTH, request_actor
-from openclaw_site.gateway.schemas import error_responses
+from gateway.exceptions import NotFound
+from gateway.http_auth import NODE_OR_OPERATOR_AUTH, request_actor
+from gateway.schemas import error_responses
 from sessions_app.models import Session
 
 from . import operations, selectors

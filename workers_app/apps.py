@@ -8,8 +8,8 @@ class WorkersConfig(AppConfig):
 
     def ready(self) -> None:
         # Filled into sessions_app's seams (sessions_app never imports this app).
-        from openclaw_site.gateway import lifecycle
-        from openclaw_site.gateway.registry import registry
+        from gateway import lifecycle
+        from gateway.registry import registry
         from sessions_app.extensions import action_guards, session_projections, turn_runners
 
         # Importing the handler module registers sessions.dispatch/move/reclaim and environments.*.

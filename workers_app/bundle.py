@@ -22,7 +22,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from openclaw_site.gateway.protocol import SERVER_VERSION
+from gateway.protocol import SERVER_VERSION
 
 PACKAGES = ("openclaw_client",)
 MANIFEST_NAME = "openclaw-worker-bundle.json"

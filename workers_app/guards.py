@@ -7,7 +7,7 @@ A failed placement is a terminal sink for turns until an operator recovers it (w
 
 from __future__ import annotations
 
-from openclaw_site.gateway.exceptions import Busy
+from gateway.exceptions import Busy
 from sessions_app.extensions import SessionAction
 from sessions_app.models import Session
 

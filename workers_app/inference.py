@@ -22,8 +22,8 @@ from django.conf import settings
 from django.core import signing
 from django.db import close_old_connections
 
-from openclaw_site.gateway.exceptions import Conflict
-from openclaw_site.gateway.redaction import redact_secrets
+from gateway.exceptions import Conflict
+from gateway.redaction import redact_secrets
 from sessions_app.model_providers import (
     Aborted,
     ChatMessage,

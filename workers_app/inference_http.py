@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from pydantic import ValidationError
 
-from openclaw_site.gateway.exceptions import (
+from gateway.exceptions import (
     FrameRejected,
     GatewayError,
     InvalidRequest,
@@ -29,7 +29,7 @@ from openclaw_site.gateway.exceptions import (
     Unauthorized,
     internal_error,
 )
-from openclaw_site.gateway.protocol import decode_frame, error_path, validation_message
+from gateway.protocol import decode_frame, error_path, validation_message
 from sessions_app.model_providers import ChatMessage
 
 from .inference import INFERENCE_PATH, InferenceGrant, completion_stream, grant_for

@@ -1,7 +1,7 @@
 """Calling a node's private worker commands from synchronous code (dispatch stages, turns, teardown).
 
-The call itself is the gateway core's :func:`~openclaw_site.gateway.invoke.invoke_private`; it runs
-where the channel layer lives (:mod:`openclaw_site.gateway.publisher`): on a gateway process the
+The call itself is the gateway core's :func:`~gateway.invoke.invoke_private`; it runs
+where the channel layer lives (:mod:`gateway.publisher`): on a gateway process the
 gateway's event loop, whichever thread asks (the in-memory layer's queues belong to it); in a Celery
 worker the one long-lived loop that also publishes its events (the Redis layer receives on one loop).
 """
@@ -14,8 +14,8 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections, connections
 
-from openclaw_site.gateway import publisher, state
-from openclaw_site.gateway.invoke import NodeCommandFailed, ProgressCallback, invoke_private
+from gateway import publisher, state
+from gateway.invoke import NodeCommandFailed, ProgressCallback, invoke_private
 
 # Commands answer quickly unless they move bytes or run a turn; those pass their own timeout.
 COMMAND_TIMEOUT_MS = 30_000

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from django.conf import settings
 
-from openclaw_site.gateway.background import dispatch_on_commit
-from openclaw_site.gateway.exceptions import InvalidRequest, NotFound, PermissionDenied, Unavailable
+from gateway.background import dispatch_on_commit
+from gateway.exceptions import InvalidRequest, NotFound, PermissionDenied, Unavailable
 from sessions_app import keys
 from sessions_app import selectors as session_selectors
 from sessions_app.models import Session

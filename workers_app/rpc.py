@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from channels.db import database_sync_to_async
 
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.background import dispatch_on_commit
-from openclaw_site.gateway.context import RpcContext
-from openclaw_site.gateway.exceptions import InvalidRequest, NotFound
-from openclaw_site.gateway.registry import registry
+from gateway import scopes as sc
+from gateway.background import dispatch_on_commit
+from gateway.context import RpcContext
+from gateway.exceptions import InvalidRequest, NotFound
+from gateway.registry import registry
 from sessions_app.models import Session
 
 from . import operations, selectors

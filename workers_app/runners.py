@@ -3,7 +3,7 @@ there (:mod:`workers_app.services.worker_turns`), in a task like the gateway's o
 
 from __future__ import annotations
 
-from openclaw_site.gateway import background
+from gateway import background
 from sessions_app.extensions import TurnRunner
 from sessions_app.models import Session
 

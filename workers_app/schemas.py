@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from openclaw_site.gateway.protocol import ClosedModel
-from openclaw_site.gateway.schemas import OpenSchema
+from gateway.protocol import ClosedModel
+from gateway.schemas import OpenSchema
 from sessions_app.schemas import SessionRef
 
 Generation = Annotated[int, Field(ge=0, le=2**53 - 1)]

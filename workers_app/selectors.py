@@ -10,9 +10,9 @@ from typing import Any
 
 from django.db.models import Q, Subquery
 
-from openclaw_site.gateway import selectors as gateway_selectors
-from openclaw_site.gateway.cursors import cursor_decode, cursor_encode, cursor_int
-from openclaw_site.gateway.prepared import IdList, PreparedQuery
+from gateway import selectors as gateway_selectors
+from gateway.cursors import cursor_decode, cursor_encode, cursor_int
+from gateway.prepared import IdList, PreparedQuery
 from sessions_app.extensions import session_projections
 from sessions_app.models import Session
 

@@ -23,12 +23,12 @@ import json
 import logging
 import time
 
+from gateway import selectors as gateway_selectors
+from gateway.audit import Actor
+from gateway.exceptions import NotFound
+from gateway.services import pairing
 from openclaw_client.identity import DeviceIdentity
 from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
-from openclaw_site.gateway import selectors as gateway_selectors
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import NotFound
-from openclaw_site.gateway.services import pairing
 
 from .bundle import current_bundle
 from .models import NodeWorkerHost, WorkerEnvironment

@@ -20,9 +20,9 @@ from django.db import connection
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from openclaw_site.gateway.models import GatewayConnection, GatewayProcess
-from openclaw_site.gateway.scopes import ROLE_NODE
-from openclaw_site.gateway.selectors import process_stale_before
+from gateway.models import GatewayConnection, GatewayProcess
+from gateway.scopes import ROLE_NODE
+from gateway.selectors import process_stale_before
 from sessions_app.models import Run, RunStatus, Session
 
 from .models import Placement, PlacementState, WorkerEnvironment

@@ -1,6 +1,6 @@
 """Django's PostgreSQL backend with psycopg's pool, a connection kept by the gateway's database thread,
 and connection checks run only after a connection sat unused. Also: the event loop's read-only
-connections (``cooperative``, openclaw_site/gateway/loop_reads.py) and server-prepared statements for
+connections (``cooperative``, gateway/loop_reads.py) and server-prepared statements for
 the gateway's hot queries (``prepared_statement_cursor``).
 
 Every thread checks a connection out of the pool when it first queries and gives it back at the end
@@ -115,7 +115,7 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
     ops_class = DatabaseOperations
     # Whether the current connection stays open across hops (opened in a marked thread).
     kept = False
-    # A connection of the event loop's read-only calls (openclaw_site/gateway/loop_reads.py): checked out
+    # A connection of the event loop's read-only calls (gateway/loop_reads.py): checked out
     # without waiting, kept, and read-only (``default_transaction_read_only``) until given back.
     cooperative = False
     # Kept connections: when it was last pinged or a hop first queried on it (at or before its last
@@ -167,7 +167,7 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
     def prepared_statement_cursor(self):
         """A cursor (Django's wrapper, logged like any) whose statements are prepared on the server.
 
-        For the gateway's hot read queries (openclaw_site/gateway/prepared.py), whose SQL text is fixed: the server
+        For the gateway's hot read queries (gateway/prepared.py), whose SQL text is fixed: the server
         parses and plans each once per connection (~0.1 ms of a ~0.2–0.3 ms query here) instead of on every call.
         Django's own cursors bind on the client and never prepare; psycopg keeps at most ``prepared_max`` (100)
         statements per connection.

@@ -13,8 +13,8 @@ from typing import Any
 
 from django.db import transaction
 
-from openclaw_site.gateway.audit import Actor, audit
-from openclaw_site.gateway.exceptions import (
+from gateway.audit import Actor, audit
+from gateway.exceptions import (
     Busy,
     Conflict,
     GatewayError,

@@ -25,8 +25,8 @@ from typing import Any
 
 from django.db import transaction
 
-from openclaw_site.gateway.audit import audit
-from openclaw_site.gateway.exceptions import Busy, Conflict, InvalidRequest
+from gateway.audit import audit
+from gateway.exceptions import Busy, Conflict, InvalidRequest
 
 from .. import events, stages
 from ..harnesses import DeletionTarget, registry

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from openclaw_site.gateway.exceptions import Conflict
+from gateway.exceptions import Conflict
 
 from .. import stages
 from ..models import SessionUpstreamLink

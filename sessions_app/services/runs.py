@@ -16,11 +16,11 @@ from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from openclaw_site.gateway import state
-from openclaw_site.gateway.audit import Actor, audit
-from openclaw_site.gateway.exceptions import Busy, Conflict, InvalidRequest
-from openclaw_site.gateway.prepared import PreparedQuery
-from openclaw_site.gateway.selectors import live_process_boot_ids
+from gateway import state
+from gateway.audit import Actor, audit
+from gateway.exceptions import Busy, Conflict, InvalidRequest
+from gateway.prepared import PreparedQuery
+from gateway.selectors import live_process_boot_ids
 
 from .. import events
 from ..events import TurnEmitter

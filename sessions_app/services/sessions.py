@@ -12,8 +12,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from openclaw_site.gateway.audit import Actor, audit
-from openclaw_site.gateway.exceptions import Busy, Conflict, InvalidRequest, NotFound
+from gateway.audit import Actor, audit
+from gateway.exceptions import Busy, Conflict, InvalidRequest, NotFound
 
 from .. import events, keys
 from ..extensions import SessionAction, action_guards

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from openclaw_site.gateway.exceptions import InvalidRequest
+from gateway.exceptions import InvalidRequest
 
 logger = logging.getLogger(__name__)
 

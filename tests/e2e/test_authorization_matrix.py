@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from gateway import scopes as sc
+from gateway.registry import MethodSpec, registry
 from openclaw_client.client import GatewayError
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.registry import MethodSpec, registry
 from tests.support.clients import operator, paired_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

@@ -19,8 +19,8 @@ import kombu
 import pytest
 from asgiref.sync import sync_to_async
 
+from gateway.models import GatewayConnection, GatewayProcess
 from openclaw_client.client import ConnectError
-from openclaw_site.gateway.models import GatewayConnection, GatewayProcess
 from tests.e2e.test_node_invoke import node_commands
 from tests.e2e.test_seed_004_paired_node_worker_lifecycle import (
     Wire,

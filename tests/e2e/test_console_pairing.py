@@ -12,9 +12,9 @@ import httpx
 import pytest
 import websockets
 
+from gateway.models import AuditLog
 from openclaw_client.client import ConnectError
 from openclaw_client.identity import IdentityStore
-from openclaw_site.gateway.models import AuditLog
 from tests.e2e.test_console_live import PASSWORD, cookie_header, post_form
 from tests.support.clients import node
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from channels.db import database_sync_to_async as sync_to_async
 
-from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, DeviceToken, GatewayConnection, PairedDevice
+from gateway.models import AuditLog, DevicePairingRequest, DeviceToken, GatewayConnection, PairedDevice
 from tests.support.clients import operator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

@@ -26,7 +26,7 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from openclaw_site.gateway.registry import registry
+from gateway.registry import registry
 from tests.support.clients import operator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

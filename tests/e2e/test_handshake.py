@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from gateway.models import DeviceToken, GatewayConnection, PairedDevice
 from openclaw_client.client import ConnectError
 from openclaw_client.identity import DeviceIdentity, b64url_encode
-from openclaw_site.gateway.models import DeviceToken, GatewayConnection, PairedDevice
 from tests.support.clients import ALL_SCOPES, operator, raw_socket, recv_json, signed_connect_params
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.models import DevicePairingRequest, GatewayConnection
-from openclaw_site.gateway.services import pairing
+from gateway.audit import Actor
+from gateway.models import DevicePairingRequest, GatewayConnection
+from gateway.services import pairing
 from tests.support.clients import operator
 from tests.support.processes import ROOT
 

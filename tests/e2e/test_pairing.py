@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from gateway.models import AuditLog, DevicePairingRequest, DeviceToken, GatewayConnection, PairedDevice
 from openclaw_client.client import ConnectError, GatewayError
-from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, DeviceToken, GatewayConnection, PairedDevice
 from tests.support.clients import node, operator, paired_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

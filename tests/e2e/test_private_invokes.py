@@ -42,15 +42,15 @@ from channels.layers import get_channel_layer
 from django.db import connections
 from django.utils import timezone
 
+from gateway import invoke
+from gateway import scopes as sc
+from gateway.context import RpcContext
+from gateway.dispatch import run_request
+from gateway.invoke import NodeCommandFailed, invoke_private
+from gateway.models import GatewayConnection, GatewayProcess
+from gateway.node_commands import NODE_WORKER_PRIVATE_COMMANDS
+from gateway.protocol import RequestFrame
 from openclaw_client.client import GatewayError, NodeCommandError, current_invoke
-from openclaw_site.gateway import invoke
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.context import RpcContext
-from openclaw_site.gateway.dispatch import run_request
-from openclaw_site.gateway.invoke import NodeCommandFailed, invoke_private
-from openclaw_site.gateway.models import GatewayConnection, GatewayProcess
-from openclaw_site.gateway.node_commands import NODE_WORKER_PRIVATE_COMMANDS
-from openclaw_site.gateway.protocol import RequestFrame
 from tests.support.clients import operator, paired_node
 from tests.support.processes import gateway_settings_for_tests
 
@@ -87,7 +87,7 @@ async def db(fn, *args, **kwargs):
 
 
 def live_node_conn_id(node_id: str) -> str | None:
-    from openclaw_site.gateway.selectors import live_node_connection
+    from gateway.selectors import live_node_connection
 
     conn = live_node_connection(node_id)
     return str(conn.conn_id) if conn is not None else None

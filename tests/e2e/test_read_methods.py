@@ -1,7 +1,7 @@
 """Read-only methods (sessions.list / describe, status, node.list / describe) against a real gateway.
 
 They are answered on the event loop's thread with the process's own read-only connections
-(openclaw_site/gateway/loop_reads.py; on PostgreSQL their waits awaited on the loop): they see every
+(gateway/loop_reads.py; on PostgreSQL their waits awaited on the loop): they see every
 committed write at once, whoever made it, and keep answering while turns write.
 """
 

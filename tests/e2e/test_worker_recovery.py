@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from openclaw_site.gateway.models import GatewayProcess
+from gateway.models import GatewayProcess
 from sessions_app.services.sessions import SessionSpec, session_create
 from tests.support.clients import call_once
 from tests.support.processes import GatewayLaunch, free_port, gateway_settings_for_tests

@@ -6,16 +6,16 @@ from collections.abc import Callable
 import pytest
 from django.utils import timezone
 
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.auth import hash_device_token
-from openclaw_site.gateway.models import (
+from gateway import scopes as sc
+from gateway.auth import hash_device_token
+from gateway.models import (
     DevicePairingRequest,
     DeviceToken,
     GatewayConnection,
     GatewayProcess,
     PairedDevice,
 )
-from openclaw_site.gateway.services import pairing
+from gateway.services import pairing
 
 
 def _device_id(n: int) -> str:

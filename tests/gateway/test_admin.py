@@ -12,12 +12,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.admin.common import audit_history_url
-from openclaw_site.gateway.audit import Actor, audit
-from openclaw_site.gateway.auth import hash_device_token
-from openclaw_site.gateway.exceptions import InvalidRequest
-from openclaw_site.gateway.models import (
+from gateway import scopes as sc
+from gateway.admin.common import audit_history_url
+from gateway.audit import Actor, audit
+from gateway.auth import hash_device_token
+from gateway.exceptions import InvalidRequest
+from gateway.models import (
     AuditLog,
     DevicePairingRequest,
     DeviceToken,
@@ -26,7 +26,7 @@ from openclaw_site.gateway.models import (
     PairedDevice,
     PairingStatus,
 )
-from openclaw_site.gateway.services import pairing, tokens
+from gateway.services import pairing, tokens
 
 pytestmark = pytest.mark.django_db
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from openclaw_site.gateway.models import AuditLog, PairedDevice
-from openclaw_site.gateway.services import pairing
+from gateway.models import AuditLog, PairedDevice
+from gateway.services import pairing
 from tests.support.api import API_TOKEN
 
 TOKEN = API_TOKEN

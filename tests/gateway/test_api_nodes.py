@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway import selectors
-from openclaw_site.gateway.models import AuditLog, DeviceToken, GatewayConnection, PairedDevice
+from gateway import scopes as sc
+from gateway import selectors
+from gateway.models import AuditLog, DeviceToken, GatewayConnection, PairedDevice
 from tests.support.api import API_TOKEN
 
 from .test_api_pairing import device_id, world

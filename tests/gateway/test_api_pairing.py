@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from openclaw_site.gateway import rpc, selectors
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
-from openclaw_site.gateway.schemas import MAX_SCOPES
+from gateway import rpc, selectors
+from gateway import scopes as sc
+from gateway.models import AuditLog, DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
+from gateway.schemas import MAX_SCOPES
 from tests.support.api import API_TOKEN
 from tests.support.connections import admin_operator_context
 

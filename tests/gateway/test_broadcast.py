@@ -13,13 +13,13 @@ import pytest
 from autobahn.exception import Disconnected
 from channels.layers import InMemoryChannelLayer
 
-from openclaw_site.gateway import broadcast, consumers, events, lifecycle, state
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.consumers import GatewayConsumer
-from openclaw_site.gateway.context import RpcContext
-from openclaw_site.gateway.protocol import EncodedEvent
-from openclaw_site.gateway.registry import registry
-from openclaw_site.gateway.visibility import event_visible
+from gateway import broadcast, consumers, events, lifecycle, state
+from gateway import scopes as sc
+from gateway.consumers import GatewayConsumer
+from gateway.context import RpcContext
+from gateway.protocol import EncodedEvent
+from gateway.registry import registry
+from gateway.visibility import event_visible
 
 
 class Transport:

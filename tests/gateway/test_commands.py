@@ -17,8 +17,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from psycopg import sql
 
-from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, PairedDevice
-from openclaw_site.gateway.services import pairing
+from gateway.models import AuditLog, DevicePairingRequest, PairedDevice
+from gateway.services import pairing
 from tests.support.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_pairing_errors_are_command_errors_and_change_nothing():
 
 @pytest.mark.django_db(databases=["default", "harness"])
 def test_bootstrap_creates_the_admin_and_token_once(settings, tmp_path):
-    from openclaw_site.gateway.conf import shared_token
+    from gateway.conf import shared_token
 
     settings.STATE_DIR = tmp_path
     settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "TOKEN": ""}

@@ -6,7 +6,7 @@ import uuid
 
 from django.core.cache import cache
 
-from openclaw_site.gateway import counters
+from gateway import counters
 
 
 def _key() -> str:

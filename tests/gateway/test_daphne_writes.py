@@ -15,7 +15,7 @@ from twisted.internet import abstract, main
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import MemoryReactorClock
 
-from openclaw_site.gateway import daphne_server
+from gateway import daphne_server
 
 
 class PlainSocket(abstract.FileDescriptor):

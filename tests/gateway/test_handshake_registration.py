@@ -14,16 +14,14 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from openclaw_client.client import ClientOptions, GatewayClient
-from openclaw_client.identity import DeviceIdentity
-from openclaw_site.gateway import hello, lifecycle, state
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.conf import shared_token
-from openclaw_site.gateway.consumers import GatewayConsumer
-from openclaw_site.gateway.handshake import ConnectContext, HandshakeRejected, parse_connect
-from openclaw_site.gateway.hello import accept_connect, presence_snapshot
-from openclaw_site.gateway.models import (
+from gateway import hello, lifecycle, state
+from gateway import scopes as sc
+from gateway.audit import Actor
+from gateway.conf import shared_token
+from gateway.consumers import GatewayConsumer
+from gateway.handshake import ConnectContext, HandshakeRejected, parse_connect
+from gateway.hello import accept_connect, presence_snapshot
+from gateway.models import (
     DevicePairingRequest,
     DeviceToken,
     GatewayConnection,
@@ -31,8 +29,10 @@ from openclaw_site.gateway.models import (
     PairedDevice,
     PairingStatus,
 )
-from openclaw_site.gateway.selectors import presence_snapshot_sql
-from openclaw_site.gateway.services import connections, pairing
+from gateway.selectors import presence_snapshot_sql
+from gateway.services import connections, pairing
+from openclaw_client.client import ClientOptions, GatewayClient
+from openclaw_client.identity import DeviceIdentity
 from tests.support.clients import ALL_SCOPES
 from tests.support.connections import connection_record
 
@@ -238,7 +238,7 @@ def test_a_connect_that_fails_after_registering_leaves_no_connection(monkeypatch
 
     consumer.send, consumer.close = send, close_socket
     presence_changes = []
-    monkeypatch.setattr("openclaw_site.gateway.consumers.presence_changed", presence_changes.append)
+    monkeypatch.setattr("gateway.consumers.presence_changed", presence_changes.append)
 
     with caplog.at_level(logging.ERROR):
         asyncio.run(consumer.receive(text_data=json.dumps(_connect_frame(identity, consumer.nonce, ALL_SCOPES))))
@@ -272,7 +272,7 @@ def test_a_silent_pairing_that_fails_midway_leaves_no_device_token_or_connection
     def audit_fails(*args, **kwargs):
         raise DataError("audit log unavailable")
 
-    monkeypatch.setattr("openclaw_site.gateway.services.pairing.audit", audit_fails)
+    monkeypatch.setattr("gateway.services.pairing.audit", audit_fails)
     identity = DeviceIdentity.generate()
 
     with pytest.raises(DataError):

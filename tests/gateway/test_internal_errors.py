@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from openclaw_site.gateway import consumers, health, lifecycle
-from openclaw_site.gateway.consumers import GatewayConsumer
-from openclaw_site.gateway.dispatch import run_request
-from openclaw_site.gateway.protocol import RequestFrame
-from openclaw_site.gateway.registry import EmptyParams, MethodSpec, registry
+from gateway import consumers, health, lifecycle
+from gateway.consumers import GatewayConsumer
+from gateway.dispatch import run_request
+from gateway.protocol import RequestFrame
+from gateway.registry import EmptyParams, MethodSpec, registry
 from tests.support.connections import admin_operator_context
 
 LEAK = 'DataError: value too long for type character varying(200)\nINSERT INTO "sessions_app_session" ("label")'

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from openclaw_site.gateway import invoke
-from openclaw_site.gateway.context import RpcContext
-from openclaw_site.gateway.schemas import NodeInvokeResultParams
+from gateway import invoke
+from gateway.context import RpcContext
+from gateway.schemas import NodeInvokeResultParams
 
 NODE = "n" * 64
 

@@ -16,11 +16,11 @@ import pytest
 from django.db import OperationalError, connection, connections
 from psycopg_pool import PoolTimeout
 
-from openclaw_site.gateway import loop_reads
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.dispatch import run_request
-from openclaw_site.gateway.protocol import RequestFrame
-from openclaw_site.gateway.registry import EmptyParams, MethodRegistry, MethodSpec, registry
+from gateway import loop_reads
+from gateway import scopes as sc
+from gateway.dispatch import run_request
+from gateway.protocol import RequestFrame
+from gateway.registry import EmptyParams, MethodRegistry, MethodSpec, registry
 from sessions_app.models import Session
 from sessions_app.services.sessions import session_ensure_main
 from tests.support.connections import admin_operator_context

@@ -9,14 +9,14 @@ import logging
 import pytest
 from django.db import connection
 
-from openclaw_site.gateway import state
-from openclaw_site.gateway.hello import (
+from gateway import state
+from gateway.hello import (
     PRESENCE_BROADCAST_MAX_INTERVAL_S,
     PresenceBroadcaster,
     presence_broadcast_interval_s,
     presence_snapshot,
 )
-from openclaw_site.gateway.selectors import presence_snapshot_sql
+from gateway.selectors import presence_snapshot_sql
 
 
 class World:
@@ -224,10 +224,8 @@ def test_a_snapshot_reads_the_version_before_the_entries(monkeypatch):
         assert "nextval" in bump and "nextval" not in read and read.startswith("SELECT c.conn_id")
         return
     order: list[str] = []
-    monkeypatch.setattr("openclaw_site.gateway.hello.presence_entries", lambda: order.append("entries") or [])
-    monkeypatch.setattr(
-        "openclaw_site.gateway.hello.counters.bump_and_read", lambda *keys: order.append("version") or (1, 0)
-    )
+    monkeypatch.setattr("gateway.hello.presence_entries", lambda: order.append("entries") or [])
+    monkeypatch.setattr("gateway.hello.counters.bump_and_read", lambda *keys: order.append("version") or (1, 0))
     presence_snapshot()
     presence_snapshot()
     assert order == ["version", "entries", "version", "entries"]

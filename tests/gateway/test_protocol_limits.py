@@ -9,9 +9,9 @@ import pytest
 from django.test import Client
 from pydantic import Field, ValidationError
 
-from openclaw_site.gateway import protocol
-from openclaw_site.gateway.exceptions import FrameRejected
-from openclaw_site.gateway.protocol import (
+from gateway import protocol
+from gateway.exceptions import FrameRejected
+from gateway.protocol import (
     MAX_JSON_DEPTH,
     MAX_SAFE_INTEGER,
     ClosedModel,
@@ -21,8 +21,8 @@ from openclaw_site.gateway.protocol import (
     encode_frame,
     format_validation_error,
 )
-from openclaw_site.gateway.registry import registry
-from openclaw_site.gateway.schemas import DeviceIdParams, TokenRevokeParams
+from gateway.registry import registry
+from gateway.schemas import DeviceIdParams, TokenRevokeParams
 from sessions_app.models import Session
 from sessions_app.schemas import AgentWaitParams, SessionsCreateParams, SessionsListParams
 

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from openclaw_site.gateway import publisher
+from gateway import publisher
 
 
 @pytest.fixture

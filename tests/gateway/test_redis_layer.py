@@ -12,8 +12,8 @@ from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer as UpstreamLayer
 from django.conf import settings
 
-from openclaw_site.gateway.events import send_batch
-from openclaw_site.gateway.redis_layer import RedisChannelLayer
+from gateway.events import send_batch
+from gateway.redis_layer import RedisChannelLayer
 
 pytestmark = pytest.mark.skipif(not settings.REDIS_URL, reason="needs REDIS_URL")
 

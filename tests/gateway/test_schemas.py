@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from openclaw_site.gateway.schemas import MAX_SCOPES, NodeInvokeParams, RequestIdParams, TokenRotateParams
+from gateway.schemas import MAX_SCOPES, NodeInvokeParams, RequestIdParams, TokenRotateParams
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-from openclaw_site.gateway import scopes as sc
+from gateway import scopes as sc
 
 
 def test_admin_satisfies_every_operator_scope():

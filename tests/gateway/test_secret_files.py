@@ -10,11 +10,11 @@ import threading
 import time
 from pathlib import Path
 
-from openclaw_site.gateway import secret_files
+from gateway import secret_files
 from tests.support.processes import ROOT
 
 READ_SECRETS = (
-    "from django.conf import settings; from openclaw_site.gateway.conf import ensure_gateway_token; "
+    "from django.conf import settings; from gateway.conf import ensure_gateway_token; "
     "print(settings.SECRET_KEY, ensure_gateway_token()[0])"
 )
 

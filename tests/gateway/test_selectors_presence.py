@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from openclaw_site.gateway.models import GatewayConnection, PairedDevice
-from openclaw_site.gateway.selectors import PRESENCE_MAX_ENTRIES, presence_entries, to_ms
-from openclaw_site.gateway.services import connections
+from gateway.models import GatewayConnection, PairedDevice
+from gateway.selectors import PRESENCE_MAX_ENTRIES, presence_entries, to_ms
+from gateway.services import connections
 from tests.support.connections import connection_record
 
 BOOT_ID = str(uuid.uuid4())

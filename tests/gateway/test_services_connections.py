@@ -10,10 +10,10 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import NotPaired
-from openclaw_site.gateway.models import GatewayConnection, PairedDevice
-from openclaw_site.gateway.services import connections, pairing
+from gateway.audit import Actor
+from gateway.exceptions import NotPaired
+from gateway.models import GatewayConnection, PairedDevice
+from gateway.services import connections, pairing
 from tests.support.connections import connection_record
 
 NODE_ID = "n" * 64

@@ -9,11 +9,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import InvalidRequest, PermissionDenied
-from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, PairedDevice, PairingStatus
-from openclaw_site.gateway.services import pairing, sweep, tokens
-from openclaw_site.gateway.services.pairing import PairingClaim
+from gateway.audit import Actor
+from gateway.exceptions import InvalidRequest, PermissionDenied
+from gateway.models import AuditLog, DevicePairingRequest, PairedDevice, PairingStatus
+from gateway.services import pairing, sweep, tokens
+from gateway.services.pairing import PairingClaim
 
 
 def claim(device_id: str = "d" * 64, *, role: str = "node", commands: list[str] | None = None, **extra) -> PairingClaim:
@@ -32,7 +32,7 @@ def claim(device_id: str = "d" * 64, *, role: str = "node", commands: list[str] 
 @pytest.fixture
 def published(monkeypatch):
     """Events the services publish, captured where they would leave for the channel layer."""
-    from openclaw_site.gateway import events
+    from gateway import events
 
     sent: list[tuple[str, dict]] = []
     monkeypatch.setattr(events, "publish_rollback_unsafe", lambda event, payload, **_: sent.append((event, payload)))
@@ -208,7 +208,7 @@ def test_token_ensure_mints_once_and_verify_reports_the_reason():
 
 @pytest.mark.django_db(transaction=True)
 def test_node_catalog_memo_is_invalidated_by_pairing_changes():
-    from openclaw_site.gateway import selectors
+    from gateway import selectors
 
     assert selectors.node_catalog_snapshot() == []
     request, _ = pairing.pairing_request_ensure(claim=claim())

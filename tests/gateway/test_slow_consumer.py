@@ -24,11 +24,11 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.testing import MemoryReactorClock
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 
-from openclaw_site.gateway import broadcast, daphne_server, events, publisher
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.consumers import GatewayConsumer
-from openclaw_site.gateway.context import RpcContext
-from openclaw_site.gateway.protocol import DROP_IF_SLOW_KEY, EncodedEvent
+from gateway import broadcast, daphne_server, events, publisher
+from gateway import scopes as sc
+from gateway.consumers import GatewayConsumer
+from gateway.context import RpcContext
+from gateway.protocol import DROP_IF_SLOW_KEY, EncodedEvent
 
 LIMIT = 1000
 FRAME_TEXT = "x" * 800

@@ -11,8 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from openclaw_site.gateway import rpc, state
-from openclaw_site.gateway.models import GatewayConnection, GatewayProcess
+from gateway import rpc, state
+from gateway.models import GatewayConnection, GatewayProcess
 
 pytestmark = pytest.mark.django_db
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.registry import EventSpec, registry
-from openclaw_site.gateway.visibility import event_visible
+from gateway import scopes as sc
+from gateway.registry import EventSpec, registry
+from gateway.visibility import event_visible
 
 TICK = EventSpec("tick", scope=None, operators_only=False)
 PAIRING = EventSpec("device.pair.requested", scope=sc.PAIRING, operators_only=True)

@@ -12,11 +12,11 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 
-from openclaw_site.gateway import dispatch
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.context import RpcContext
-from openclaw_site.gateway.protocol import RequestFrame
-from openclaw_site.gateway.registry import registry
+from gateway import dispatch
+from gateway import scopes as sc
+from gateway.context import RpcContext
+from gateway.protocol import RequestFrame
+from gateway.registry import registry
 
 _ids = itertools.count(1)
 

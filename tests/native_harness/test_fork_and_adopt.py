@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.audit import Actor
+from gateway.exceptions import InvalidRequest, NotFound, Unavailable
+from gateway.models import AuditLog
 from native_harness import services
 from native_harness.models import NativeThread
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import InvalidRequest, NotFound, Unavailable
-from openclaw_site.gateway.models import AuditLog
 from sessions_app.models import Session, TranscriptEvent
 from sessions_app.services import forks, initialization, links, sessions
 from sessions_app.services.transcripts import append_many

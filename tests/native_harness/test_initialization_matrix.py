@@ -23,11 +23,11 @@ from unittest import mock
 import pytest
 from django.db import DatabaseError, connection, connections
 
+from gateway import events as gateway_events
+from gateway.exceptions import GatewayError
 from native_harness import services
 from native_harness.harness import harness
 from native_harness.models import NativeThread
-from openclaw_site.gateway import events as gateway_events
-from openclaw_site.gateway.exceptions import GatewayError
 from sessions_app import stages
 from sessions_app.harnesses import registry
 from sessions_app.models import Session, TranscriptEvent

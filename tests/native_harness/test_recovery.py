@@ -12,9 +12,9 @@ import threading
 import pytest
 from django.db import connections
 
+from gateway.models import AuditLog
 from native_harness import services
 from native_harness.models import NativeThread
-from openclaw_site.gateway.models import AuditLog
 from sessions_app.models import Session
 from sessions_app.services import forks, links
 from tests.support.processes import ROOT, current_database_url

@@ -7,9 +7,9 @@ import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, PairedDevice
-from openclaw_site.gateway.services import pairing
+from gateway.audit import Actor
+from gateway.models import AuditLog, DevicePairingRequest, PairedDevice
+from gateway.services import pairing
 from tests.gateway.test_services_pairing import claim
 
 pytestmark = pytest.mark.django_db

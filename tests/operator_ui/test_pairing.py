@@ -18,12 +18,12 @@ from django.contrib.messages import get_messages
 from django.test import Client
 from django.urls import reverse
 
-from openclaw_site.gateway import events
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.auth import hash_device_token
-from openclaw_site.gateway.models import AuditLog, DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
-from openclaw_site.gateway.services import pairing, tokens
+from gateway import events
+from gateway import scopes as sc
+from gateway.audit import Actor
+from gateway.auth import hash_device_token
+from gateway.models import AuditLog, DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
+from gateway.services import pairing, tokens
 from operator_ui.consumers import SESSIONS_GROUP, ConsoleConsumer
 from tests.gateway.test_services_pairing import claim
 from tests.operator_ui.conftest import PASSWORD

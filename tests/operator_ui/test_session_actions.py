@@ -11,8 +11,8 @@ import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.models import AuditLog
+from gateway.audit import Actor
+from gateway.models import AuditLog
 from sessions_app.models import Run, RunStatus
 from sessions_app.services import runs
 from tests.operator_ui.test_views import make

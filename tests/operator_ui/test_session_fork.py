@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from openclaw_site.gateway.models import AuditLog
+from gateway.models import AuditLog
 from sessions_app.models import Session, TranscriptEvent
 from sessions_app.services import runs
 from sessions_app.services.sessions import session_reset

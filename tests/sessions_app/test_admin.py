@@ -14,8 +14,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from openclaw_site.gateway.admin.common import audit_history_url
-from openclaw_site.gateway.models import AuditLog
+from gateway.admin.common import audit_history_url
+from gateway.models import AuditLog
 from sessions_app.models import Run, RunStatus, Session, SessionWindow, TranscriptEvent
 from sessions_app.services import runs, sessions
 from sessions_app.services.runs import abort_key, abort_requested

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from openclaw_site.gateway.cursors import cursor_encode
+from gateway.cursors import cursor_encode
 from sessions_app.models import Run
 from sessions_app.services import runs
 

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from openclaw_site.gateway.exceptions import Unavailable
+from gateway.exceptions import Unavailable
 from sessions_app import rpc, schemas, selectors
 from sessions_app.extensions import SessionAction, action_guards, session_projections, turn_runners
 from sessions_app.models import Run, Session, SessionWindow, TranscriptEvent

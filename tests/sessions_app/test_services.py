@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
+from gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
 from sessions_app import selectors, tasks, turns
 from sessions_app.model_providers.base import ModelProviderError
 from sessions_app.models import Run, Session, SessionWindow, TranscriptEvent

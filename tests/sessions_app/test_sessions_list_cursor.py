@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from openclaw_site.gateway.cursors import cursor_encode
-from openclaw_site.gateway.exceptions import InvalidRequest
+from gateway.cursors import cursor_encode
+from gateway.exceptions import InvalidRequest
 from sessions_app import selectors
 from sessions_app.models import Session
 from sessions_app.schemas import SessionsListParams

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from openclaw_site.gateway import events as gateway_events
-from openclaw_site.gateway import state
-from openclaw_site.gateway.consumers import GatewayConsumer
-from openclaw_site.gateway.context import RpcContext
+from gateway import events as gateway_events
+from gateway import state
+from gateway.consumers import GatewayConsumer
+from gateway.context import RpcContext
 from sessions_app import events, waiters
 from sessions_app.events import RUN_FINISHED
 from sessions_app.services import runs, sessions

@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.context import RpcContext
-from openclaw_site.gateway.services.connections import ConnectionRecord
+from gateway import scopes as sc
+from gateway.context import RpcContext
+from gateway.services.connections import ConnectionRecord
 
 
 def connection_record(*, boot_id: str, channel_name: str, **fields: Any) -> ConnectionRecord:

@@ -10,9 +10,9 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 from django.utils.html import escape
 
-from openclaw_site.gateway.admin.common import audit_history_url
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.models import AuditLog
+from gateway.admin.common import audit_history_url
+from gateway.audit import Actor
+from gateway.models import AuditLog
 from tests.workers_app.test_placement_store import (
     ENV,
     attached_environment,

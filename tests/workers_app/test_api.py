@@ -13,8 +13,8 @@ import asyncio
 import pytest
 from django.test import Client
 
-from openclaw_site.gateway import selectors as gateway_selectors
-from openclaw_site.gateway.models import AuditLog
+from gateway import selectors as gateway_selectors
+from gateway.models import AuditLog
 from sessions_app import rpc as session_rpc
 from sessions_app import selectors as session_selectors
 from sessions_app.schemas import SessionRef

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from openclaw_site.gateway.models import GatewayConnection, PairedDevice
+from gateway.models import GatewayConnection, PairedDevice
 from workers_app.inventory import Declaration
 from workers_app.models import Placement, WorkerEnvironment
 from workers_app.providers import WorkerProviderError

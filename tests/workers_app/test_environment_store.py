@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import IntegrityError, transaction
 
-from openclaw_site.gateway.exceptions import Conflict, InvalidRequest
+from gateway.exceptions import Conflict, InvalidRequest
 from workers_app.models import WorkerEnvironment
 from workers_app.providers import SshEndpoint, WorkerLease, WorkerProfile
 from workers_app.services import environments as envs

@@ -9,7 +9,7 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
 
-from openclaw_site.gateway.exceptions import Conflict, InvalidRequest
+from gateway.exceptions import Conflict, InvalidRequest
 from sessions_app.models import Session
 from sessions_app.services.sessions import SessionSpec, session_create
 from workers_app.models import TRANSITIONS, Placement, PlacementHistory, PlacementState, WorkerEnvironment

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from openclaw_site.gateway.models import GatewayProcess
+from gateway.models import GatewayProcess
 from sessions_app.models import Session
 from workers_app.models import Placement, PlacementHistory, WorkerEnvironment
 from workers_app.providers import Inspection, WorkerProfile, WorkerProviderError, providers

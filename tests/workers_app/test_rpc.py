@@ -19,15 +19,15 @@ from django.db import connection
 from django.utils import timezone
 from pydantic import ValidationError
 
-from openclaw_site.gateway import events as gateway_events
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway import state
-from openclaw_site.gateway.context import RpcContext
-from openclaw_site.gateway.dispatch import run_request
-from openclaw_site.gateway.exceptions import Conflict, InvalidRequest, NotFound, PermissionDenied, Unavailable
-from openclaw_site.gateway.models import GatewayConnection, GatewayProcess, PairedDevice
-from openclaw_site.gateway.protocol import RequestFrame
-from openclaw_site.gateway.services import connections as connection_services
+from gateway import events as gateway_events
+from gateway import scopes as sc
+from gateway import state
+from gateway.context import RpcContext
+from gateway.dispatch import run_request
+from gateway.exceptions import Conflict, InvalidRequest, NotFound, PermissionDenied, Unavailable
+from gateway.models import GatewayConnection, GatewayProcess, PairedDevice
+from gateway.protocol import RequestFrame
+from gateway.services import connections as connection_services
 from sessions_app.models import Session
 from sessions_app.services.sessions import session_patch
 from tests.support.processes import free_port

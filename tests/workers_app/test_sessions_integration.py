@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from openclaw_site.gateway.exceptions import Unavailable
+from gateway.exceptions import Unavailable
 from sessions_app import rpc, schemas
 from sessions_app.models import Run, Session
 from sessions_app.services import runs, sessions

@@ -13,8 +13,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from openclaw_site.gateway.invoke import invoke_target
-from openclaw_site.gateway.models import GatewayConnection, GatewayProcess
+from gateway.invoke import invoke_target
+from gateway.models import GatewayConnection, GatewayProcess
 from sessions_app.models import Run
 from tests.workers_app.test_inference_proxy import ENVIRONMENT, NODE, OTHER_NODE, placed_session, running, submitted
 from workers_app.models import Placement, WorkerEnvironment

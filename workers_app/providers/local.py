@@ -26,13 +26,13 @@ from typing import Any
 
 from django.conf import settings
 
+from gateway import selectors as gateway_selectors
+from gateway.audit import Actor
+from gateway.exceptions import NotFound
+from gateway.models import PairedDevice
+from gateway.services import pairing
 from openclaw_client.identity import IdentityStore
 from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
-from openclaw_site.gateway import selectors as gateway_selectors
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import NotFound
-from openclaw_site.gateway.models import PairedDevice
-from openclaw_site.gateway.services import pairing
 
 from ..models import NodeWorkerHost
 from ..node_calls import gateway_url

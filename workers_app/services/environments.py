@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from openclaw_site.gateway.exceptions import Conflict, InvalidRequest
+from gateway.exceptions import Conflict, InvalidRequest
 
 from ..models import (
     ENVIRONMENT_TRANSITIONS,

@@ -13,8 +13,8 @@ import secrets
 
 from django.db import IntegrityError, transaction
 
-from openclaw_site.gateway.background import executor_label
-from openclaw_site.gateway.exceptions import Conflict, InvalidRequest
+from gateway.background import executor_label
+from gateway.exceptions import Conflict, InvalidRequest
 from sessions_app.models import Session
 
 from ..models import (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from openclaw_site.gateway import selectors as gateway_selectors
+from gateway import selectors as gateway_selectors
 
 from ..inventory import Declaration
 from ..models import NodeWorkerHost

@@ -14,9 +14,9 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import Conflict, InvalidRequest
-from openclaw_site.gateway.redaction import redact_secrets
+from gateway.audit import Actor
+from gateway.exceptions import Conflict, InvalidRequest
+from gateway.redaction import redact_secrets
 from sessions_app.models import Session
 
 from ..events import placement_changed_on_commit

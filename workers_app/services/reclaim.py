@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from openclaw_site.gateway.audit import audit
-from openclaw_site.gateway.exceptions import InvalidRequest, NotFound, Unavailable
+from gateway.audit import audit
+from gateway.exceptions import InvalidRequest, NotFound, Unavailable
 from sessions_app.models import Session
 
 from ..models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementMove, PlacementState, WorkerEnvironment

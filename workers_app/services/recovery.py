@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from openclaw_site.gateway import selectors as gateway_selectors
-from openclaw_site.gateway.background import executor_label
-from openclaw_site.gateway.exceptions import GatewayError
+from gateway import selectors as gateway_selectors
+from gateway.background import executor_label
+from gateway.exceptions import GatewayError
 from sessions_app.models import Session
 
 from ..models import (

@@ -10,7 +10,7 @@ import logging
 import time
 import uuid
 
-from openclaw_site.gateway import selectors as gateway_selectors
+from gateway import selectors as gateway_selectors
 
 from ..bundle import current_bundle
 from ..models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementState, WorkerEnvironment, WorkspaceManifest

@@ -24,10 +24,10 @@ from typing import Any
 from django.conf import settings
 from django.db.models import QuerySet, Subquery
 
-from openclaw_site.gateway import publisher
-from openclaw_site.gateway.background import executor_label
-from openclaw_site.gateway.invoke import InvokeTarget, invoke_private
-from openclaw_site.gateway.selectors import live_process_boot_ids
+from gateway import publisher
+from gateway.background import executor_label
+from gateway.invoke import InvokeTarget, invoke_private
+from gateway.selectors import live_process_boot_ids
 from sessions_app import turns as gateway_turns
 from sessions_app.events import TurnEmitter
 from sessions_app.model_providers import default_model, get_model_provider

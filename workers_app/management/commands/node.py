@@ -12,8 +12,8 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from gateway.conf import gateway_setting, shared_token
 from openclaw_client import node
-from openclaw_site.gateway.conf import gateway_setting, shared_token
 
 
 class Command(BaseCommand):

@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 
 class GatewayConfig(AppConfig):
-    name = "openclaw_site.gateway"
+    name = "gateway"
     label = "gateway"
     verbose_name = "Gateway"
 

@@ -30,7 +30,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from openclaw_site.gateway.conf import gateway_setting
+from gateway.conf import gateway_setting
 
 HEALTH_PATH = "/api/gateway/health"
 STOP_GRACE_S = 30.0

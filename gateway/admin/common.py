@@ -17,13 +17,13 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import GatewayError
-from openclaw_site.gateway.models import (
+from gateway.audit import Actor
+from gateway.exceptions import GatewayError
+from gateway.models import (
     PairingStatus,
 )
-from openclaw_site.gateway.scopes import ROLES
-from openclaw_site.gateway.selectors import live_connections, process_stale_before
+from gateway.scopes import ROLES
+from gateway.selectors import live_connections, process_stale_before
 
 # --- shared helpers -------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ class MethodSpec:
     # Hidden methods (a node's private protocol) work but are not listed in hello-ok's features.
     advertise: bool = True
     # The handler only reads the database (and the process's own state): on the embedded profile it
-    # runs on the event loop instead of a database hop (openclaw_site/gateway/loop_reads.py).
+    # runs on the event loop instead of a database hop (gateway/loop_reads.py).
     reads_only: bool = False
     # ... and reads the cache too: on the loop only when the cache is in process memory.
     reads_cache: bool = False

@@ -6,10 +6,10 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from openclaw_site.gateway import selectors
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import GatewayError
-from openclaw_site.gateway.services import pairing
+from gateway import selectors
+from gateway.audit import Actor
+from gateway.exceptions import GatewayError
+from gateway.services import pairing
 
 
 class Command(BaseCommand):

@@ -13,8 +13,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, connections, transaction
 from psycopg import sql
 
-from openclaw_site.gateway import secret_files
-from openclaw_site.gateway.conf import ensure_gateway_token
+from gateway import secret_files
+from gateway.conf import ensure_gateway_token
 
 
 class Command(BaseCommand):

@@ -13,17 +13,17 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from openclaw_site.gateway import scopes as sc
-from openclaw_site.gateway.audit import Actor
-from openclaw_site.gateway.exceptions import GatewayError
-from openclaw_site.gateway.models import (
+from gateway import scopes as sc
+from gateway.audit import Actor
+from gateway.exceptions import GatewayError
+from gateway.models import (
     DevicePairingRequest,
     DeviceToken,
     PairedDevice,
     PairingStatus,
 )
-from openclaw_site.gateway.selectors import live_connections
-from openclaw_site.gateway.services import pairing, tokens
+from gateway.selectors import live_connections
+from gateway.services import pairing, tokens
 
 from .common import (
     ConnectedFilter,

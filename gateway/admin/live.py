@@ -9,12 +9,12 @@ from django.db.models import BooleanField, Count, ExpressionWrapper, Q, QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from openclaw_site.gateway.models import (
+from gateway.models import (
     AuditLog,
     GatewayConnection,
     GatewayProcess,
 )
-from openclaw_site.gateway.selectors import process_stale_before
+from gateway.selectors import process_stale_before
 
 from .common import (
     ConnectionLiveFilter,

@@ -10,9 +10,9 @@ from channels.routing import get_default_application
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from openclaw_site.gateway import state
-from openclaw_site.gateway.conf import ensure_gateway_token, gateway_setting
-from openclaw_site.gateway.daphne_server import run_gateway_server
+from gateway import state
+from gateway.conf import ensure_gateway_token, gateway_setting
+from gateway.daphne_server import run_gateway_server
 
 
 class Command(BaseCommand):

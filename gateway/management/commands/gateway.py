@@ -12,8 +12,8 @@ import argparse
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from gateway.conf import gateway_setting, shared_password, shared_token, token_file
 from openclaw_client.cli import Secret, add_call_arguments, call_parser_kwargs, run_call
-from openclaw_site.gateway.conf import gateway_setting, shared_password, shared_token, token_file
 
 CONFIGURED = "OPENCLAW_GATEWAY_TOKEN, OPENCLAW_GATEWAY_PASSWORD, <state dir>/gateway-token"
 
