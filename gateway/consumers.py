@@ -35,9 +35,9 @@ from .exceptions import (
 )
 from .handshake import ConnectContext, FirstFrameInvalid, parse_connect
 from .hello import accept_connect, health_version_soon, presence_changed
+from .ports import connection_authority
 from .protocol import DROP_IF_SLOW_KEY, EncodedEvent, decode_frame, encode_frame
 from .registry import registry
-from .services import connections
 from .visibility import event_visible
 
 logger = logging.getLogger(__name__)
@@ -396,7 +396,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def _unregister(self) -> None:
         try:
-            if await database_sync_to_async(connections.connection_unregister)(conn_id=self.conn_id):
+            if await database_sync_to_async(connection_authority().connection_unregister)(conn_id=self.conn_id):
                 presence_changed(None)
         except Exception:
             logger.exception("failed to unregister connection %s", self.conn_id)

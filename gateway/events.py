@@ -14,7 +14,6 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 from . import publisher
-from . import scopes as sc
 from .protocol import DROP_IF_SLOW_KEY
 from .registry import registry
 
@@ -38,10 +37,6 @@ def event_group(event: str) -> str:
     return BROADCAST_GROUP
 
 
-EVENT_DEVICE_PAIR_REQUESTED = registry.event("device.pair.requested", scope=sc.PAIRING)
-EVENT_DEVICE_PAIR_RESOLVED = registry.event("device.pair.resolved", scope=sc.PAIRING)
-EVENT_NODE_PAIR_REQUESTED = registry.event("node.pair.requested", scope=sc.PAIRING)
-EVENT_NODE_PAIR_RESOLVED = registry.event("node.pair.resolved", scope=sc.PAIRING)
 # Targeted at one node connection, never broadcast; listed so hello-ok advertises it.
 EVENT_NODE_INVOKE_REQUEST = registry.event("node.invoke.request", scope=None, operators_only=False)
 

@@ -18,8 +18,9 @@ from . import counters, state
 from .conf import auth_mode, gateway_setting
 from .context import RpcContext
 from .events import BROADCAST_GROUP, broadcast_message
-from .handshake import ConnectContext, ConnectOutcome, authenticate_connect
+from .handshake import ConnectContext, ConnectOutcome
 from .health import last_health
+from .ports import connection_authority
 from .protocol import SERVER_VERSION, ConnectParams
 from .registry import EVENT_PRESENCE, registry
 from .selectors import presence_entries, presence_rows_from_sql, presence_snapshot_sql, result_sets
@@ -79,7 +80,7 @@ def accept_connect(
     """
     health_version = health_version or health_version_soon()
     then = presence_snapshot_sql(registered=connect_ctx.conn_id) if connection.vendor == "postgresql" else None
-    outcome = authenticate_connect(params, connect_ctx, then=then)
+    outcome = connection_authority().authenticate_connect(params, connect_ctx, then=then)
     ctx = RpcContext(
         conn_id=connect_ctx.conn_id,
         channel_name=connect_ctx.channel_name,

@@ -1,5 +1,5 @@
-"""Who may call the JSON API: the gateway's shared token (operators), and — on the routes that serve
-nodes, such as the worker bundle — a paired node's own device token."""
+"""Who may call the JSON API: the gateway's shared token (operators). A paired node's own device token,
+on the routes that serve nodes, is devices_app's (``devices_app.http_auth``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,8 @@ from django.http import HttpRequest
 from ninja.security import APIKeyHeader, HttpBearer
 
 from .audit import Actor
-from .auth import hash_device_token, secret_matches
+from .auth import secret_matches
 from .conf import shared_token
-from .models import DeviceToken
-from .scopes import ROLE_NODE
 
 TOKEN_HEADER = "X-OpenClaw-Token"
 
@@ -32,24 +30,7 @@ class GatewayTokenHeader(APIKeyHeader):
         return "token" if _token_ok(key) else None
 
 
-class NodeDeviceBearer(HttpBearer):
-    """``Authorization: Bearer <device token>`` of a paired node (its live, unrevoked node-role token)."""
-
-    def authenticate(self, request: HttpRequest, token: str):
-        if not token:
-            return None
-        found = (
-            DeviceToken.objects.filter(
-                token_hash=hash_device_token(token), role=ROLE_NODE, revoked_at__isnull=True, device__is_node=True
-            )
-            .values_list("device_id", flat=True)
-            .first()
-        )
-        return f"node:{found}" if found else None
-
-
 OPERATOR_AUTH = [GatewayBearer(), GatewayTokenHeader()]
-NODE_OR_OPERATOR_AUTH = [GatewayBearer(), GatewayTokenHeader(), NodeDeviceBearer()]
 
 
 def request_actor(request: HttpRequest) -> Actor:

@@ -25,6 +25,7 @@ from openclaw_site.postgresql.base import keep_connections_in_this_thread
 from . import broadcast, loop_reads, state
 from .conf import gateway_setting
 from .events import BROADCAST_GROUP
+from .ports import connection_authority
 from .protocol import EncodedEvent
 from .services import connections as connection_services
 from .services.sweep import gateway_sweep
@@ -239,7 +240,7 @@ async def shutdown(reason: str = "gateway stopping", restart_expected_ms: int | 
         except Exception:
             logger.exception("failed to send shutdown to a connection")
     try:
-        await database_sync_to_async(connection_services.process_unregister)(boot_id=state.BOOT_ID)
+        await database_sync_to_async(connection_authority().process_unregister)(boot_id=state.BOOT_ID)
     except Exception:
         logger.exception("failed to unregister gateway process")
     try:

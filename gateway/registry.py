@@ -59,12 +59,6 @@ class MethodRegistry:
     snapshot_providers: list[Callable[[Any], dict]] = field(default_factory=list)
     # node.event name -> handler(ctx, payload) -> {"handled": bool, "reason"?: str}; filled by apps.
     node_event_handlers: dict[str, Callable[[Any, Any], dict]] = field(default_factory=dict)
-    # Extra fields of node rows (node.list / node.describe), filled by apps: contributor(node_ids, live)
-    # -> {node_id: fields}, where ``live`` maps node ids to their live connections; one call per catalog.
-    node_projections: list[Callable[[set[str], dict[str, Any]], dict[str, dict]]] = field(default_factory=list)
-    # Called with the node id once ``node.pair.remove`` removed a node, before the method answers (apps
-    # clean up what the node held; the caller waits for it).
-    node_removal_hooks: list[Callable[[str], Any]] = field(default_factory=list)
 
     def method(
         self,

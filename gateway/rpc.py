@@ -1,32 +1,17 @@
-"""Gateway-core methods: health, status, device and node pairing, device tokens, nodes."""
+"""Gateway-core methods: health, status, and routing ``node.invoke`` to a node and its result back."""
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
-
-from channels.db import database_sync_to_async
 
 from . import health, invoke, selectors, state
 from . import scopes as sc
 from .context import RpcContext
-from .exceptions import FrameRejected, InvalidRequest, NotFound, internal_error
+from .exceptions import FrameRejected, InvalidRequest, internal_error
 from .protocol import SERVER_VERSION, decode_frame
 from .registry import registry
-from .schemas import (
-    DeviceIdParams,
-    NodeEventParams,
-    NodeIdParams,
-    NodeInvokeError,
-    NodeInvokeParams,
-    NodeInvokeResultParams,
-    NodeRenameParams,
-    RequestIdParams,
-    TokenRevokeParams,
-    TokenRotateParams,
-)
-from .services import connections, pairing, tokens
+from .schemas import NodeInvokeError, NodeInvokeParams, NodeInvokeResultParams
 
 logger = logging.getLogger(__name__)
 
@@ -68,120 +53,7 @@ def status_rpc(ctx: RpcContext, params) -> dict:
     }
 
 
-# --- device pairing -------------------------------------------------------------------------
-
-
-def _restricted_to_own_device(ctx: RpcContext) -> str | None:
-    """Non-admin callers authenticated by a device token manage only their own device."""
-    if ctx.is_admin or ctx.auth_method != "device-token":
-        return None
-    return ctx.device_id
-
-
-@method("device.pair.list", scope=sc.PAIRING)
-def device_pair_list_rpc(ctx: RpcContext, params) -> dict:
-    return selectors.device_pair_list(only_device_id=_restricted_to_own_device(ctx))
-
-
-@method("device.pair.approve", params=RequestIdParams, scope=sc.PAIRING)
-def device_pair_approve_rpc(ctx: RpcContext, params: RequestIdParams) -> dict:
-    device = pairing.pairing_request_approve(request_id=params.requestId, actor=ctx.actor())
-    return {"requestId": params.requestId, "device": selectors.paired_device_shape(device, connected=False)}
-
-
-@method("device.pair.reject", params=RequestIdParams, scope=sc.PAIRING)
-def device_pair_reject_rpc(ctx: RpcContext, params: RequestIdParams) -> dict:
-    request = pairing.pairing_request_reject(request_id=params.requestId, actor=ctx.actor())
-    return {"requestId": params.requestId, "deviceId": request.device_id}
-
-
-@method("device.pair.remove", params=DeviceIdParams, scope=sc.PAIRING)
-def device_pair_remove_rpc(ctx: RpcContext, params: DeviceIdParams) -> dict:
-    own = _restricted_to_own_device(ctx)
-    if own is not None and own != params.deviceId:
-        raise InvalidRequest("device pairing removal denied")
-    pairing.paired_device_remove(device_id=params.deviceId, actor=ctx.actor())
-    return {"deviceId": params.deviceId}
-
-
-@method("device.token.rotate", params=TokenRotateParams, scope=sc.PAIRING)
-def device_token_rotate_rpc(ctx: RpcContext, params: TokenRotateParams) -> dict:
-    own = _restricted_to_own_device(ctx)
-    if own is not None and own != params.deviceId:
-        raise InvalidRequest("device token rotation denied")
-    return tokens.device_token_rotate(
-        device_id=params.deviceId, role=params.role, scopes=params.scopes, actor=ctx.actor()
-    )
-
-
-@method("device.token.revoke", params=TokenRevokeParams, scope=sc.PAIRING)
-def device_token_revoke_rpc(ctx: RpcContext, params: TokenRevokeParams) -> dict:
-    own = _restricted_to_own_device(ctx)
-    if own is not None and own != params.deviceId:
-        raise InvalidRequest("device token revocation denied")
-    return tokens.device_token_revoke(device_id=params.deviceId, role=params.role, actor=ctx.actor())
-
-
-# --- node pairing (backed by device pairing of role "node") ---------------------------------
-
-
-@method("node.pair.list", scope=sc.PAIRING)
-def node_pair_list_rpc(ctx: RpcContext, params) -> dict:
-    return selectors.node_pair_list()
-
-
-@method("node.pair.approve", params=RequestIdParams, scope=sc.PAIRING)
-def node_pair_approve_rpc(ctx: RpcContext, params: RequestIdParams) -> dict:
-    device = pairing.pairing_request_approve(request_id=params.requestId, actor=ctx.actor(), role=sc.ROLE_NODE)
-    return {"requestId": params.requestId, "node": selectors.paired_node_shape(device)}
-
-
-@method("node.pair.reject", params=RequestIdParams, scope=sc.PAIRING)
-def node_pair_reject_rpc(ctx: RpcContext, params: RequestIdParams) -> dict:
-    request = pairing.pairing_request_reject(request_id=params.requestId, actor=ctx.actor(), role=sc.ROLE_NODE)
-    return {"requestId": params.requestId, "nodeId": request.device_id}
-
-
-@method("node.pair.remove", params=NodeIdParams, scope=sc.PAIRING)
-def node_pair_remove_rpc(ctx: RpcContext, params: NodeIdParams) -> dict:
-    pairing.node_pair_remove(node_id=params.nodeId, actor=ctx.actor())
-    return {"nodeId": params.nodeId}
-
-
-# --- nodes ----------------------------------------------------------------------------------
-
-
-def _sees_pending(ctx: RpcContext) -> bool:
-    return ctx.has_scope(sc.PAIRING) or ctx.has_scope(sc.ADMIN)
-
-
-def _visible(ctx: RpcContext, node: dict) -> dict | None:
-    if _sees_pending(ctx):
-        return node
-    if not (node.get("paired") or node.get("connected")):
-        return None
-    return selectors.strip_pending_fields(node)
-
-
-@method("node.list", scope=sc.READ, reads_only=True, reads_cache=True)
-def node_list_rpc(ctx: RpcContext, params) -> dict:
-    nodes = [shown for node in selectors.node_catalog_snapshot() if (shown := _visible(ctx, node)) is not None]
-    return {"ts": selectors.now_ms(), "nodes": nodes}
-
-
-@method("node.describe", params=NodeIdParams, scope=sc.READ, reads_only=True, reads_cache=True)
-def node_describe_rpc(ctx: RpcContext, params: NodeIdParams) -> dict:
-    node = selectors.node_describe(params.nodeId.strip())
-    shown = _visible(ctx, node) if node is not None else None
-    if shown is None:
-        raise NotFound("unknown nodeId")
-    return {"ts": selectors.now_ms(), **shown}
-
-
-@method("node.rename", params=NodeRenameParams, scope=sc.PAIRING)
-def node_rename_rpc(ctx: RpcContext, params: NodeRenameParams) -> dict:
-    device = pairing.node_rename(node_id=params.nodeId, display_name=params.displayName, actor=ctx.actor())
-    return {"nodeId": device.device_id, "displayName": device.operator_label}
+# --- node.invoke -------------------------------------------------------------------------------
 
 
 @method("node.invoke", params=NodeInvokeParams, scope=sc.WRITE)
@@ -215,35 +87,3 @@ async def node_invoke_result_rpc(ctx: RpcContext, params: NodeInvokeResultParams
             )
             raise InvalidRequest(f"invalid node.invoke.result params: payloadJSON: {reason}") from None
     return await invoke.node_invoke_result(ctx, params)
-
-
-@method("node.event", params=NodeEventParams, role="node")
-async def node_event_rpc(ctx: RpcContext, params: NodeEventParams) -> dict:
-    if params.event == invoke.PROGRESS_EVENT:
-        # On the event loop, without a thread hop: a worker's reply streams through here.
-        return {"ok": True, "event": params.event, **await invoke.forward_progress(ctx, _event_payload(params))}
-    return await database_sync_to_async(_node_event)(ctx, params)
-
-
-def _event_payload(params: NodeEventParams) -> Any:
-    if params.payload is None and params.payloadJSON:
-        try:
-            return decode_frame(params.payloadJSON)
-        except FrameRejected as rejected:
-            raise InvalidRequest(f"invalid node.event params: payloadJSON: {rejected.reason}") from None
-    return params.payload
-
-
-def _node_event(ctx: RpcContext, params: NodeEventParams) -> dict:
-    if params.event == "node.presence.alive":
-        persisted = connections.node_presence_touch(node_id=ctx.node_id, reason="alive")
-        return {
-            "ok": True,
-            "event": params.event,
-            "handled": persisted,
-            "reason": "persisted" if persisted else "not-paired",
-        }
-    handler = registry.node_event_handlers.get(params.event)
-    if handler is None:
-        return {"ok": True, "event": params.event, "handled": False, "reason": "unknown-event"}
-    return {"ok": True, "event": params.event, **handler(ctx, _event_payload(params))}

@@ -7,5 +7,5 @@ from .services import sweep
 
 @shared_task(name="gateway.sweep", acks_late=True, ignore_result=True)
 def gateway_sweep() -> dict:
-    """Expire overdue pairing requests and forget gateway processes that stopped heartbeating."""
+    """Forget gateway processes that stopped heartbeating (and their connections)."""
     return sweep.gateway_sweep()

@@ -66,7 +66,10 @@ INSTALLED_APPS = [
     "channels",
     # Listed so its API docs use the bundled Swagger UI files instead of a CDN.
     "ninja",
+    # The project's own management commands (serve, bootstrap, cluster, gateway call).
+    "openclaw_site",
     "gateway",
+    "devices_app",
     "sessions_app",
     "native_harness",
     "workers_app",
@@ -223,8 +226,10 @@ CELERY_TASK_SOFT_TIME_LIMIT = 300
 CELERY_TASK_TIME_LIMIT = 360
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE = {
-    # Every 30 s: expire pending pairing requests and forget connections of dead gateway processes.
+    # Every 30 s: forget connections of dead gateway processes.
     "gateway-sweep": {"task": "gateway.sweep", "schedule": 30.0},
+    # Every 30 s: expire pending pairing requests (their approval window is 5 minutes).
+    "devices-pairing-sweep": {"task": "devices.pairing_sweep", "schedule": 30.0},
     # Every 15 s: fail turns whose worker stopped heartbeating, restart queued turns nobody took.
     "sessions-sweep": {"task": "sessions.runs_sweep", "schedule": 15.0},
     # Every 15 s: reconcile worker environments with their providers, fail placements whose worker vanished.

@@ -24,13 +24,14 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 from pydantic import ValidationError
 
+from devices_app import selectors as device_selectors
+from devices_app.schemas import DeviceIdParams, RequestIdParams, TokenRevokeParams
+from devices_app.services import pairing as pairing_services
+from devices_app.services import tokens as token_services
 from gateway import scopes
 from gateway import selectors as gateway_selectors
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError
-from gateway.schemas import DeviceIdParams, RequestIdParams, TokenRevokeParams
-from gateway.services import pairing as pairing_services
-from gateway.services import tokens as token_services
 
 from .views import _refusal
 
@@ -118,7 +119,7 @@ def _device(device_id: str) -> DeviceRow:
         DeviceIdParams.model_validate({"deviceId": device_id})
     except ValidationError:
         raise Http404("no such paired device") from None
-    listed = gateway_selectors.device_pair_list(only_device_id=device_id)["paired"]
+    listed = device_selectors.device_pair_list(only_device_id=device_id)["paired"]
     if not listed:
         raise Http404("no such paired device")
     return _device_row(listed[0])
@@ -127,7 +128,7 @@ def _device(device_id: str) -> DeviceRow:
 @require_GET
 @staff_required
 def pairing(request: HttpRequest) -> HttpResponse:
-    listed = gateway_selectors.device_pair_list()
+    listed = device_selectors.device_pair_list()
     pending = [
         {**shape, "requestedAt": _when(shape.get("ts"))}
         for shape in listed["pending"]

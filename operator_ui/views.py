@@ -16,12 +16,12 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from pydantic import ValidationError
 
+from devices_app import selectors as device_selectors
+from devices_app.services import pairing
 from gateway import scopes
-from gateway import selectors as gateway_selectors
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError, InvalidRequest
 from gateway.protocol import error_path, validation_message
-from gateway.services import pairing
 from openclaw_site.admin_site import rate_limited_login
 from sessions_app import keys
 from sessions_app import selectors as session_selectors
@@ -173,13 +173,13 @@ def _refusal(refused: ValidationError | GatewayError) -> str:
 @require_GET
 @login_required(login_url="ui:login")
 def nodes(request: HttpRequest) -> HttpResponse:
-    catalog = gateway_selectors.node_catalog(include_pending=True)
+    catalog = device_selectors.node_catalog(include_pending=True)
     return render(
         request,
         "operator_ui/nodes.html",
         {
             "nodes": [node for node in catalog if node.get("paired") or node.get("connected")],
-            "pending": gateway_selectors.node_pair_list()["pending"],
+            "pending": device_selectors.node_pair_list()["pending"],
             "nav": "nodes",
         },
     )
@@ -216,7 +216,7 @@ def node_remove(request: HttpRequest, node_id: str) -> HttpResponse:
     if request.method != "GET":
         return HttpResponse(status=405, headers={"Allow": "GET, POST"})
     # Not the memoized catalog: the confirmation must show the node as it is now.
-    catalog = gateway_selectors.node_catalog(include_pending=False)
+    catalog = device_selectors.node_catalog(include_pending=False)
     node = next((entry for entry in catalog if entry["nodeId"] == node_id), None)
     if node is None or not node.get("paired"):
         raise Http404("no such paired node")

@@ -20,12 +20,7 @@ from django.db import transaction
 
 from gateway import publisher, state
 from gateway import scopes as sc
-from gateway.events import (
-    PublicationBatch,
-    publish_on_commit,
-    publish_rollback_unsafe,
-    send_direct_rollback_unsafe,
-)
+from gateway.events import PublicationBatch, publish_on_commit, publish_rollback_unsafe, send_direct_rollback_unsafe
 from gateway.registry import registry
 
 from .models import Run, Session

@@ -12,6 +12,8 @@ from tests.support.api import API_TOKEN
 from tests.support.browser import AXE_REPORTS, SCREENSHOTS
 from tests.support.processes import start_gateway
 
+pytest_plugins = ["tests.support.device_fixtures"]
+
 _RUN_STARTED = pytest.StashKey[float]()
 
 

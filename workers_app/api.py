@@ -21,8 +21,9 @@ from channels.db import database_sync_to_async
 from django.http import FileResponse, HttpRequest
 from ninja import Path, Query, Router, Schema
 
+from devices_app.http_auth import NODE_OR_OPERATOR_AUTH
 from gateway.exceptions import NotFound
-from gateway.http_auth import NODE_OR_OPERATOR_AUTH, request_actor
+from gateway.http_auth import request_actor
 from gateway.schemas import error_responses
 from sessions_app.models import Session
 

@@ -8,29 +8,29 @@ class WorkersConfig(AppConfig):
 
     def ready(self) -> None:
         # Filled into sessions_app's seams (sessions_app never imports this app).
+        from devices_app.ports import provide_node_workers
         from gateway import lifecycle
-        from gateway.registry import registry
         from sessions_app.extensions import action_guards, session_projections, turn_runners
 
         # Importing the handler module registers sessions.dispatch/move/reclaim and environments.*.
         from . import profiles, rpc  # noqa: F401
         from .guards import placement_barrier
         from .node_runtime import node_runtime, ssh_node_runtime
+        from .ports import WorkersOnNodes
         from .providers import providers
         from .providers.device import DeviceProvider
         from .providers.local import LocalProvider
         from .providers.static_ssh import StaticSshProvider
         from .runners import select_worker_runner
         from .runtimes import worker_runtimes
-        from .selectors import PLACEMENT_PROJECTION_COLUMNS, node_worker_fields, placement_fields
-        from .services.recovery import workers_node_removed, workers_recover_startup
+        from .selectors import PLACEMENT_PROJECTION_COLUMNS, placement_fields
+        from .services.recovery import workers_recover_startup
         from .tasks import recovery_sweep
 
         session_projections.register(
             "placement", placement_fields, related=("placement",), columns=PLACEMENT_PROJECTION_COLUMNS
         )
-        registry.node_projections.append(node_worker_fields)
-        registry.node_removal_hooks.append(workers_node_removed)
+        provide_node_workers(WorkersOnNodes())
         action_guards.register(placement_barrier)
         turn_runners.add_selector(select_worker_runner)
         # Providers first: the profiles are checked against what is registered.

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db.models import Q, Subquery
 
-from gateway import selectors as gateway_selectors
+from devices_app import selectors as device_selectors
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int
 from gateway.prepared import IdList, PreparedQuery
 from sessions_app.extensions import session_projections
@@ -256,7 +256,7 @@ def session_host_nodes() -> list[dict]:
     """Connected nodes that host sessions (dispatch targets), from the node catalog."""
     return [
         node
-        for node in gateway_selectors.node_catalog_snapshot()
+        for node in device_selectors.node_catalog_snapshot()
         if node.get("connected") and node.get("paired") and node.get("sessionHost")
     ]
 
@@ -317,7 +317,7 @@ def environments_list(*, include_prepared: bool = False) -> list[dict]:
     :data:`ENVIRONMENTS_LISTED` of those (torn-down records accumulate)."""
     now = int(time.time() * 1000)
     environments = WorkerEnvironment.objects.order_by("-created_at_ms", "environment_id")[:ENVIRONMENTS_LISTED]
-    nodes = [node_environment_row(node) for node in gateway_selectors.node_catalog_snapshot() if node.get("paired")]
+    nodes = [node_environment_row(node) for node in device_selectors.node_catalog_snapshot() if node.get("paired")]
     return nodes + [environment_summary(e, now_ms=now, include_prepared=include_prepared) for e in environments]
 
 

@@ -23,10 +23,10 @@ import json
 import logging
 import time
 
+from devices_app.services import pairing
 from gateway import selectors as gateway_selectors
 from gateway.audit import Actor
 from gateway.exceptions import NotFound
-from gateway.services import pairing
 from openclaw_client.identity import DeviceIdentity
 from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
 

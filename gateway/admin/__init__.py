@@ -6,4 +6,4 @@ service validates the transition and writes our ``AuditLog`` row; the admin adds
 entry and reports "N done, M skipped: <reasons>".
 """
 
-from . import live, pairing  # noqa: F401  (registration happens on import)
+from . import live  # noqa: F401  (registration happens on import)

@@ -1,29 +1,23 @@
-"""Shared pieces of the gateway admin: action runner, read-only mixins, filters, paginator."""
+"""Shared pieces of the project's admins: action runner, read-only mixins, liveness filters, paginator."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError
-from gateway.models import (
-    PairingStatus,
-)
-from gateway.scopes import ROLES
-from gateway.selectors import live_connections, process_stale_before
+from gateway.selectors import process_stale_before
 
 # --- shared helpers -------------------------------------------------------------------------
 
@@ -168,78 +162,6 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 # --- list filters ---------------------------------------------------------------------------
-
-
-class RoleFilter(admin.SimpleListFilter):
-    title = "role"
-    parameter_name = "role"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [(role, role) for role in ROLES]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        if self.value() not in ROLES:
-            return queryset
-        # ``roles`` is a JSON list; JSON ``contains`` is not available on SQLite, but the quoted
-        # element is unambiguous in the serialized list on both backends.
-        return queryset.filter(roles__icontains=json.dumps(self.value()))
-
-
-class ConnectedFilter(admin.SimpleListFilter):
-    title = "connected"
-    parameter_name = "connected"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [("yes", "Connected"), ("no", "Not connected")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        live = Exists(live_connections().filter(device_id=OuterRef("pk")))
-        if self.value() == "yes":
-            return queryset.filter(live)
-        if self.value() == "no":
-            return queryset.filter(~live)
-        return queryset
-
-
-class PairingStateFilter(admin.SimpleListFilter):
-    """Status, with pending split into still open and overdue (waiting for the expiry sweep)."""
-
-    title = "state"
-    parameter_name = "state"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [
-            ("open", "Pending (open)"),
-            ("overdue", "Pending (overdue)"),
-            (PairingStatus.APPROVED, "Approved"),
-            (PairingStatus.REJECTED, "Rejected"),
-            (PairingStatus.EXPIRED, "Expired"),
-        ]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        value = self.value()
-        if value == "open":
-            return queryset.filter(status=PairingStatus.PENDING, expires_at__gt=timezone.now())
-        if value == "overdue":
-            return queryset.filter(status=PairingStatus.PENDING, expires_at__lte=timezone.now())
-        if value in PairingStatus.values:
-            return queryset.filter(status=value)
-        return queryset
-
-
-class TokenStateFilter(admin.SimpleListFilter):
-    title = "state"
-    parameter_name = "state"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [("active", "Active"), ("revoked", "Revoked")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        if self.value() == "active":
-            return queryset.filter(revoked_at__isnull=True)
-        if self.value() == "revoked":
-            return queryset.filter(revoked_at__isnull=False)
-        return queryset
 
 
 class LiveFilter(admin.SimpleListFilter):

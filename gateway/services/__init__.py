@@ -1,10 +1,8 @@
 """All writes of the gateway core, one module per sub-domain.
 
-* ``pairing`` — pairing requests, approval and rejection, paired devices and nodes (remove, rename),
-  silent operator pairing.
-* ``tokens`` — per-role device tokens: verify, mint, rotate, revoke.
-* ``connections`` — gateway processes and the live connections they register.
-* ``sweep`` — the periodic clean-up (expired requests, dead processes).
+* ``connections`` — gateway processes and the records of the connections they hold.
+* ``sweep`` — the periodic clean-up (dead processes).
 
-One transaction per service; events and control messages go out only after commit.
+Devices, pairing and device tokens, and what a connection's coming and going records on its device,
+are ``devices_app``'s. One transaction per service; events and control messages go out only after commit.
 """

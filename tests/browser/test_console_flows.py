@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from playwright.sync_api import expect
 
-from gateway.models import AuditLog, PairedDevice
+from devices_app.models import PairedDevice
+from gateway.models import AuditLog
 from sessions_app.models import Run, RunStatus
 from tests.browser.test_console import PASSWORD, REPLY_WAIT_S, create_session, log_in, reload_until_visible
 from tests.e2e.test_seed_004_paired_node_worker_lifecycle import model_env, publish_workspace

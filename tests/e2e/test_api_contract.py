@@ -23,10 +23,10 @@ import schemathesis
 from django.utils import timezone
 from schemathesis import Config
 
+from devices_app.models import DeviceToken, PairedDevice
+from devices_app.services import pairing
 from gateway import scopes as sc
 from gateway.auth import hash_device_token
-from gateway.models import DeviceToken, PairedDevice
-from gateway.services import pairing
 from tests.sessions_app.test_api import finished_turn, make
 from tests.workers_app.test_rpc import failed_without_environment
 from workers_app.models import WorkerEnvironment

@@ -8,7 +8,8 @@ import json
 import pytest
 from channels.db import database_sync_to_async as sync_to_async
 
-from gateway.models import AuditLog, DevicePairingRequest, DeviceToken, GatewayConnection, PairedDevice
+from devices_app.models import DevicePairingRequest, DeviceToken, PairedDevice
+from gateway.models import AuditLog, GatewayConnection
 from tests.support.clients import operator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from gateway.models import DeviceToken, GatewayConnection, PairedDevice
+from devices_app.models import DeviceToken, PairedDevice
+from gateway.models import GatewayConnection
 from openclaw_client.client import ConnectError
 from openclaw_client.identity import DeviceIdentity, b64url_encode
 from tests.support.clients import ALL_SCOPES, operator, raw_socket, recv_json, signed_connect_params

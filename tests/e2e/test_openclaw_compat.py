@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from devices_app.models import DevicePairingRequest
+from devices_app.services import pairing
 from gateway.audit import Actor
-from gateway.models import DevicePairingRequest, GatewayConnection
-from gateway.services import pairing
+from gateway.models import GatewayConnection
 from tests.support.clients import operator
 from tests.support.processes import ROOT
 

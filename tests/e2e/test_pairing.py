@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from gateway.models import AuditLog, DevicePairingRequest, DeviceToken, GatewayConnection, PairedDevice
+from devices_app.models import DevicePairingRequest, DeviceToken, PairedDevice
+from gateway.models import AuditLog, GatewayConnection
 from openclaw_client.client import ConnectError, GatewayError
 from tests.support.clients import node, operator, paired_node
 

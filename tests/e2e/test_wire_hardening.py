@@ -18,7 +18,8 @@ from channels.db import database_sync_to_async as sync_to_async
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from gateway.models import AuditLog, DevicePairingRequest, DeviceToken, GatewayConnection, PairedDevice
+from devices_app.models import DevicePairingRequest, DeviceToken, PairedDevice
+from gateway.models import AuditLog, GatewayConnection
 from gateway.protocol import MAX_JSON_DEPTH, MAX_SAFE_INTEGER
 from openclaw_client.client import GatewayError
 from openclaw_client.identity import DeviceIdentity, b64_decode_any, b64url_encode, build_device_auth_payload

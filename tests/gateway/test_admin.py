@@ -12,21 +12,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
+from devices_app.models import DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
+from devices_app.services import pairing, tokens
 from gateway import scopes as sc
 from gateway.admin.common import audit_history_url
 from gateway.audit import Actor, audit
 from gateway.auth import hash_device_token
 from gateway.exceptions import InvalidRequest
-from gateway.models import (
-    AuditLog,
-    DevicePairingRequest,
-    DeviceToken,
-    GatewayConnection,
-    GatewayProcess,
-    PairedDevice,
-    PairingStatus,
-)
-from gateway.services import pairing, tokens
+from gateway.models import AuditLog, GatewayConnection, GatewayProcess
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +28,7 @@ PROTOCOL_MODELS = [DevicePairingRequest, DeviceToken, GatewayConnection, Gateway
 
 
 def admin_url(model, view: str, *args) -> str:
-    return reverse(f"admin:gateway_{model._meta.model_name}_{view}", args=args)
+    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_{view}", args=args)
 
 
 def messages_of(response) -> list[str]:
@@ -374,7 +367,7 @@ def test_remove_device_asks_for_confirmation_first(admin_client, make_device, ma
     response = run_action(admin_client, PairedDevice, "remove_devices", [device], index=0)
 
     assert response.status_code == 200
-    assert "admin/gateway/paireddevice/remove_confirmation.html" in [t.name for t in response.templates]
+    assert "admin/devices_app/paireddevice/remove_confirmation.html" in [t.name for t in response.templates]
     content = response.content.decode()
     assert device.device_id in content
     assert 'name="post" value="yes"' in content

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from gateway.models import AuditLog, PairedDevice
-from gateway.services import pairing
+from devices_app.models import PairedDevice
+from devices_app.services import pairing
+from gateway.models import AuditLog
 from tests.support.api import API_TOKEN
 
 TOKEN = API_TOKEN

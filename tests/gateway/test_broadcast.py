@@ -13,10 +13,12 @@ import pytest
 from autobahn.exception import Disconnected
 from channels.layers import InMemoryChannelLayer
 
+from devices_app import events as device_events
 from gateway import broadcast, consumers, events, lifecycle, state
 from gateway import scopes as sc
 from gateway.consumers import GatewayConsumer
 from gateway.context import RpcContext
+from gateway.ports import connection_authority
 from gateway.protocol import EncodedEvent
 from gateway.registry import registry
 from gateway.visibility import event_visible
@@ -74,7 +76,7 @@ def test_each_connection_gets_what_its_role_and_scopes_allow_exactly_as_through_
     connections = [admin, reader, node]
     sent = [
         _message("presence", {"presence": [{"host": "a"}]}, {"presence": 3, "health": 1}),
-        _message(events.EVENT_NODE_PAIR_REQUESTED, {"requestId": "r1"}),
+        _message(device_events.EVENT_NODE_PAIR_REQUESTED, {"requestId": "r1"}),
         _message("no.such.event", {}),
     ]
 
@@ -116,7 +118,7 @@ def test_seq_stays_contiguous_across_ticks_broadcasts_and_per_connection_events(
         await broadcast.fan_out(_message("presence", {"presence": []}), [consumer])
         await consumer.gateway_event(_message("presence", {"presence": []}))  # a copy through the layer
         await consumer.send_event("shutdown", {"reason": "x"})
-        await broadcast.fan_out(_message(events.EVENT_DEVICE_PAIR_RESOLVED, {"requestId": "r"}), [consumer])
+        await broadcast.fan_out(_message(device_events.EVENT_DEVICE_PAIR_RESOLVED, {"requestId": "r"}), [consumer])
 
     asyncio.run(scenario())
     assert [frame["seq"] for frame in wire.sent] == [1, 2, 3, 4, 5]
@@ -165,7 +167,9 @@ def test_an_event_that_cannot_be_encoded_closes_each_connection_that_would_recei
     operator, operator_wire = _open()
     node, node_wire = _open(role=sc.ROLE_NODE, scopes=[])
     with caplog.at_level(logging.ERROR):
-        asyncio.run(broadcast.fan_out(_message(events.EVENT_NODE_PAIR_REQUESTED, {"x": "\udfff"}), [operator, node]))
+        asyncio.run(
+            broadcast.fan_out(_message(device_events.EVENT_NODE_PAIR_REQUESTED, {"x": "\udfff"}), [operator, node])
+        )
 
     assert operator_wire.sent == []
     [(code, _reason)] = operator_wire.closed
@@ -246,7 +250,7 @@ def _registered_consumer(monkeypatch) -> tuple[GatewayConsumer, list[str], list[
         unregistered.append(conn_id)
         return True
 
-    monkeypatch.setattr(consumers.connections, "connection_unregister", connection_unregister)
+    monkeypatch.setattr(connection_authority(), "connection_unregister", connection_unregister)
     monkeypatch.setattr(consumers, "presence_changed", presence.append)
     consumer, _ = _open()
     consumer.cleaned_up = False

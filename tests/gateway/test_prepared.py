@@ -12,7 +12,8 @@ from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from gateway.models import DeviceToken, GatewayProcess, PairedDevice
+from devices_app.models import DeviceToken, PairedDevice
+from gateway.models import GatewayProcess
 from gateway.prepared import MAX_ID_LIST, IdList, PreparedQuery, _named_style
 from sessions_app.models import Session
 from tests.support.processes import current_database_url

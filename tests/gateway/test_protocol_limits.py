@@ -9,6 +9,7 @@ import pytest
 from django.test import Client
 from pydantic import Field, ValidationError
 
+from devices_app.schemas import DeviceIdParams, TokenRevokeParams
 from gateway import protocol
 from gateway.exceptions import FrameRejected
 from gateway.protocol import (
@@ -22,7 +23,6 @@ from gateway.protocol import (
     format_validation_error,
 )
 from gateway.registry import registry
-from gateway.schemas import DeviceIdParams, TokenRevokeParams
 from sessions_app.models import Session
 from sessions_app.schemas import AgentWaitParams, SessionsCreateParams, SessionsListParams
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gateway.schemas import MAX_SCOPES, NodeInvokeParams, RequestIdParams, TokenRotateParams
+from devices_app.schemas import RequestIdParams, TokenRotateParams
+from gateway.schemas import MAX_SCOPES, NodeInvokeParams
 
 
 @pytest.mark.parametrize(

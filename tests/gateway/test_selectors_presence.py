@@ -8,7 +8,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from gateway.models import GatewayConnection, PairedDevice
+from devices_app.models import PairedDevice
+from devices_app.services import connections as device_connections
+from gateway.models import GatewayConnection
 from gateway.selectors import PRESENCE_MAX_ENTRIES, presence_entries, to_ms
 from gateway.services import connections
 from tests.support.connections import connection_record
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _connect(n: int, *, role: str = "operator", device_id: str = "", seconds_ago: int = 0) -> None:
-    connections.connection_register(
+    device_connections.connection_register(
         record=connection_record(
             boot_id=BOOT_ID,
             channel_name=f"channel.{n}",

@@ -7,9 +7,10 @@ import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
+from devices_app.models import DevicePairingRequest, PairedDevice
+from devices_app.services import pairing
 from gateway.audit import Actor
-from gateway.models import AuditLog, DevicePairingRequest, PairedDevice
-from gateway.services import pairing
+from gateway.models import AuditLog
 from tests.gateway.test_services_pairing import claim
 
 pytestmark = pytest.mark.django_db

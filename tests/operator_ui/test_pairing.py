@@ -18,12 +18,13 @@ from django.contrib.messages import get_messages
 from django.test import Client
 from django.urls import reverse
 
+from devices_app.models import DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
+from devices_app.services import pairing, tokens
 from gateway import events
 from gateway import scopes as sc
 from gateway.audit import Actor
 from gateway.auth import hash_device_token
-from gateway.models import AuditLog, DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
-from gateway.services import pairing, tokens
+from gateway.models import AuditLog
 from operator_ui.consumers import SESSIONS_GROUP, ConsoleConsumer
 from tests.gateway.test_services_pairing import claim
 from tests.operator_ui.conftest import PASSWORD

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from devices_app import events as device_events
 from gateway import events as gateway_events
 from gateway import state
 from gateway.consumers import GatewayConsumer
@@ -278,4 +279,4 @@ def test_a_follow_up_rides_only_on_events_that_are_never_dropped():
     with pytest.raises(ValueError):
         gateway_events.broadcast_message(events.EVENT_CHAT, {}, drop_if_slow=True, follow_up=notification)
     with pytest.raises(ValueError):
-        gateway_events.broadcast_message(gateway_events.EVENT_DEVICE_PAIR_REQUESTED, {}, follow_up=notification)
+        gateway_events.broadcast_message(device_events.EVENT_DEVICE_PAIR_REQUESTED, {}, follow_up=notification)

@@ -53,7 +53,7 @@ PROFILE_ENV_PREFIXES = (
     "CELERY_BROKER_URL",
     "DJANGO_DEBUG",
 )
-# What ``manage.py serve`` prints once Daphne listens (gateway/management/commands/serve.py).
+# What ``manage.py serve`` prints once Daphne listens (openclaw_site/management/commands/serve.py).
 ANNOUNCEMENT = re.compile(r"listening on (\S+) \(database: ([^,]+), channel layer: ([^)]+)\)")
 MOCK_URL_PREFIX = "MOCK_OPENAI_URL="
 

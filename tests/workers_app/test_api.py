@@ -13,7 +13,7 @@ import asyncio
 import pytest
 from django.test import Client
 
-from gateway import selectors as gateway_selectors
+from devices_app import selectors as device_selectors
 from gateway.models import AuditLog
 from sessions_app import rpc as session_rpc
 from sessions_app import selectors as session_selectors
@@ -556,6 +556,6 @@ def test_the_fields_workers_app_adds_to_session_and_node_rows_reach_the_api(clie
     assert described["session"]["placement"]["state"] == S.ACTIVE
     assert listed["sessions"][0]["placement"] == described["session"]["placement"]
     assert (node["sessionHost"], node["workerSlots"]) == (True, {"total": 2, "available": 2})
-    assert nodes == gateway_selectors.node_catalog(include_pending=True)
+    assert nodes == device_selectors.node_catalog(include_pending=True)
     node_row = next(row for row in environments if row["id"] == f"node:{NODE}")
     assert (node_row["type"], node_row["sessionHost"], node_row["workerSlots"]) == ("node", True, HOSTING["capacity"])

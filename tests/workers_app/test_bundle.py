@@ -12,9 +12,9 @@ import tarfile
 import pytest
 from django.utils import timezone
 
+from devices_app.models import DeviceToken, PairedDevice
 from gateway import scopes as sc
 from gateway.auth import hash_device_token
-from gateway.models import DeviceToken, PairedDevice
 from workers_app.bundle import (
     LOCK_FILE,
     MANIFEST_NAME,

@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from gateway.models import GatewayConnection, PairedDevice
+from devices_app.models import PairedDevice
+from gateway.models import GatewayConnection
 from workers_app.inventory import Declaration
 from workers_app.models import Placement, WorkerEnvironment
 from workers_app.providers import WorkerProviderError

@@ -14,7 +14,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from gateway.models import PairedDevice
+from devices_app.models import PairedDevice
 from sessions_app.models import Run
 from workers_app import node_calls
 from workers_app.services.worker_turns import NodeTurn

@@ -19,13 +19,14 @@ from django.db import connection
 from django.utils import timezone
 from pydantic import ValidationError
 
+from devices_app.models import PairedDevice
 from gateway import events as gateway_events
 from gateway import scopes as sc
 from gateway import state
 from gateway.context import RpcContext
 from gateway.dispatch import run_request
 from gateway.exceptions import Conflict, InvalidRequest, NotFound, PermissionDenied, Unavailable
-from gateway.models import GatewayConnection, GatewayProcess, PairedDevice
+from gateway.models import GatewayConnection, GatewayProcess
 from gateway.protocol import RequestFrame
 from gateway.services import connections as connection_services
 from sessions_app.models import Session

@@ -13,8 +13,8 @@ from typing import Any
 
 from django.utils import timezone
 
+from devices_app.models import PairedDevice
 from gateway import selectors as gateway_selectors
-from gateway.models import PairedDevice
 
 from ..node_calls import NodeCommandFailed, call_node
 from .base import CREDENTIALS_REVOKED, Inspection, WorkerLease, WorkerProfile, WorkerProviderError

@@ -26,11 +26,11 @@ from typing import Any
 
 from django.conf import settings
 
+from devices_app.models import PairedDevice
+from devices_app.services import pairing
 from gateway import selectors as gateway_selectors
 from gateway.audit import Actor
 from gateway.exceptions import NotFound
-from gateway.models import PairedDevice
-from gateway.services import pairing
 from openclaw_client.identity import IdentityStore
 from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
 

@@ -15,10 +15,10 @@ import uuid
 
 from django.db import transaction
 
+from devices_app.models import PairedDevice
 from gateway import selectors as gateway_selectors
 from gateway.background import executor_label
 from gateway.exceptions import GatewayError, InvalidRequest, NotFound
-from gateway.models import PairedDevice
 from sessions_app.models import Session
 
 from ..inventory import update_required_message

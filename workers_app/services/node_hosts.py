@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from devices_app import selectors as device_selectors
 from gateway import selectors as gateway_selectors
 
 from ..inventory import Declaration
@@ -25,7 +26,7 @@ def node_host_declare(*, node_id: str, conn_id: str, declaration: Declaration) -
         },
     )
     # node.list rows show the declaration: every process's memoized catalog must be refreshed.
-    gateway_selectors.node_catalog_changed()
+    device_selectors.node_catalog_changed()
     return host
 
 
@@ -40,7 +41,7 @@ def node_bundle_record(*, node_id: str, bundle_hash: str, status: str, conn_id: 
         bundle_hash=bundle_hash, bundle_status=status, updated_at_ms=now_ms()
     )
     if updated:
-        gateway_selectors.node_catalog_changed()
+        device_selectors.node_catalog_changed()
     return bool(updated)
 
 

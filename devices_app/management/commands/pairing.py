@@ -6,10 +6,11 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from gateway import selectors
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError
-from gateway.services import pairing
+
+from ... import selectors
+from ...services import pairing
 
 
 class Command(BaseCommand):

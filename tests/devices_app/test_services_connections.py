@@ -10,10 +10,13 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from devices_app.models import PairedDevice
+from devices_app.services import connections as device_connections
+from devices_app.services import pairing
 from gateway.audit import Actor
 from gateway.exceptions import NotPaired
-from gateway.models import GatewayConnection, PairedDevice
-from gateway.services import connections, pairing
+from gateway.models import GatewayConnection
+from gateway.services import connections
 from tests.support.connections import connection_record
 
 NODE_ID = "n" * 64
@@ -22,7 +25,7 @@ CONN_IDS = {name: str(uuid.uuid4()) for name in ("conn-1", "conn-2", "conn-3")}
 
 
 def register_node_connection(conn_id: str) -> None:
-    connections.connection_register(
+    device_connections.connection_register(
         record=connection_record(
             conn_id=CONN_IDS[conn_id],
             boot_id=BOOT_ID,
@@ -94,7 +97,7 @@ def test_a_node_disconnecting_while_its_role_is_removed_waits_instead_of_deadloc
     that node in between must wait on the device row too; had it deleted its connection row first,
     the two transactions would each hold what the other needs (PostgreSQL: deadlock detected)."""
     remover_errors, disconnect_errors = race_with_role_removal(
-        lambda: connections.connection_unregister(conn_id=CONN_IDS["conn-1"])
+        lambda: device_connections.connection_unregister(conn_id=CONN_IDS["conn-1"])
     )
 
     assert remover_errors == [] and disconnect_errors == []
@@ -123,7 +126,7 @@ def test_a_connection_of_a_device_without_the_role_is_refused(connected_node):
 
 
 def register_operator_connection(conn_id: str, device_id: str = NODE_ID) -> None:
-    connections.connection_register(
+    device_connections.connection_register(
         record=connection_record(
             conn_id=CONN_IDS[conn_id],
             boot_id=BOOT_ID,
@@ -149,8 +152,8 @@ def test_an_operator_connection_outside_a_transaction_registers_touches_its_devi
     device = PairedDevice.objects.get(device_id=NODE_ID)
     assert device.last_seen_reason == "connect" and device.last_connected_at is not None
 
-    assert connections.connection_unregister(conn_id=CONN_IDS["conn-2"]) is True
-    assert connections.connection_unregister(conn_id=CONN_IDS["conn-2"]) is False
+    assert device_connections.connection_unregister(conn_id=CONN_IDS["conn-2"]) is True
+    assert device_connections.connection_unregister(conn_id=CONN_IDS["conn-2"]) is False
     assert not GatewayConnection.objects.filter(conn_id=CONN_IDS["conn-2"]).exists()
     assert PairedDevice.objects.get(device_id=NODE_ID).last_seen_reason == "disconnect"
 
@@ -167,7 +170,7 @@ def test_an_operator_connection_of_a_device_without_the_operator_role_is_refused
 def test_an_operator_connection_registers_again_after_its_process_row_was_swept(connected_node):
     connections.process_register(boot_id=BOOT_ID)
     PairedDevice.objects.filter(device_id=NODE_ID).update(roles=["node", "operator"])
-    connections.process_unregister(boot_id=BOOT_ID)
+    device_connections.process_unregister(boot_id=BOOT_ID)
 
     register_operator_connection("conn-2")
 

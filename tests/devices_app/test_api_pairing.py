@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from gateway import rpc, selectors
+from devices_app import rpc as device_rpc
+from devices_app import selectors as device_selectors
+from devices_app.models import DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
 from gateway import scopes as sc
-from gateway.models import AuditLog, DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
+from gateway.models import AuditLog
 from gateway.schemas import MAX_SCOPES
 from tests.support.api import API_TOKEN
 from tests.support.connections import admin_operator_context
@@ -84,7 +86,7 @@ def test_open_requests_of_every_role_newest_first_or_of_one(client, make_pairing
     operators = client.get("/api/gateway/pairing/requests", {"role": "operator"}).json()["pending"]
 
     assert [r["requestId"] for r in every] == [str(node.pk), str(operator.pk)]
-    assert every == selectors.device_pair_list()["pending"]
+    assert every == device_selectors.device_pair_list()["pending"]
     assert [r["requestId"] for r in nodes] == [str(node.pk)]
     assert [r["requestId"] for r in operators] == [str(operator.pk)]
     assert every[1]["displayName"] == "Laptop 1" and every[1]["scopes"] == [sc.READ, sc.WRITE]
@@ -109,7 +111,7 @@ def test_approve_pairs_the_device_as_device_pair_approve_does(client, make_pairi
     device = PairedDevice.objects.get(device_id=device_id(1))
     assert response.json() == {
         "requestId": str(request.pk),
-        "device": selectors.paired_device_shape(device, connected=False),
+        "device": device_selectors.paired_device_shape(device, connected=False),
     }
     assert (device.roles, device.approved_scopes) == ([sc.ROLE_OPERATOR], [sc.READ, sc.WRITE])
     assert DevicePairingRequest.objects.get(pk=request.pk).status == PairingStatus.APPROVED
@@ -164,7 +166,7 @@ def test_node_pairing_lists_approves_and_rejects_only_node_requests(client, make
     operator = make_pairing_request(3)
 
     listed = client.get("/api/gateway/nodes/pairing").json()
-    assert listed == rpc.node_pair_list_rpc(admin_operator_context(), None)
+    assert listed == device_rpc.node_pair_list_rpc(admin_operator_context(), None)
     assert {r["requestId"] for r in listed["pending"]} == {str(node.pk), str(other_node.pk)}
 
     before = world()
@@ -174,7 +176,7 @@ def test_node_pairing_lists_approves_and_rejects_only_node_requests(client, make
     approved = post(client, f"/api/gateway/nodes/pairing/{node.pk}/approve")
     assert approved.status_code == 200
     device = PairedDevice.objects.get(device_id=device_id(1))
-    assert approved.json() == {"requestId": str(node.pk), "node": selectors.paired_node_shape(device)}
+    assert approved.json() == {"requestId": str(node.pk), "node": device_selectors.paired_node_shape(device)}
     assert device.is_node
 
     rejected = post(client, f"/api/gateway/nodes/pairing/{other_node.pk}/reject")
@@ -192,7 +194,7 @@ def test_devices_are_the_device_pair_list_payload(client, make_pairing_request, 
     response = client.get("/api/gateway/devices")
 
     assert response.status_code == 200
-    assert response.json() == rpc.device_pair_list_rpc(admin_operator_context(), None)
+    assert response.json() == device_rpc.device_pair_list_rpc(admin_operator_context(), None)
     paired = response.json()["paired"][0]
     assert (paired["deviceId"], paired["connected"], [t["role"] for t in paired["tokens"]]) == (
         device_id(2),

@@ -1,3 +1,6 @@
+"""Factories of devices, pairing requests, tokens and connections for the tests of the gateway core, devices_app
+and the apps above them (loaded for every test by the root conftest)."""
+
 from __future__ import annotations
 
 import uuid
@@ -6,16 +9,11 @@ from collections.abc import Callable
 import pytest
 from django.utils import timezone
 
+from devices_app.models import DevicePairingRequest, DeviceToken, PairedDevice
+from devices_app.services import pairing
 from gateway import scopes as sc
 from gateway.auth import hash_device_token
-from gateway.models import (
-    DevicePairingRequest,
-    DeviceToken,
-    GatewayConnection,
-    GatewayProcess,
-    PairedDevice,
-)
-from gateway.services import pairing
+from gateway.models import GatewayConnection, GatewayProcess
 
 
 def _device_id(n: int) -> str:

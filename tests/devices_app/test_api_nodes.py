@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from devices_app import selectors as device_selectors
+from devices_app.models import DeviceToken, PairedDevice
 from gateway import scopes as sc
-from gateway import selectors
-from gateway.models import AuditLog, DeviceToken, GatewayConnection, PairedDevice
+from gateway.models import AuditLog, GatewayConnection
 from tests.support.api import API_TOKEN
 
 from .test_api_pairing import device_id, world
@@ -66,7 +67,7 @@ def test_the_list_shows_paired_pending_and_connected_nodes_connected_first(
 
     assert response.status_code == 200
     nodes = response.json()["nodes"]
-    assert nodes == selectors.node_catalog(include_pending=True)
+    assert nodes == device_selectors.node_catalog(include_pending=True)
     assert [(n["nodeId"], n["connected"], n["approvalState"]) for n in nodes] == [
         (device_id(2), True, "approved"),
         (device_id(1), False, "approved"),
@@ -81,7 +82,7 @@ def test_describe_answers_one_node_as_it_is_now(client, node):
     assert response.status_code == 200
     body = response.json()
     assert isinstance(body.pop("ts"), int)
-    assert body == next(n for n in selectors.node_catalog(include_pending=True) if n["nodeId"] == node.device_id)
+    assert body == next(n for n in device_selectors.node_catalog(include_pending=True) if n["nodeId"] == node.device_id)
     assert (body["paired"], body["connected"], body["displayName"]) == (True, False, "Device 1")
 
 

@@ -9,11 +9,13 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from devices_app import selectors as device_selectors
+from devices_app.models import DevicePairingRequest, PairedDevice, PairingStatus
+from devices_app.services import pairing, tokens
+from devices_app.services.pairing import PairingClaim
 from gateway.audit import Actor
 from gateway.exceptions import InvalidRequest, PermissionDenied
-from gateway.models import AuditLog, DevicePairingRequest, PairedDevice, PairingStatus
-from gateway.services import pairing, sweep, tokens
-from gateway.services.pairing import PairingClaim
+from gateway.models import AuditLog
 
 
 def claim(device_id: str = "d" * 64, *, role: str = "node", commands: list[str] | None = None, **extra) -> PairingClaim:
@@ -81,7 +83,7 @@ def test_an_expired_request_is_replaced_by_a_new_one():
 def test_the_sweep_expires_overdue_requests():
     request, _ = pairing.pairing_request_ensure(claim=claim())
     DevicePairingRequest.objects.filter(pk=request.pk).update(expires_at=timezone.now())
-    assert sweep.gateway_sweep()["expiredRequests"] == 1
+    assert pairing.pairing_sweep()["expiredRequests"] == 1
     assert DevicePairingRequest.objects.get().status == PairingStatus.EXPIRED
 
 
@@ -208,16 +210,15 @@ def test_token_ensure_mints_once_and_verify_reports_the_reason():
 
 @pytest.mark.django_db(transaction=True)
 def test_node_catalog_memo_is_invalidated_by_pairing_changes():
-    from gateway import selectors
 
-    assert selectors.node_catalog_snapshot() == []
+    assert device_selectors.node_catalog_snapshot() == []
     request, _ = pairing.pairing_request_ensure(claim=claim())
-    (pending,) = selectors.node_catalog_snapshot()
+    (pending,) = device_selectors.node_catalog_snapshot()
     assert pending["approvalState"] == "pending-approval"
     pairing.pairing_request_approve(request_id=str(request.pk), actor=Actor.system())
-    (approved,) = selectors.node_catalog_snapshot()
+    (approved,) = device_selectors.node_catalog_snapshot()
     assert approved["approvalState"] == "approved"
     pairing.node_rename(node_id=request.device_id, display_name="renamed", actor=Actor.system())
-    assert selectors.node_catalog_snapshot()[0]["displayName"] == "renamed"
+    assert device_selectors.node_catalog_snapshot()[0]["displayName"] == "renamed"
     pairing.node_remove(node_id=request.device_id, actor=Actor.system())
-    assert selectors.node_catalog_snapshot() == []
+    assert device_selectors.node_catalog_snapshot() == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import flatten_fieldsets
@@ -14,23 +16,8 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from gateway import scopes as sc
-from gateway.audit import Actor
-from gateway.exceptions import GatewayError
-from gateway.models import (
-    DevicePairingRequest,
-    DeviceToken,
-    PairedDevice,
-    PairingStatus,
-)
-from gateway.selectors import live_connections
-from gateway.services import pairing, tokens
-
-from .common import (
-    ConnectedFilter,
-    PairingStateFilter,
+from gateway.admin.common import (
     ReadOnlyTabularInline,
-    RoleFilter,
-    TokenStateFilter,
     ViewOnlyObjectsMixin,
     audit_history_link,
     join_or_dash,
@@ -38,6 +25,88 @@ from .common import (
     report_outcome,
     short_id,
 )
+from gateway.audit import Actor
+from gateway.exceptions import GatewayError
+from gateway.scopes import ROLES
+from gateway.selectors import live_connections
+
+from .models import DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
+from .services import pairing, tokens
+
+# --- list filters ---------------------------------------------------------------------------
+
+
+class RoleFilter(admin.SimpleListFilter):
+    title = "role"
+    parameter_name = "role"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [(role, role) for role in ROLES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() not in ROLES:
+            return queryset
+        # ``roles`` is a JSON list; JSON ``contains`` is not available on SQLite, but the quoted
+        # element is unambiguous in the serialized list on both backends.
+        return queryset.filter(roles__icontains=json.dumps(self.value()))
+
+
+class ConnectedFilter(admin.SimpleListFilter):
+    title = "connected"
+    parameter_name = "connected"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("yes", "Connected"), ("no", "Not connected")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        live = Exists(live_connections().filter(device_id=OuterRef("pk")))
+        if self.value() == "yes":
+            return queryset.filter(live)
+        if self.value() == "no":
+            return queryset.filter(~live)
+        return queryset
+
+
+class PairingStateFilter(admin.SimpleListFilter):
+    """Status, with pending split into still open and overdue (waiting for the expiry sweep)."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [
+            ("open", "Pending (open)"),
+            ("overdue", "Pending (overdue)"),
+            (PairingStatus.APPROVED, "Approved"),
+            (PairingStatus.REJECTED, "Rejected"),
+            (PairingStatus.EXPIRED, "Expired"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if value == "open":
+            return queryset.filter(status=PairingStatus.PENDING, expires_at__gt=timezone.now())
+        if value == "overdue":
+            return queryset.filter(status=PairingStatus.PENDING, expires_at__lte=timezone.now())
+        if value in PairingStatus.values:
+            return queryset.filter(status=value)
+        return queryset
+
+
+class TokenStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("active", "Active"), ("revoked", "Revoked")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "active":
+            return queryset.filter(revoked_at__isnull=True)
+        if self.value() == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        return queryset
+
 
 # --- paired devices -------------------------------------------------------------------------
 
@@ -234,7 +303,7 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             "media": self.media,
         }
         request.current_app = self.admin_site.name
-        return TemplateResponse(request, "admin/gateway/paireddevice/remove_confirmation.html", context)
+        return TemplateResponse(request, "admin/devices_app/paireddevice/remove_confirmation.html", context)
 
     @admin.action(description="Revoke all device tokens", permissions=["change"])
     def revoke_device_tokens(self, request: HttpRequest, queryset: QuerySet[PairedDevice]) -> None:
@@ -345,7 +414,9 @@ class DevicePairingRequestAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
         if device is None:
             return "—"
         return format_html(
-            '<a href="{}">{}</a>', reverse("admin:gateway_paireddevice_change", args=[device.pk]), str(device)
+            '<a href="{}">{}</a>',
+            reverse("admin:devices_app_paireddevice_change", args=[device.pk]),
+            str(device),
         )
 
     @admin.display(description="audit")
@@ -406,7 +477,9 @@ class DeviceTokenAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     @admin.display(description="device", ordering="device__display_name")
     def device_link(self, obj: DeviceToken) -> str:
         return format_html(
-            '<a href="{}">{}</a>', reverse("admin:gateway_paireddevice_change", args=[obj.device_id]), obj.device.label
+            '<a href="{}">{}</a>',
+            reverse("admin:devices_app_paireddevice_change", args=[obj.device_id]),
+            obj.device.label,
         )
 
     @admin.display(description="scopes")
@@ -477,7 +550,7 @@ class DeviceTokenAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             "rotated": rotated,
         }
         request.current_app = self.admin_site.name
-        response = TemplateResponse(request, "admin/gateway/devicetoken/rotated.html", context)
+        response = TemplateResponse(request, "admin/devices_app/devicetoken/rotated.html", context)
         response["Cache-Control"] = "no-store"  # the secrets must not stay in a cache or the history
         return response
 

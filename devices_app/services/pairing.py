@@ -9,16 +9,20 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from gateway import scopes as sc
+from gateway.audit import Actor, audit
+from gateway.auth import derive_device_id
+from gateway.conf import gateway_setting
+from gateway.exceptions import InvalidRequest, NotFound, PermissionDenied
+from gateway.models import GatewayConnection
+from gateway.selectors import now_ms
+from gateway.services import connections
+
 from .. import events
-from .. import scopes as sc
-from ..audit import Actor, audit
-from ..auth import derive_device_id
-from ..conf import gateway_setting
-from ..exceptions import InvalidRequest, NotFound, PermissionDenied
-from ..models import DevicePairingRequest, DeviceToken, GatewayConnection, PairedDevice, PairingStatus
-from ..registry import registry
-from ..selectors import EXEC_COMMANDS, node_catalog_changed, node_pairing_request_shape, now_ms, pairing_request_shape
-from . import connections, tokens
+from ..models import DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
+from ..ports import node_workers
+from ..selectors import EXEC_COMMANDS, node_catalog_changed, node_pairing_request_shape, pairing_request_shape
+from . import tokens
 
 
 @dataclass(frozen=True)
@@ -309,8 +313,7 @@ def node_pair_remove(*, node_id: str, actor: Actor) -> None:
     """``node.pair.remove`` (the RPC, the console): the role withdrawn, then every app's cleanup of what
     ran on the node (workers_app waits for its environments and placements) before this returns."""
     node_remove(node_id=node_id, actor=actor)
-    for hook in registry.node_removal_hooks:
-        hook(node_id)
+    node_workers().node_removed(node_id)
 
 
 def node_enroll(
@@ -409,3 +412,12 @@ def operator_device_auto_approve(
             {"requestId": "", "deviceId": device.device_id, "decision": "approved", "ts": now_ms()},
         )
     return device, True, created
+
+
+def pairing_sweep() -> dict:
+    """Expire overdue pairing requests and tell the operators (Celery beat; the gateway loop when embedded)."""
+    with transaction.atomic():
+        expired = pairing_requests_expire()
+        for request in expired:
+            pairing_request_publish_resolved(request, "expired")
+    return {"expiredRequests": len(expired)}

@@ -5,14 +5,16 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from .. import scopes as sc
-from ..audit import Actor, audit
-from ..auth import hash_device_token, new_device_token, secret_matches
-from ..exceptions import InvalidRequest, NotFound
-from ..models import DeviceToken, GatewayConnection, PairedDevice
-from ..prepared import PreparedQuery
-from ..selectors import to_ms
-from . import connections
+from gateway import scopes as sc
+from gateway.audit import Actor, audit
+from gateway.auth import hash_device_token, new_device_token, secret_matches
+from gateway.exceptions import InvalidRequest, NotFound
+from gateway.models import GatewayConnection
+from gateway.prepared import PreparedQuery
+from gateway.selectors import to_ms
+from gateway.services import connections
+
+from ..models import DeviceToken, PairedDevice
 
 
 class DeviceTokenRejected(Exception):

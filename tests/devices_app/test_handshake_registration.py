@@ -14,6 +14,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from devices_app.models import DevicePairingRequest, DeviceToken, PairedDevice, PairingStatus
+from devices_app.services import connections as device_connections
+from devices_app.services import pairing
 from gateway import hello, lifecycle, state
 from gateway import scopes as sc
 from gateway.audit import Actor
@@ -21,16 +24,9 @@ from gateway.conf import shared_token
 from gateway.consumers import GatewayConsumer
 from gateway.handshake import ConnectContext, HandshakeRejected, parse_connect
 from gateway.hello import accept_connect, presence_snapshot
-from gateway.models import (
-    DevicePairingRequest,
-    DeviceToken,
-    GatewayConnection,
-    GatewayProcess,
-    PairedDevice,
-    PairingStatus,
-)
+from gateway.models import GatewayConnection, GatewayProcess
 from gateway.selectors import presence_snapshot_sql
-from gateway.services import connections, pairing
+from gateway.services import connections
 from openclaw_client.client import ClientOptions, GatewayClient
 from openclaw_client.identity import DeviceIdentity
 from tests.support.clients import ALL_SCOPES
@@ -159,7 +155,7 @@ def test_a_declined_conditional_registration_writes_nothing():
     _list, version_before = presence_snapshot()
     conn_id = str(uuid.uuid4())
 
-    registered = connections.connection_register(
+    registered = device_connections.connection_register(
         record=_operator_record(identity.device_id, conn_id),
         then=presence_snapshot_sql(registered=conn_id),
         requires_scopes=list(ALL_SCOPES),
@@ -272,7 +268,7 @@ def test_a_silent_pairing_that_fails_midway_leaves_no_device_token_or_connection
     def audit_fails(*args, **kwargs):
         raise DataError("audit log unavailable")
 
-    monkeypatch.setattr("gateway.services.pairing.audit", audit_fails)
+    monkeypatch.setattr("devices_app.services.pairing.audit", audit_fails)
     identity = DeviceIdentity.generate()
 
     with pytest.raises(DataError):

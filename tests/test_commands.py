@@ -1,8 +1,7 @@
-"""Management commands: bootstrap and pairing (the same services as the RPC methods)."""
+"""The project's `bootstrap` management command (migrations, the gateway token, the first admin login)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,60 +13,19 @@ from pathlib import Path
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
-from django.core.management import CommandError, call_command
+from django.core.management import call_command
 from psycopg import sql
 
-from gateway.models import AuditLog, DevicePairingRequest, PairedDevice
-from gateway.services import pairing
 from tests.support.processes import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 POSTGRES_URL = os.environ.get("DATABASE_URL", "")
-
-
-def _request(device_id: str = "c" * 64) -> DevicePairingRequest:
-    request, _ = pairing.pairing_request_ensure(
-        claim=pairing.PairingClaim(
-            device_id=device_id,
-            public_key="pk",
-            role="node",
-            scopes=[],
-            reason="not-paired",
-            is_repair=False,
-            commands=["echo"],
-        )
-    )
-    return request
 
 
 def run(*args: str) -> str:
     out = StringIO()
     call_command(*args, stdout=out)
     return out.getvalue()
-
-
-@pytest.mark.django_db
-def test_pairing_list_approve_and_remove():
-    request = _request()
-    listed = json.loads(run("pairing", "list"))
-    assert [p["requestId"] for p in listed["pending"]] == [str(request.pk)]
-    approved = json.loads(run("pairing", "approve", str(request.pk)))
-    assert approved == {"requestId": str(request.pk), "deviceId": "c" * 64, "roles": ["node"]}
-    assert PairedDevice.objects.get().approved_commands == ["echo"]
-    assert AuditLog.objects.get().actor == "cli:manage.py pairing"
-    assert json.loads(run("pairing", "remove", "c" * 64)) == {"deviceId": "c" * 64, "removed": True}
-    assert not PairedDevice.objects.exists()
-
-
-@pytest.mark.django_db
-def test_pairing_errors_are_command_errors_and_change_nothing():
-    request = _request()
-    run("pairing", "reject", str(request.pk))
-    with pytest.raises(CommandError, match="INVALID_REQUEST: unknown requestId"):
-        run("pairing", "approve", str(request.pk))
-    with pytest.raises(CommandError, match="INVALID_REQUEST: unknown deviceId"):
-        run("pairing", "remove", "nope")
-    assert not PairedDevice.objects.exists()
 
 
 @pytest.mark.django_db(databases=["default", "harness"])
