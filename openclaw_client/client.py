@@ -458,6 +458,15 @@ class GatewayClient:
                 if (name is None or frame.get("event") == name) and (predicate is None or predicate(frame)):
                     return frame
 
+    def drain_events(self) -> list[dict[str, Any]]:
+        """Every event received and not taken yet, oldest first; taken now."""
+        frames = []
+        while True:
+            try:
+                frames.append(self.events.get_nowait())
+            except asyncio.QueueEmpty:
+                return frames
+
     async def close(self, code: int = 1000, reason: str = "") -> None:
         for task in (self._watchdog,):
             if task is not None:

@@ -15,10 +15,10 @@ class WorkersConfig(AppConfig):
         # Importing the handler module registers sessions.dispatch/move/reclaim and environments.*.
         from . import profiles, rpc  # noqa: F401
         from .guards import placement_barrier
-        from .node_runtime import node_runtime, ssh_node_runtime
+        from .nodes.device_provider import DeviceProvider
+        from .nodes.runtime import node_runtime, ssh_node_runtime
         from .ports import WorkersOnNodes
         from .providers import providers
-        from .providers.device import DeviceProvider
         from .providers.local import LocalProvider
         from .providers.static_ssh import StaticSshProvider
         from .runners import select_worker_runner

@@ -35,7 +35,7 @@ from sessions_app.model_providers import (
 )
 from sessions_app.services.runs import abort_requested
 
-from .turn_lookups import GrantedRun, granted_run
+from .nodes.turn_lookups import GrantedRun, granted_run
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from gateway.registry import registry
 from sessions_app.models import Session
 
 from . import operations, selectors
-from .inventory import InvalidInventory, parse_declaration, update_required_message
+from .nodes import hosts as node_hosts
+from .nodes.inventory import InvalidInventory, parse_declaration, update_required_message
 from .operations import provider_bound
 from .profiles import profiles_all
 from .schemas import (
@@ -24,7 +25,7 @@ from .schemas import (
     SessionsMoveParams,
     SessionsReclaimParams,
 )
-from .services import node_hosts, reclaim
+from .services import reclaim
 from .services.placements import Actor
 from .tasks import node_retain
 

@@ -2,7 +2,7 @@
 workspace to it and starts it (the dispatch stages after provisioning), and brings the workspace
 back when the session leaves it.
 
-The node host is the one runtime (:mod:`workers_app.node_runtime`), registered from the app's
+The node host is the one runtime (:mod:`workers_app.nodes.runtime`), registered from the app's
 ``ready()`` for every provider whose leases are nodes. For a provider without a runtime a dispatch
 provisions and checks the lease for real, then fails cleanly at bootstrap with a message saying
 so, and the lease is released.

@@ -241,7 +241,7 @@ class EnvironmentDestroyOut(Schema):
 
 
 class RunnerInventoryParams(ClosedModel):
-    """Taken whole and checked by ``workers_app.inventory`` (its refusal is the reference's one message,
+    """Taken whole and checked by ``workers_app.nodes.inventory`` (its refusal is the reference's one message,
     ``invalid node runner inventory``); the frame decoder has already bounded its size and depth."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)

@@ -17,7 +17,6 @@ from sessions_app.extensions import session_projections
 from sessions_app.models import Session
 
 from .bundle import current_bundle
-from .inventory import UPDATE_REQUIRED_ISSUE
 from .models import (
     TERMINAL_ENVIRONMENT_STATES,
     NodeWorkerHost,
@@ -26,6 +25,7 @@ from .models import (
     PlacementState,
     WorkerEnvironment,
 )
+from .nodes.inventory import UPDATE_REQUIRED_ISSUE
 from .schemas import PlacementsListParams
 
 S = PlacementState

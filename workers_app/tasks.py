@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from .services import dispatch, recovery, retention, worker_turns
+from .nodes import retention
+from .services import dispatch, recovery, worker_turns
 
 
 @shared_task(name="workers.dispatch_advance", acks_late=True, ignore_result=True)

@@ -447,7 +447,7 @@ def test_the_stream_goes_to_the_sender_and_to_subscribers_once(gateway):
         def stream(client):
             return [
                 (f["event"], f["payload"]["seq"])
-                for f in list(client.events._queue)
+                for f in client.drain_events()
                 if f["event"] in ("chat", "agent") and f["payload"].get("runId") == "rt"
             ]
 
@@ -475,10 +475,13 @@ def test_agent_wait_never_answers_ahead_of_the_runs_events(gateway):
         await subscriber.request("sessions.subscribe")
         key = await _session(sender, "ordered")
 
+        received: dict[int, list[dict]] = {id(sender): [], id(subscriber): []}
+
         def terminal_seen(client, run_id: str) -> bool:
+            received[id(client)] += client.drain_events()
             return any(
                 f["event"] == "chat" and f["payload"]["runId"] == run_id and f["payload"]["state"] == "final"
-                for f in list(client.events._queue)
+                for f in received[id(client)]
             )
 
         async def wait_and_look(client, run_id: str) -> tuple[str, bool]:

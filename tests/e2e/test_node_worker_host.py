@@ -14,7 +14,7 @@ from sessions_app.models import Session
 from sessions_app.services.sessions import SessionSpec, session_create
 from tests.support.clients import operator, paired_node
 from workers_app.models import Placement, WorkerEnvironment
-from workers_app.providers.device import device_profile
+from workers_app.nodes.device_provider import device_profile
 from workers_app.services import placements as store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

@@ -116,9 +116,9 @@ def test_sessions_changed_reaches_subscribers_after_commit_in_order(gateway):
         assert await watcher.request("sessions.unsubscribe") == {"subscribed": False}
         await other.request("sessions.create", {"key": "unwatched"})
         await asyncio.sleep(0.3)
-        late = [f for f in list(watcher.events._queue) if f["event"] == "sessions.changed"]
+        late = [f for f in watcher.drain_events() if f["event"] == "sessions.changed"]
         # The creator did not subscribe: it gets none.
-        creator_saw = [f for f in list(other.events._queue) if f["event"] == "sessions.changed"]
+        creator_saw = [f for f in other.drain_events() if f["event"] == "sessions.changed"]
         await other.close()
         await watcher.close()
         return created, seen, late, creator_saw

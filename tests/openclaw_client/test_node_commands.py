@@ -36,7 +36,7 @@ from openclaw_client.node import (
 )
 from openclaw_client.workspace import build_manifest, manifest_ref
 from tests.openclaw_client.test_worker import TOKEN, inference_server
-from workers_app.inventory import parse_declaration
+from workers_app.nodes.inventory import parse_declaration
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE_TOKEN = "device-token"

@@ -12,12 +12,13 @@ from django.utils import timezone
 
 from devices_app.models import PairedDevice
 from gateway.models import GatewayConnection
-from workers_app.inventory import Declaration
 from workers_app.models import Placement, WorkerEnvironment
+from workers_app.nodes import hosts as node_hosts
+from workers_app.nodes.device_provider import DeviceProvider, device_lease_id, device_profile
+from workers_app.nodes.inventory import Declaration
 from workers_app.providers import WorkerProviderError
-from workers_app.providers.device import DeviceProvider, device_lease_id, device_profile
 from workers_app.runtimes import worker_runtimes
-from workers_app.services import dispatch, node_hosts, reclaim
+from workers_app.services import dispatch, reclaim
 from workers_app.services.placements import Actor
 from workers_app.services.recovery import workers_node_removed
 

@@ -32,7 +32,7 @@ from tests.support.mock_openai import error, partial_then_drop
 from workers_app import inference
 from workers_app.inference import INFERENCE_PATH, TOKEN_SALT, inference_token
 from workers_app.models import Placement, PlacementState, WorkerEnvironment
-from workers_app.providers.device import device_profile
+from workers_app.nodes.device_provider import device_profile
 from workers_app.services import placements as store
 
 # Transactional: the route reads through database_sync_to_async, which closes the thread's connection

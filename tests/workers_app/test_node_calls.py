@@ -16,9 +16,9 @@ from django.utils import timezone
 
 from devices_app.models import PairedDevice
 from sessions_app.models import Run
-from workers_app import node_calls
+from workers_app.nodes import calls as node_calls
+from workers_app.nodes.turn_lookups import NodeTurnPlace
 from workers_app.services.worker_turns import NodeTurn
-from workers_app.turn_lookups import NodeTurnPlace
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,7 +18,7 @@ from gateway.models import GatewayConnection, GatewayProcess
 from sessions_app.models import Run
 from tests.workers_app.test_inference_proxy import ENVIRONMENT, NODE, OTHER_NODE, placed_session, running, submitted
 from workers_app.models import Placement, WorkerEnvironment
-from workers_app.turn_lookups import NodeRoute, granted_run, node_turn_place
+from workers_app.nodes.turn_lookups import NodeRoute, granted_run, node_turn_place
 
 pytestmark = pytest.mark.django_db
 

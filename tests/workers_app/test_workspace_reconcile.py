@@ -23,13 +23,13 @@ import pytest
 
 from openclaw_client.workspace import InvalidManifest, WorkspaceError, build_manifest
 from sessions_app.services.sessions import SessionSpec, session_create
-from workers_app import node_runtime
 from workers_app.models import WorkspaceManifest
-from workers_app.node_runtime import _blob_batches, apply_workspace_changes
+from workers_app.nodes import runtime as node_runtime
+from workers_app.nodes.retention import MANIFEST_GRACE_MS, workspace_manifests_prune
+from workers_app.nodes.runtime import _blob_batches, apply_workspace_changes
 from workers_app.providers import WorkerProviderError
 from workers_app.services import placements as store
 from workers_app.services.placements import now_ms
-from workers_app.services.retention import MANIFEST_GRACE_MS, workspace_manifests_prune
 
 NO_CONTENT = "worker node exported a workspace without the content of a changed file"
 CHANGED_WHILE_SYNCING = "session workspace changed while syncing; retry the dispatch"

@@ -34,8 +34,8 @@ from gateway.exceptions import NotFound
 from openclaw_client.identity import IdentityStore
 from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
 
+from ..addresses import gateway_url
 from ..models import NodeWorkerHost
-from ..node_calls import gateway_url
 from .base import Inspection, WorkerLease, WorkerProfile, WorkerProviderError
 
 PROVIDER_ID = "local"

@@ -21,7 +21,6 @@ from gateway.background import executor_label
 from gateway.exceptions import GatewayError, InvalidRequest, NotFound
 from sessions_app.models import Session
 
-from ..inventory import update_required_message
 from ..models import (
     TERMINAL_ENVIRONMENT_STATES,
     EnvironmentState,
@@ -30,9 +29,10 @@ from ..models import (
     PlacementState,
     WorkerEnvironment,
 )
+from ..nodes.device_provider import device_profile, not_connected
+from ..nodes.inventory import update_required_message
 from ..profiles import profile_for_environment, profile_get, profiles_all
 from ..providers import WorkerProfile, WorkerProvider, WorkerProviderError
-from ..providers.device import device_profile, not_connected
 from ..runtimes import worker_runtimes
 from . import environments as envs
 from . import placements as store

@@ -29,12 +29,12 @@ from ..models import (
     PlacementState,
     WorkerEnvironment,
 )
+from ..nodes.retention import workspace_manifests_prune
 from ..providers import WorkerProviderError
 from . import environments as envs
 from . import moves
 from . import placements as store
 from .placements import FORCED_WORKER_ABANDONMENT_ERROR, Actor, now_ms
-from .retention import workspace_manifests_prune
 from .teardown import (
     DESTROY_ERROR_SEPARATOR,
     UNAVAILABLE_STATES,

@@ -38,8 +38,8 @@ from sessions_app.turns import ABORT_POLL_INTERVAL_S
 
 from ..inference import INFERENCE_PATH, inference_token
 from ..models import Placement, PlacementState, WorkerEnvironment
-from ..node_calls import PROTOCOL_VERSION, NodeCommandFailed, release_database_connections
-from ..turn_lookups import NodeTurnPlace, node_turn_place
+from ..nodes.calls import PROTOCOL_VERSION, NodeCommandFailed, release_database_connections
+from ..nodes.turn_lookups import NodeTurnPlace, node_turn_place
 
 logger = logging.getLogger(__name__)
 

@@ -34,6 +34,13 @@ def configured_secrets() -> tuple[list[Secret], list[str]]:
 class Command(BaseCommand):
     help = "Talk to a gateway over its WebSocket protocol (defaults: this project's gateway and token)."
 
+    # Set by run_from_argv (``manage.py gateway …``), not by call_command.
+    from_command_line = False
+
+    def run_from_argv(self, argv):
+        self.from_command_line = True
+        super().run_from_argv(argv)
+
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
         add_call_arguments(sub.add_parser("call", **call_parser_kwargs(CONFIGURED)))
@@ -57,7 +64,7 @@ class Command(BaseCommand):
             traceback=bool(options.get("traceback")),
         )
         if code:
-            if getattr(self, "_called_from_command_line", False):
+            if self.from_command_line:
                 # The one ``error: …`` line is printed; Django would add a "CommandError: …" line of its own.
                 raise SystemExit(code)
             raise CommandError(f"gateway call failed (exit code {code})", returncode=code)

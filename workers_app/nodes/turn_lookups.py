@@ -25,7 +25,7 @@ from gateway.scopes import ROLE_NODE
 from gateway.selectors import process_stale_before
 from sessions_app.models import Run, RunStatus, Session
 
-from .models import Placement, PlacementState, WorkerEnvironment
+from ..models import Placement, PlacementState, WorkerEnvironment
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from devices_app import selectors as device_selectors
 from gateway import selectors as gateway_selectors
+from gateway.selectors import now_ms
 
-from ..inventory import Declaration
 from ..models import NodeWorkerHost
-from .placements import now_ms
+from .inventory import Declaration
 
 
 def node_host_declare(*, node_id: str, conn_id: str, declaration: Declaration) -> NodeWorkerHost:

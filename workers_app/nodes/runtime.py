@@ -19,18 +19,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gateway.selectors import now_ms
 from openclaw_client.workspace import WorkspaceError, build_manifest, manifest_ref, validate_manifest
 from sessions_app.models import Session
 
-from .bundle import current_bundle
-from .models import Placement, WorkerEnvironment, WorkspaceManifest
-from .node_calls import NodeCommandFailed, call_node
-from .providers import WorkerProviderError
-from .providers.device import not_connected
-from .runtimes import BootstrapReceipt, WorkspaceSync
-from .services import node_hosts
-from .services.placements import now_ms
-from .ssh_nodes import ensure_ssh_node
+from ..bundle import current_bundle
+from ..models import Placement, WorkerEnvironment, WorkspaceManifest
+from ..providers import WorkerProviderError
+from ..runtimes import BootstrapReceipt, WorkspaceSync
+from . import hosts as node_hosts
+from .calls import NodeCommandFailed, call_node
+from .device_provider import not_connected
+from .ssh import ensure_ssh_node
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +329,7 @@ def _prune_empty_parents(root: Path, directory: Path) -> None:
 
 
 class SshNodeWorkerRuntime(NodeWorkerRuntime):
-    """static-ssh leases: the host's node host is installed and enrolled first (:mod:`workers_app.ssh_nodes`),
+    """static-ssh leases: the host's node host is installed and enrolled first (:mod:`workers_app.nodes.ssh`),
     then the environment is brought up on that node like any other."""
 
     def bootstrap(self, environment: WorkerEnvironment) -> BootstrapReceipt:

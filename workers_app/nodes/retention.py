@@ -11,12 +11,12 @@ import time
 import uuid
 
 from gateway import selectors as gateway_selectors
+from gateway.selectors import now_ms
 
 from ..bundle import current_bundle
 from ..models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementState, WorkerEnvironment, WorkspaceManifest
-from ..node_calls import NodeCommandFailed, call_node
-from .node_hosts import node_bundle_record
-from .placements import now_ms
+from .calls import NodeCommandFailed, call_node
+from .hosts import node_bundle_record
 
 logger = logging.getLogger(__name__)
 

@@ -30,12 +30,12 @@ from gateway.exceptions import NotFound
 from openclaw_client.identity import DeviceIdentity
 from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
 
-from .bundle import current_bundle
-from .models import NodeWorkerHost, WorkerEnvironment
-from .node_calls import gateway_url, http_origin
-from .profiles import profile_for_environment
-from .providers import WorkerProviderError
-from .providers.static_ssh import ssh_run, ssh_target
+from ..addresses import gateway_url, http_origin
+from ..bundle import current_bundle
+from ..models import NodeWorkerHost, WorkerEnvironment
+from ..profiles import profile_for_environment
+from ..providers import WorkerProviderError
+from ..providers.static_ssh import ssh_run, ssh_target
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from django.utils import timezone
 from devices_app.models import PairedDevice
 from gateway import selectors as gateway_selectors
 
-from ..node_calls import NodeCommandFailed, call_node
-from .base import CREDENTIALS_REVOKED, Inspection, WorkerLease, WorkerProfile, WorkerProviderError
+from ..providers.base import CREDENTIALS_REVOKED, Inspection, WorkerLease, WorkerProfile, WorkerProviderError
+from .calls import NodeCommandFailed, call_node
 
 PROVIDER_ID = "device"
 STOP_COMMAND = "worker.environment.stop.v1"

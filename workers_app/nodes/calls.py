@@ -11,33 +11,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from django.conf import settings
 from django.db import close_old_connections, connections
 
-from gateway import publisher, state
+from gateway import publisher
 from gateway.invoke import NodeCommandFailed, ProgressCallback, invoke_private
 
 # Commands answer quickly unless they move bytes or run a turn; those pass their own timeout.
 COMMAND_TIMEOUT_MS = 30_000
 PROTOCOL_VERSION = 1
-
-
-def gateway_url() -> str:
-    """Where the node hosts this gateway starts (the local and static-ssh providers) connect:
-    ``OPENCLAW_WORKER_GATEWAY_URL``, else the address this gateway process serves on (in a Celery
-    worker: the configured bind address and port)."""
-    configured = settings.OPENCLAW_WORKERS.get("GATEWAY_URL")
-    if configured:
-        return configured
-    bind, port = state.listen_address() or (settings.OPENCLAW_GATEWAY["BIND"], settings.OPENCLAW_GATEWAY["PORT"])
-    host = "127.0.0.1" if bind in ("0.0.0.0", "", "::") else bind
-    return f"ws://{host}:{port}"
-
-
-def http_origin(ws_url: str) -> str:
-    """The HTTP origin of a gateway WebSocket URL (its bundle and inference routes live there)."""
-    scheme, _, rest = ws_url.partition("://")
-    return f"{'https' if scheme == 'wss' else 'http'}://{rest.split('/', 1)[0]}"
 
 
 def release_database_connections() -> None:
@@ -77,8 +58,6 @@ __all__ = [
     "COMMAND_TIMEOUT_MS",
     "NodeCommandFailed",
     "call_node",
-    "gateway_url",
-    "http_origin",
     "release_database_connections",
     "run_on_gateway_loop",
 ]
