@@ -26,7 +26,6 @@ from .auth import (
 from .conf import shared_password, shared_token
 from .exceptions import GatewayError, HandshakeRejected, InvalidRequest, NotPaired
 from .models import PairedDevice
-from .prepared import PreparedQuery
 from .protocol import PROTOCOL_VERSION, ConnectParams, RequestFrame, format_validation_error, negotiate_protocol
 from .services import connections, pairing, tokens
 
@@ -262,9 +261,6 @@ def authenticate_connect(
         raise HandshakeRejected(error) from None
 
 
-_DEVICE_BY_ID = PreparedQuery(lambda device_id: PairedDevice.objects.filter(device_id=device_id), device_id=str)
-
-
 def _authenticate_connect(params: ConnectParams, ctx: ConnectContext, then: tuple[str, dict] | None) -> ConnectOutcome:
     """Decide a connect, in OpenClaw's order: credentials, device identity, device proof, pairing.
 
@@ -310,8 +306,7 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext, then: tupl
     if stored_token is not None:
         device = stored_token.device
     else:
-        found = _DEVICE_BY_ID.fetch(device_id=device_id)  # the primary key
-        device = found[0] if found else None
+        device = PairedDevice.objects.filter(device_id=device_id).first()
 
     if role == sc.ROLE_NODE:
         if device is None or not device.has_role(sc.ROLE_NODE):
