@@ -25,7 +25,6 @@ from gateway.auth import (
 from gateway.conf import shared_password, shared_token
 from gateway.exceptions import GatewayError, HandshakeRejected, NotPaired
 from gateway.handshake import ConnectContext, ConnectOutcome, keeps_unbound_scopes
-from gateway.prepared import PreparedQuery
 from gateway.protocol import ConnectParams
 from gateway.services.connections import ConnectionRecord
 
@@ -182,9 +181,6 @@ def authenticate_connect(
         raise HandshakeRejected(error) from None
 
 
-_DEVICE_BY_ID = PreparedQuery(lambda device_id: PairedDevice.objects.filter(device_id=device_id), device_id=str)
-
-
 def _authenticate_connect(params: ConnectParams, ctx: ConnectContext, then: tuple[str, dict] | None) -> ConnectOutcome:
     """Decide a connect, in OpenClaw's order: credentials, device identity, device proof, pairing.
 
@@ -230,8 +226,7 @@ def _authenticate_connect(params: ConnectParams, ctx: ConnectContext, then: tupl
     if stored_token is not None:
         device = stored_token.device
     else:
-        found = _DEVICE_BY_ID.fetch(device_id=device_id)  # the primary key
-        device = found[0] if found else None
+        device = PairedDevice.objects.filter(device_id=device_id).first()
 
     if role == sc.ROLE_NODE:
         if device is None or not device.has_role(sc.ROLE_NODE):

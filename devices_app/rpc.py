@@ -124,13 +124,13 @@ def _visible(ctx: RpcContext, node: dict) -> dict | None:
     return selectors.strip_pending_fields(node)
 
 
-@method("node.list", scope=sc.READ, reads_only=True, reads_cache=True)
+@method("node.list", scope=sc.READ)
 def node_list_rpc(ctx: RpcContext, params) -> dict:
     nodes = [shown for node in selectors.node_catalog_snapshot() if (shown := _visible(ctx, node)) is not None]
     return {"ts": now_ms(), "nodes": nodes}
 
 
-@method("node.describe", params=NodeIdParams, scope=sc.READ, reads_only=True, reads_cache=True)
+@method("node.describe", params=NodeIdParams, scope=sc.READ)
 def node_describe_rpc(ctx: RpcContext, params: NodeIdParams) -> dict:
     node = selectors.node_describe(params.nodeId.strip())
     shown = _visible(ctx, node) if node is not None else None

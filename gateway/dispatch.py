@@ -9,7 +9,6 @@ from typing import Any
 from channels.db import DatabaseSyncToAsync
 from pydantic import ValidationError
 
-from . import loop_reads
 from . import scopes as sc
 from .context import RpcContext
 from .exceptions import GatewayError, InvalidRequest, PermissionDenied, internal_error
@@ -83,11 +82,6 @@ async def run_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any]:
             raise InvalidRequest(f"invalid {frame.method} params: {format_validation_error(exc)}") from None
         if spec.is_async:
             payload = await spec.handler(ctx, params)
-        elif spec.reads_only and loop_reads.serves(spec.reads_cache):
-            try:
-                payload = await loop_reads.call(spec.handler, ctx, params)
-            except loop_reads.Unavailable:
-                payload = await _hop(spec.handler)(ctx, params)
         else:
             payload = await _hop(spec.handler)(ctx, params)
         return ok_response(frame.id, payload)

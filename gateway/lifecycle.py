@@ -22,7 +22,7 @@ from django.conf import settings
 
 from openclaw_site.postgresql.base import keep_connections_in_this_thread
 
-from . import broadcast, loop_reads, state
+from . import broadcast, state
 from .conf import gateway_setting
 from .events import BROADCAST_GROUP
 from .ports import connection_authority
@@ -112,9 +112,6 @@ async def startup() -> None:
     # on asgiref's process-wide thread, which lives as long as the process: it keeps its PostgreSQL
     # connection across hops instead of a pool checkout and Django's connection setup per call.
     await asyncio.wrap_future(SyncToAsync.single_thread_executor.submit(keep_connections_in_this_thread))
-    # Read-only methods skip that hop altogether (loop_reads).
-    if loop_reads.enable():
-        logger.info("read-only methods are answered on the event loop")
     ensure_started()
     await ensure_process_registered()
     # A predecessor killed on this host still looks live for a heartbeat timeout: its connections are
@@ -243,10 +240,6 @@ async def shutdown(reason: str = "gateway stopping", restart_expected_ms: int | 
         await database_sync_to_async(connection_authority().process_unregister)(boot_id=state.BOOT_ID)
     except Exception:
         logger.exception("failed to unregister gateway process")
-    try:
-        await loop_reads.disable()  # the loop's kept connections go back to the pool, writable again
-    except Exception:
-        logger.exception("failed to close the event loop's read connections")
     for task in (_tasks.loop_task, _tasks.listener_task):
         if task is not None:
             task.cancel()

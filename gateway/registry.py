@@ -34,11 +34,6 @@ class MethodSpec:
     is_async: bool
     # Hidden methods (a node's private protocol) work but are not listed in hello-ok's features.
     advertise: bool = True
-    # The handler only reads the database (and the process's own state): on the embedded profile it
-    # runs on the event loop instead of a database hop (gateway/loop_reads.py).
-    reads_only: bool = False
-    # ... and reads the cache too: on the loop only when the cache is in process memory.
-    reads_cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,16 +63,12 @@ class MethodRegistry:
         scope: str | None = sc.ADMIN,
         role: Role = "operator",
         advertise: bool = True,
-        reads_only: bool = False,
-        reads_cache: bool = False,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register ``handler(ctx, params)``. Unclassified methods default to ``operator.admin``."""
 
         def decorator(handler: Callable[..., Any]) -> Callable[..., Any]:
             if name in self.methods:
                 raise RuntimeError(f"gateway method registered twice: {name}")
-            if reads_only and inspect.iscoroutinefunction(handler):
-                raise RuntimeError(f"reads_only applies to sync handlers: {name}")
             self.methods[name] = MethodSpec(
                 name=name,
                 handler=handler,
@@ -86,8 +77,6 @@ class MethodRegistry:
                 scope=scope,
                 is_async=inspect.iscoroutinefunction(handler),
                 advertise=advertise,
-                reads_only=reads_only,
-                reads_cache=reads_cache,
             )
             return handler
 

@@ -39,7 +39,7 @@ def _rss_bytes() -> int | None:
         return None
 
 
-@method("status", scope=sc.READ, reads_only=True)
+@method("status", scope=sc.READ)
 def status_rpc(ctx: RpcContext, params) -> dict:
     processes, counts = selectors.live_processes_and_connection_counts()
     return {

@@ -12,7 +12,6 @@ from django.utils import timezone
 
 from .conf import gateway_setting
 from .models import GatewayConnection, GatewayProcess
-from .prepared import PreparedQuery
 from .scopes import ROLE_NODE
 
 
@@ -89,25 +88,19 @@ def live_process_boot_ids() -> set[str]:
     return {str(p.boot_id) for p in live_processes() if p.hostname != host or _pid_exists(p.pid)}
 
 
-# Live processes and the roles of their connections, counted per process and role (a process without
-# connections gives one row with no role): what ``status`` shows of the cluster, in one query.
-_LIVE_PROCESS_ROLES = PreparedQuery(
-    lambda cutoff: (
-        GatewayProcess.objects.filter(heartbeat_at__gte=cutoff)
-        .values_list("boot_id", "hostname", "pid", "heartbeat_at", "connections__role")
-        .annotate(count=Count("connections"))
-        .order_by("started_at", "boot_id", "connections__role")
-    ),
-    cutoff=datetime,
-)
-
-
 def live_processes_and_connection_counts() -> tuple[list[dict], dict[str, int]]:
     """For ``status``, which asks on every call: the live processes, oldest first, and the number of their
     connections per role (``operator`` and ``node`` always present)."""
     processes: dict = {}
     counts = {"operator": 0, "node": 0}
-    for boot_id, hostname, pid, heartbeat_at, role, count in _LIVE_PROCESS_ROLES.fetch(cutoff=process_stale_before()):
+    # Counted per process and role (a process without connections gives one row with no role), in one query.
+    rows = (
+        GatewayProcess.objects.filter(heartbeat_at__gte=process_stale_before())
+        .values_list("boot_id", "hostname", "pid", "heartbeat_at", "connections__role")
+        .annotate(count=Count("connections"))
+        .order_by("started_at", "boot_id", "connections__role")
+    )
+    for boot_id, hostname, pid, heartbeat_at, role, count in rows:
         if boot_id not in processes:
             processes[boot_id] = {
                 "bootId": str(boot_id),
@@ -123,17 +116,6 @@ def live_processes_and_connection_counts() -> tuple[list[dict], dict[str, int]]:
 PRESENCE_MAX_ENTRIES = 100
 
 
-_RECENT_CONNECTIONS = PreparedQuery(
-    lambda cutoff: (
-        GatewayConnection.objects.filter(process__heartbeat_at__gte=cutoff)
-        .order_by("-connected_at")
-        .values_list(*_PRESENCE_COLUMNS)
-    ),
-    limit=True,
-    cutoff=datetime,
-)
-
-
 # PostgreSQL: the presence state version is a sequence (migration 0003), raised and read with the list
 # in one round trip, right after the write that changed presence when there is one.
 PRESENCE_VERSION_SEQUENCE = "gateway_presence_version"
@@ -141,7 +123,7 @@ PRESENCE_VERSION_SEQUENCE = "gateway_presence_version"
 
 def presence_snapshot_sql(*, registered: str | None = None) -> tuple[str, dict]:
     """PostgreSQL: two statements, the presence version raised by one, then the rows of
-    :func:`presence_entries` (the same query as ``_RECENT_CONNECTIONS``). With ``registered`` (a
+    :func:`presence_entries` (the same query as :func:`_recent_connections`). With ``registered`` (a
     connection id), the version is raised only when that connection's row exists: a connect that
     did not register changes nothing. Each statement sees what committed before it began, so the
     list is read after the version was raised (a change after it raises it again)."""
@@ -164,7 +146,7 @@ def result_sets(cursor) -> list[list[tuple]]:
 
 
 def presence_rows_from_sql(rows: list[tuple]) -> list[tuple]:
-    """Rows of :data:`_PRESENCE_SQL` as the prepared query returns them (its JSON column decoded)."""
+    """Rows of :data:`_PRESENCE_SQL` as :func:`_recent_connections` returns them (its JSON column decoded)."""
     return [(*row[:_SCOPES_AT], _json_value(row[_SCOPES_AT]), *row[_SCOPES_AT + 1 :]) for row in rows]
 
 
@@ -183,7 +165,7 @@ def presence_entries(rows: list[tuple] | None = None) -> list[dict]:
     entries: dict[str, dict] = {}
     # Rows as dicts of the columns used, not model instances: every connect's hello-ok reads this.
     if rows is None:
-        rows = _RECENT_CONNECTIONS.fetch(cutoff=process_stale_before(), limit=PRESENCE_MAX_ENTRIES * 2)
+        rows = _recent_connections()
     for conn in (dict(zip(_PRESENCE_COLUMNS, row, strict=True)) for row in rows):
         key = conn["device_id"] or str(conn["conn_id"])
         entry = entries.get(key)
@@ -214,6 +196,14 @@ def presence_entries(rows: list[tuple] | None = None) -> list[dict]:
     return list(entries.values())
 
 
+def _recent_connections() -> list[tuple]:
+    return list(
+        GatewayConnection.objects.filter(process__heartbeat_at__gte=process_stale_before())
+        .order_by("-connected_at")
+        .values_list(*_PRESENCE_COLUMNS)[: PRESENCE_MAX_ENTRIES * 2]
+    )
+
+
 _PRESENCE_COLUMNS = (
     "conn_id",
     "device_id",
@@ -231,7 +221,7 @@ _PRESENCE_COLUMNS = (
 )
 _SCOPES_AT = _PRESENCE_COLUMNS.index("scopes")
 _CONNECTION_TABLE = GatewayConnection._meta.db_table
-# The query of _RECENT_CONNECTIONS as SQL text, to be sent after other statements in one round trip.
+# The query of _recent_connections as SQL text, to be sent after other statements in one round trip.
 _PRESENCE_SQL = (
     f"SELECT {', '.join(f'c.{name}' for name in _PRESENCE_COLUMNS)} FROM {_CONNECTION_TABLE} c "
     f"INNER JOIN {GatewayProcess._meta.db_table} p ON c.process_id = p.boot_id "

@@ -27,7 +27,6 @@ from openclaw_site.env import (
     env_str,
     env_url,
 )
-from openclaw_site.postgresql.cooperative import CooperativeConnection
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATABASE_SCHEMES = ("sqlite", "postgres", "postgresql", "pgsql")
@@ -149,13 +148,10 @@ def _database(url: str, sqlite_test_name: str) -> dict:
             database["ENGINE"] = "openclaw_site.postgresql"
             database["CONN_HEALTH_CHECKS"] = False
         database["OPTIONS"] = {
-            # CooperativeConnection: a psycopg connection whose waits, in the event loop's read-only calls,
-            # are awaited on the loop (openclaw_site/postgresql/cooperative.py); elsewhere psycopg's own.
             "pool": {
                 "min_size": 1,
                 "max_size": DB_POOL_MAX_SIZE,
                 "timeout": 10,
-                "connection_class": CooperativeConnection,
             },
             # Which process holds a connection, in pg_stat_activity.
             "application_name": f"openclaw-{os.getpid()}",

@@ -42,12 +42,12 @@ def sessions_create_rpc(ctx: RpcContext, params: SessionsCreateParams) -> dict:
     return selectors.session_created_payload(created.session, worktree=created.worktree, run=created.run)
 
 
-@method("sessions.list", params=SessionsListParams, scope=sc.READ, reads_only=True)
+@method("sessions.list", params=SessionsListParams, scope=sc.READ)
 def sessions_list_rpc(ctx: RpcContext, params: SessionsListParams) -> dict:
     return selectors.sessions_list_payload(params)
 
 
-@method("sessions.describe", params=SessionRef, scope=sc.READ, reads_only=True)
+@method("sessions.describe", params=SessionRef, scope=sc.READ)
 def sessions_describe_rpc(ctx: RpcContext, params: SessionRef) -> dict:
     return {"session": selectors.session_row_of(_key(params.key, params.agentId))}
 

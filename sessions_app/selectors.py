@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -13,7 +12,6 @@ from django.db.models import Q, QuerySet
 
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
 from gateway.exceptions import InvalidRequest, NotFound
-from gateway.prepared import PreparedQuery
 
 from . import keys
 from .extensions import session_projections
@@ -125,32 +123,20 @@ def _shown_worktree(worktree: dict) -> dict:
     return {"id": worktree["id"], "branch": worktree["branch"], "path": shown_path(worktree["path"])}
 
 
-@functools.cache
-def _session_by_key_query(related: tuple[str, ...]) -> PreparedQuery:
-    return PreparedQuery(lambda key: Session.objects.filter(key=key).select_related(*related), key=str)
-
-
 def session_get(key: str) -> Session | None:
     """The session of ``key``, with the relations session projections read (one query in all)."""
     related = session_projections.related()
-    found = _session_by_key_query(related).fetch(key=key)  # the key is unique
+    found = list(Session.objects.filter(key=key).select_related(*related))  # the key is unique
     session_projections.mark_related_loaded(found, related)
     return found[0] if found else None
-
-
-@functools.cache
-def _session_row_query(related: tuple[str, ...], unread: tuple[str, ...]) -> PreparedQuery:
-    return PreparedQuery(
-        lambda key: Session.objects.filter(key=key).defer(*_UNSHOWN_COLUMNS).select_related(*related).defer(*unread),
-        key=str,
-    )
 
 
 def session_row_of(key: str) -> dict | None:
     """``sessions.describe``'s row of the session of ``key`` (None: no such session), read with only the columns a
     row and the projections show, as a ``sessions.list`` page reads them (one query in all)."""
     related = session_projections.related()
-    found = _session_row_query(related, session_projections.unread_columns()).fetch(key=key)
+    queryset = Session.objects.filter(key=key).defer(*_UNSHOWN_COLUMNS).select_related(*related)
+    found = list(queryset.defer(*session_projections.unread_columns()))
     session_projections.mark_related_loaded(found, related)
     return session_row(found[0]) if found else None
 
@@ -266,19 +252,10 @@ def sessions_page(
     """One page, newest first, plus whether more follow. One query; from a keyset cursor (``after``: the
     previous page's last ``(updated_at, id)``) its cost does not grow with the depth, from an offset it does."""
     related, unread = session_projections.related(), session_projections.unread_columns()
-    if search:
-        queryset = _sessions_filtered(agent_id, label, search, archived).select_related(*related).defer(*unread)
-        if after is not None:
-            queryset = _after(queryset, *after)
-        rows = list(queryset[offset : offset + limit + 1])
-    else:
-        given: dict = {name: value for name, value in (("agent_id", agent_id), ("label", label)) if value is not None}
-        if after is not None:
-            given.update(after_updated_at=after[0], after_id=after[1])
-        query = _session_page_query(
-            agent_id is not None, label is not None, after is not None, archived, related, unread
-        )
-        rows = query.fetch(limit=limit + 1, offset=offset, **given)
+    queryset = _sessions_filtered(agent_id, label, search, archived).select_related(*related).defer(*unread)
+    if after is not None:
+        queryset = _after(queryset, *after)
+    rows = list(queryset[offset : offset + limit + 1])
     session_projections.mark_related_loaded(rows, related)
     return rows[:limit], len(rows) > limit
 
@@ -313,34 +290,6 @@ def _sessions_filtered(
     return qs.order_by("-updated_at", "-id")
 
 
-@functools.cache
-def _session_page_query(
-    by_agent: bool,
-    by_label: bool,
-    keyset: bool,
-    archived: bool | str,
-    related: tuple[str, ...],
-    unread: tuple[str, ...],
-) -> PreparedQuery:
-    """A page without ``search`` (a substring match the ORM rewrites per value): one compiled query per
-    combination of filters (twenty-four), with the relations session projections read (only the columns
-    they read of them, ``unread`` left out)."""
-    kinds: dict = {name: str for name, given in (("agent_id", by_agent), ("label", by_label)) if given}
-    if keyset:
-        kinds.update(after_updated_at=datetime, after_id=int)
-
-    def build(
-        agent_id: str | None = None,
-        label: str | None = None,
-        after_updated_at: datetime | None = None,
-        after_id: int | None = None,
-    ) -> QuerySet[Session]:
-        qs = _sessions_filtered(agent_id, label, None, archived).select_related(*related).defer(*unread)
-        return _after(qs, after_updated_at, after_id) if keyset else qs
-
-    return PreparedQuery(build, limit=True, **kinds)
-
-
 def active_path(window: SessionWindow, *, limit: int | None = None) -> list[TranscriptEvent]:
     """Message events of the active path, oldest first (the newest ``limit`` when given).
 
@@ -350,17 +299,9 @@ def active_path(window: SessionWindow, *, limit: int | None = None) -> list[Tran
     """
     if limit is None:
         return list(TranscriptEvent.objects.filter(window=window, type="message").order_by("seq"))
-    newest = _newest_messages.fetch(window_id=window.pk, limit=limit)
+    newest = list(TranscriptEvent.objects.filter(window=window, type="message").order_by("-seq")[:limit])
     newest.reverse()
     return newest
-
-
-# Read on every turn's claim (the model's context): compiled once.
-_newest_messages = PreparedQuery(
-    lambda window_id: TranscriptEvent.objects.filter(window_id=window_id, type="message").order_by("-seq"),
-    limit=True,
-    window_id=str,
-)
 
 
 HISTORY_TEXT_LIMIT = 12_000

@@ -12,7 +12,6 @@ from django.db.models import Q, Subquery
 
 from devices_app import selectors as device_selectors
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int
-from gateway.prepared import IdList, PreparedQuery
 from sessions_app.extensions import session_projections
 from sessions_app.models import Session
 
@@ -117,11 +116,6 @@ def _shows_provenance(placement: Placement, environment: WorkerEnvironment | Non
     return environment.owner_epoch == placement.active_owner_epoch
 
 
-_PLACEMENTS_OF_SESSIONS = PreparedQuery(
-    lambda session_ids: Placement.objects.filter(session__in=session_ids), session_ids=IdList
-)
-
-
 def placement_fields(sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
     """The ``placement`` field of each session row that has a placement.
 
@@ -133,7 +127,7 @@ def placement_fields(sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
         relation = Session.placement.related
         placements = [p for session in sessions if (p := relation.get_cached_value(session)) is not None]
     else:
-        placements = _PLACEMENTS_OF_SESSIONS.fetch(session_ids=list(keys))
+        placements = list(Placement.objects.filter(session__in=list(keys)))
     if not placements:
         return {}
     environment_ids = {p.environment_id for p in placements if p.environment_id}

@@ -10,7 +10,6 @@ from gateway.audit import Actor, audit
 from gateway.auth import hash_device_token, new_device_token, secret_matches
 from gateway.exceptions import InvalidRequest, NotFound
 from gateway.models import GatewayConnection
-from gateway.prepared import PreparedQuery
 from gateway.selectors import to_ms
 from gateway.services import connections
 
@@ -23,18 +22,10 @@ class DeviceTokenRejected(Exception):
         self.reason = reason
 
 
-# The token of (device, role) with its device: the one read of a reconnecting device's connect.
-_TOKEN_WITH_DEVICE = PreparedQuery(
-    lambda device_id, role: DeviceToken.objects.select_related("device").filter(device_id=device_id, role=role),
-    device_id=str,
-    role=str,
-)
-
-
 def device_token_with_device(*, device_id: str, role: str) -> DeviceToken | None:
-    """The token record of (device, role), its ``device`` filled in, or None."""
-    found = _TOKEN_WITH_DEVICE.fetch(device_id=device_id, role=role)  # one per (device, role)
-    return found[0] if found else None
+    """The token record of (device, role), its ``device`` filled in, or None: the one read of a reconnecting
+    device's connect."""
+    return DeviceToken.objects.select_related("device").filter(device_id=device_id, role=role).first()
 
 
 def device_token_verify(*, device_id: str, role: str, token: str) -> DeviceToken:
@@ -51,19 +42,13 @@ def device_token_verify(*, device_id: str, role: str, token: str) -> DeviceToken
     return record
 
 
-_TOKEN_OF_DEVICE_ROLE = PreparedQuery(
-    lambda device_id, role: DeviceToken.objects.filter(device_id=device_id, role=role), device_id=str, role=str
-)
-
-
 def token_covers(record: DeviceToken | None, scopes: list[str]) -> bool:
     return record is not None and record.revoked_at is None and sc.scopes_cover(record.scopes, scopes)
 
 
 def device_token_covers(*, device: PairedDevice, role: str, scopes: list[str]) -> bool:
     """Whether (device, role) has a usable token for these scopes: :func:`device_token_ensure` would mint none."""
-    found = _TOKEN_OF_DEVICE_ROLE.fetch(device_id=device.device_id, role=role)  # one per (device, role)
-    return token_covers(found[0] if found else None, scopes)
+    return token_covers(DeviceToken.objects.filter(device=device, role=role).first(), scopes)
 
 
 def device_token_ensure(

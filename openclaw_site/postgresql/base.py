@@ -1,7 +1,6 @@
 """Django's PostgreSQL backend with psycopg's pool, a connection kept by the gateway's database thread,
-and connection checks run only after a connection sat unused. Also: the event loop's read-only
-connections (``cooperative``, gateway/loop_reads.py) and server-prepared statements for
-the gateway's hot queries (``prepared_statement_cursor``).
+connection checks run only after a connection sat unused, and server-prepared statements for the
+gateway's hot queries (``prepared_statement_cursor``).
 
 Every thread checks a connection out of the pool when it first queries and gives it back at the end
 of its request, task or database hop (``CONN_MAX_AGE=0``): HTTP request threads, Celery worker
@@ -41,14 +40,11 @@ from typing import Any
 from django.db.backends.postgresql import base as postgresql
 from django.db.backends.postgresql import operations as postgresql_operations
 from psycopg import Error as PsycopgError
-from psycopg import IsolationLevel
 from psycopg.errors import FeatureNotSupported
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 CHECK_AFTER_IDLE_S = 1.0
-# How long the event loop's thread may wait for an idle pooled connection (see ``cooperative``).
-COOPERATIVE_CHECKOUT_TIMEOUT_S = 0.0001
 
 # Checkout time per pooled connection: measured from checkout, the idle time is never underestimated.
 _checked_out_at: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
@@ -115,9 +111,6 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
     ops_class = DatabaseOperations
     # Whether the current connection stays open across hops (opened in a marked thread).
     kept = False
-    # A connection of the event loop's read-only calls (gateway/loop_reads.py): checked out
-    # without waiting, kept, and read-only (``default_transaction_read_only``) until given back.
-    cooperative = False
     # Kept connections: when it was last pinged or a hop first queried on it (at or before its last
     # use, so the time since is never less than the time the connection sat unused).
     used_at = 0.0
@@ -129,34 +122,18 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         # As psycopg's own checking getconn does: hand a failed connection back (the pool discards
         # it) and take another, at most once per pooled connection before trusting a fresh one.
         for _attempt in range(pool.max_size):
-            connection = self._checkout(conn_params)
+            connection = super().get_new_connection(conn_params)
             if _usable(connection):
                 return connection
             pool.putconn(connection)
-        return self._checkout(conn_params)
-
-    def _checkout(self, conn_params):
-        if not self.cooperative:
-            return super().get_new_connection(conn_params)
-        # The event loop's thread never waits for the pool: with no idle connection the checkout fails
-        # at once (PoolTimeout) and the caller takes a database hop instead.
-        pool = self.pool
-        pool.open()
-        connection = pool.getconn(timeout=COOPERATIVE_CHECKOUT_TIMEOUT_S)
-        isolation_level = self.settings_dict["OPTIONS"].get("isolation_level")
-        self.isolation_level = IsolationLevel(isolation_level or IsolationLevel.READ_COMMITTED)
-        if isolation_level is not None:
-            connection.isolation_level = self.isolation_level
-        return connection
+        return super().get_new_connection(conn_params)
 
     def connect(self):
         super().connect()
         pool = self.pool
-        if self.cooperative:
-            self._make_read_only()
         # A pool of one connection is shared by taking turns: kept, it would leave every other thread
         # of the process (HTTP requests, the heartbeat, recovery) waiting for the pool timeout.
-        self.kept = pool is not None and pool.max_size > 1 and (keeps_connections() or self.cooperative)
+        self.kept = pool is not None and pool.max_size > 1 and keeps_connections()
         if self.kept:
             # Given back after as long as the pool keeps any connection (its max_lifetime, an hour by
             # default) rather than at the end of each hop, and checked before a hop's first query.
@@ -176,32 +153,6 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         self.ensure_connection()
         with self.wrap_database_errors:
             return self._prepare_cursor(_PreparingCursor(self.connection))
-
-    def _make_read_only(self):
-        try:
-            with self.wrap_database_errors:
-                self.connection.execute("SET default_transaction_read_only = on")
-        except BaseException:
-            self.close()
-            raise
-
-    def _close(self):
-        if self.cooperative and self.connection is not None and self.pool is not None:
-            self._restore_writable()
-        super()._close()
-
-    def _restore_writable(self):
-        # A pooled connection goes back as it came, or not at all: one left read-only would fail the
-        # writes of whichever thread takes it next. Anything but an idle connection is closed here,
-        # which the pool discards (it would roll a connection in a transaction back and keep it).
-        connection = self.connection
-        try:
-            if connection.info.transaction_status == TransactionStatus.IDLE:
-                connection.execute("RESET default_transaction_read_only")
-                return
-        except PsycopgError:
-            pass
-        connection.close()
 
     def close_if_health_check_failed(self):
         # Before a hop's first query, for what runs on the kept thread without channels' hop (whose

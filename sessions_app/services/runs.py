@@ -19,7 +19,6 @@ from django.utils import timezone
 from gateway import state
 from gateway.audit import Actor, audit
 from gateway.exceptions import Busy, Conflict, InvalidRequest
-from gateway.prepared import PreparedQuery
 from gateway.selectors import live_process_boot_ids
 
 from .. import events
@@ -161,7 +160,7 @@ def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
         run, session = locked
         if run.status != RunStatus.QUEUED:
             return None
-        if _running_of_session.fetch(session_id=session.pk):
+        if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
             return None  # the running turn dispatches this one when it ends
         if run.window_id != session.session_id:
             Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
@@ -198,49 +197,24 @@ def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
     return ClaimedTurn(run=run, session=session, history=history)
 
 
-# The reads of every turn's claim and finish, compiled once (prepared.py): the ORM's compile costs
-# more CPU than these statements take in the database, on the turn's critical path.
-_session_of_run_locked = PreparedQuery(
-    lambda run_id: (
-        Session.objects.select_for_update(no_key=True)
-        .filter(pk__in=Run.objects.filter(run_id=run_id).values("session_id"))
-        .order_by("pk")[:1]
-    ),
-    run_id=str,
-)
-_run_with_window = PreparedQuery(
-    lambda run_id, session_id: Run.objects.filter(run_id=run_id, session_id=session_id).select_related("window"),
-    run_id=str,
-    session_id=int,
-)
-_running_of_session = PreparedQuery(
-    lambda session_id: Run.objects.filter(session_id=session_id, status=RunStatus.RUNNING).values_list("pk")[:1],
-    session_id=int,
-)
-_next_queued_of_session = PreparedQuery(
-    lambda session_id: (
-        Run.objects.filter(session_id=session_id, status=RunStatus.QUEUED)
-        .order_by("created_at")
-        .values_list("run_id")[:1]
-    ),
-    session_id=int,
-)
-
-
 def _lock_run(run_id: str) -> tuple[Run, Session] | None:
     """The run (with its window) and its session, the session row locked first: the run is read
     after the lock, so no transition of it (each one takes that lock) can race with the caller.
 
     Two statements: the lock finds the session through the run, so it needs no read before it.
     """
-    sessions = _session_of_run_locked.fetch(run_id=run_id)
-    if not sessions:
+    # The session row is locked (no_key: runs referencing it may still be inserted) before the run is read.
+    session = (
+        Session.objects.select_for_update(no_key=True)
+        .filter(pk__in=Run.objects.filter(run_id=run_id).values("session_id"))
+        .order_by("pk")
+        .first()
+    )
+    if session is None:
         return None
-    session = sessions[0]
-    found = _run_with_window.fetch(run_id=run_id, session_id=session.pk)
-    if not found:
+    run = Run.objects.filter(run_id=run_id, session=session).select_related("window").first()
+    if run is None:
         return None
-    run = found[0]
     run.session = session
     return run, session
 
@@ -331,8 +305,12 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
         if not session.model and outcome.model:
             session.model, session.model_provider = outcome.model, outcome.model_provider
         session.save(update_fields=["status", "input_tokens", "output_tokens", "model", "model_provider", "updated_at"])
-        queued = _next_queued_of_session.fetch(session_id=session.pk)
-        next_run = queued[0][0] if queued else None
+        next_run = (
+            Run.objects.filter(session=session, status=RunStatus.QUEUED)
+            .order_by("created_at")
+            .values_list("run_id", flat=True)
+            .first()
+        )
         events.publish_turn_end_on_commit(run, session, emitter)
         _clear_abort_on_commit(run)
         events.publish_session_changed_on_commit(session, reason="send", phase="end", run_id=run.run_id)

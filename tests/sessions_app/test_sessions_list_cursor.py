@@ -4,7 +4,7 @@ nor shifts the pages after it; a page's query seeks the index at any depth; bad 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -88,8 +88,7 @@ def test_a_bad_cursor_is_refused_before_any_query(seven_sessions, cursor, offset
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="the plan's wording is SQLite's")
 def test_a_page_deep_in_the_cursor_chain_seeks_the_index_instead_of_walking_it(seven_sessions):
     first = page(limit=1)
-    # The parameters as executed: a sequence, or on SQLite a mapping (prepared queries use the named style there).
-    statements: list[tuple[str, Sequence | Mapping]] = []
+    statements: list[tuple[str, Sequence]] = []
 
     def capture(execute, sql, params, many, context):
         statements.append((sql, params))
