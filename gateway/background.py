@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from celery import current_app
 from channels.db import DatabaseSyncToAsync
 from django.conf import settings
 from django.db import close_old_connections, connections, transaction
@@ -33,6 +34,11 @@ def dispatch_now(task: Any, *args: Any) -> None:
         task.apply_async(args=args)
     else:
         run_in_process(task, *args)
+
+
+def dispatch_task_now(name: str, *args: Any) -> None:
+    """:func:`dispatch_now` of the Celery task registered under ``name`` (for a caller its module imports)."""
+    dispatch_now(current_app.tasks[name], *args)
 
 
 def dispatch_on_commit(task: Any, *args: Any) -> None:

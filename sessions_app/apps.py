@@ -10,14 +10,11 @@ class SessionsConfig(AppConfig):
         from gateway import lifecycle
 
         # Importing the handler modules registers the sessions.* / chat.* / agent.* methods and
-        # events with the gateway core.
+        # events with the gateway core; importing the tasks registers sessions.run_turn.
         from . import rpc  # noqa: F401
-        from .extensions import turn_runners
-        from .runners import GatewayTurnRunner
         from .services import runs
         from .tasks import runs_sweep
 
-        turn_runners.set_default(GatewayTurnRunner())
         # Embedded profile: the gateway runs turns itself, so it also recovers them at start and
         # sweeps periodically (production: Celery beat runs the sessions.runs_sweep task).
         lifecycle.on_startup(runs.runs_recover_dead_gateways)

@@ -14,9 +14,9 @@ from gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
 from gateway.exceptions import InvalidRequest, NotFound
 
 from . import keys
-from .extensions import session_projections
 from .model_providers import default_model
 from .models import Run, Session, SessionWindow, TranscriptEvent
+from .ports import placements
 from .schemas import RunsListParams, SessionRowOut, SessionsListParams
 
 
@@ -24,10 +24,11 @@ def _ms(value) -> int | None:
     return int(value.timestamp() * 1000) if value else None
 
 
-def session_rows(sessions: Sequence[Session]) -> list[dict]:
-    """The GatewaySessionRow projection of sessions.list / sessions.describe, with the fields other
-    apps contribute (:data:`sessions_app.extensions.session_projections`), asked for once per page."""
-    extra = session_projections.extra_fields(sessions)
+def session_rows(sessions: Sequence[Session], *, related_loaded: bool = False) -> list[dict]:
+    """The GatewaySessionRow projection of sessions.list / sessions.describe, with the fields the placement
+    port contributes (:mod:`sessions_app.ports`), asked for once per page. ``related_loaded``: the sessions were
+    read with the port's relations in the same query (:func:`sessions_page`, :func:`session_row_of`)."""
+    extra = placements().session_fields(sessions, related_loaded=related_loaded)
     rows = []
     for session in sessions:
         row = _own_row(session)
@@ -41,8 +42,8 @@ def session_rows(sessions: Sequence[Session]) -> list[dict]:
     return rows
 
 
-def session_row(session: Session) -> dict:
-    return session_rows([session])[0]
+def session_row(session: Session, *, related_loaded: bool = False) -> dict:
+    return session_rows([session], related_loaded=related_loaded)[0]
 
 
 # Every field of a row that sessions_app writes, set or not (the JSON API's schema of the row lists them): a
@@ -124,21 +125,15 @@ def _shown_worktree(worktree: dict) -> dict:
 
 
 def session_get(key: str) -> Session | None:
-    """The session of ``key``, with the relations session projections read (one query in all)."""
-    related = session_projections.related()
-    found = list(Session.objects.filter(key=key).select_related(*related))  # the key is unique
-    session_projections.mark_related_loaded(found, related)
-    return found[0] if found else None
+    return Session.objects.filter(key=key).first()  # the key is unique
 
 
 def session_row_of(key: str) -> dict | None:
     """``sessions.describe``'s row of the session of ``key`` (None: no such session), read with only the columns a
-    row and the projections show, as a ``sessions.list`` page reads them (one query in all)."""
-    related = session_projections.related()
-    queryset = Session.objects.filter(key=key).defer(*_UNSHOWN_COLUMNS).select_related(*related)
-    found = list(queryset.defer(*session_projections.unread_columns()))
-    session_projections.mark_related_loaded(found, related)
-    return session_row(found[0]) if found else None
+    row shows and the placement port's relations, as a ``sessions.list`` page reads them (one query in all)."""
+    queryset = Session.objects.filter(key=key).defer(*_UNSHOWN_COLUMNS).select_related(*placements().related)
+    found = list(queryset)
+    return session_row(found[0], related_loaded=True) if found else None
 
 
 def session_require(key: str) -> Session:
@@ -191,7 +186,7 @@ def sessions_list_payload(query: SessionsListParams) -> dict:
         "nextCursor": cursor_encode(sessions[-1].updated_at.isoformat(), sessions[-1].pk) if has_more else None,
         "hasMore": has_more,
         "defaults": session_defaults(),
-        "sessions": session_rows(sessions),
+        "sessions": session_rows(sessions, related_loaded=True),
     }
 
 
@@ -251,12 +246,10 @@ def sessions_page(
 ) -> tuple[list[Session], bool]:
     """One page, newest first, plus whether more follow. One query; from a keyset cursor (``after``: the
     previous page's last ``(updated_at, id)``) its cost does not grow with the depth, from an offset it does."""
-    related, unread = session_projections.related(), session_projections.unread_columns()
-    queryset = _sessions_filtered(agent_id, label, search, archived).select_related(*related).defer(*unread)
+    queryset = _sessions_filtered(agent_id, label, search, archived).select_related(*placements().related)
     if after is not None:
         queryset = _after(queryset, *after)
     rows = list(queryset[offset : offset + limit + 1])
-    session_projections.mark_related_loaded(rows, related)
     return rows[:limit], len(rows) > limit
 
 

@@ -7,32 +7,25 @@ class WorkersConfig(AppConfig):
     verbose_name = "Workers"
 
     def ready(self) -> None:
-        # Filled into sessions_app's seams (sessions_app never imports this app).
+        # The ports of the apps below (they never import this app): sessions' placements, the node catalog.
         from devices_app.ports import provide_node_workers
         from gateway import lifecycle
-        from sessions_app.extensions import action_guards, session_projections, turn_runners
+        from sessions_app.ports import provide_placements
 
         # Importing the handler module registers sessions.dispatch/move/reclaim and environments.*.
         from . import profiles, rpc  # noqa: F401
-        from .guards import placement_barrier
         from .nodes.device_provider import DeviceProvider
         from .nodes.runtime import node_runtime, ssh_node_runtime
-        from .ports import WorkersOnNodes
+        from .ports import WorkersOnNodes, WorkersPlacements
         from .providers import providers
         from .providers.local import LocalProvider
         from .providers.static_ssh import StaticSshProvider
-        from .runners import select_worker_runner
         from .runtimes import worker_runtimes
-        from .selectors import PLACEMENT_PROJECTION_COLUMNS, placement_fields
         from .services.recovery import workers_recover_startup
         from .tasks import recovery_sweep
 
-        session_projections.register(
-            "placement", placement_fields, related=("placement",), columns=PLACEMENT_PROJECTION_COLUMNS
-        )
+        provide_placements(WorkersPlacements())
         provide_node_workers(WorkersOnNodes())
-        action_guards.register(placement_barrier)
-        turn_runners.add_selector(select_worker_runner)
         # Providers first: the profiles are checked against what is registered.
         providers.register(StaticSshProvider())
         providers.register(DeviceProvider())

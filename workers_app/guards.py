@@ -8,8 +8,8 @@ A failed placement is a terminal sink for turns until an operator recovers it (w
 from __future__ import annotations
 
 from gateway.exceptions import Busy
-from sessions_app.extensions import SessionAction
 from sessions_app.models import Session
+from sessions_app.ports import SessionAction
 
 from .models import DISPATCH_BARRIER_STATES, PlacementState
 from .selectors import placement_for

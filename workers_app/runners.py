@@ -4,8 +4,8 @@ there (:mod:`workers_app.services.worker_turns`), in a task like the gateway's o
 from __future__ import annotations
 
 from gateway import background
-from sessions_app.extensions import TurnRunner
 from sessions_app.models import Session
+from sessions_app.ports import TurnRunner
 
 from .services.worker_turns import placed_node
 from .tasks import run_worker_turn

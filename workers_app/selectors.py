@@ -12,7 +12,6 @@ from django.db.models import Q, Subquery
 
 from devices_app import selectors as device_selectors
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int
-from sessions_app.extensions import session_projections
 from sessions_app.models import Session
 
 from .bundle import current_bundle
@@ -30,30 +29,6 @@ from .schemas import PlacementsListParams
 S = PlacementState
 PRE_OWNER_STATES = (S.PROVISIONING, S.SYNCING, S.STARTING)
 OWNER_STATES = (S.ACTIVE, S.DRAINING, S.RECONCILING)
-
-
-# Every column of a placement that placement_fields and placement_projection read: a sessions.list page reads
-# only these of its sessions' placements (a column read but missing here costs a query per placed row).
-PLACEMENT_PROJECTION_COLUMNS = tuple(
-    f"placement__{name}"
-    for name in (
-        "state",
-        "generation",
-        "created_at_ms",
-        "updated_at_ms",
-        "state_changed_at_ms",
-        "environment_id",
-        "active_owner_epoch",
-        "worker_bundle_hash",
-        "workspace_base_manifest_ref",
-        "remote_workspace_dir",
-        "last_transcript_ack_cursor",
-        "last_live_event_ack_cursor",
-        "terminal_reason",
-        "terminal_at_ms",
-        "recovery_error",
-    )
-)
 
 
 def placement_projection(placement: Placement, environment: WorkerEnvironment | None) -> dict[str, Any]:
@@ -116,16 +91,15 @@ def _shows_provenance(placement: Placement, environment: WorkerEnvironment | Non
     return environment.owner_epoch == placement.active_owner_epoch
 
 
-def placement_fields(sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
+def placement_fields(sessions: Sequence[Session], *, related_loaded: bool = False) -> dict[str, dict[str, Any]]:
     """The ``placement`` field of each session row that has a placement.
 
-    Sessions read with their placement (``select_related``, as ``sessions.list`` and
-    ``sessions.describe`` read them) cost no query here; others one. Environments: one more query
-    when any session is placed."""
+    Sessions read with their placement (``related_loaded``: ``select_related("placement")`` in the query
+    that read them, as ``sessions.list`` and ``sessions.describe`` do) cost no query here; others one.
+    Environments: one more query when any session is placed."""
     keys = {session.pk: session.key for session in sessions}
-    if all(session_projections.related_loaded(session, "placement") for session in sessions):
-        relation = Session.placement.related
-        placements = [p for session in sessions if (p := relation.get_cached_value(session)) is not None]
+    if related_loaded:
+        placements = [p for session in sessions if (p := _loaded_placement(session)) is not None]
     else:
         placements = list(Placement.objects.filter(session__in=list(keys)))
     if not placements:
@@ -133,6 +107,14 @@ def placement_fields(sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
     environment_ids = {p.environment_id for p in placements if p.environment_id}
     environments = WorkerEnvironment.objects.in_bulk(environment_ids) if environment_ids else {}
     return {keys[p.pk]: {"placement": placement_projection(p, environments.get(p.environment_id))} for p in placements}
+
+
+def _loaded_placement(session: Session) -> Placement | None:
+    # Read with the session (select_related): a session without one raises without a query.
+    try:
+        return session.placement
+    except Placement.DoesNotExist:
+        return None
 
 
 def placement_for(session: Session) -> Placement | None:

@@ -25,9 +25,9 @@ from gateway.exceptions import (
 )
 
 from .. import events, keys
-from ..extensions import SessionAction, action_guards
 from ..harnesses import ForkRequest, registry
 from ..models import Run, RunStatus, Session, SessionWindow, TranscriptEvent, WindowReason
+from ..ports import SessionAction, placements
 from ..schemas import SessionsAdoptParams
 from . import links
 from .initialization import InitializationError, initialization_source
@@ -74,7 +74,7 @@ def _lock_unchanged(key: str, seen: Session) -> Session:
         raise Conflict(f"Session {key} changed; retry fork.", details={"code": "SESSION_CHANGED"})
     if Run.objects.filter(session=source, status=RunStatus.RUNNING).exists():
         raise Busy("Fork is unavailable while the agent is working.", retryable=True)
-    action_guards.check(source, SessionAction.FORK)
+    placements().check_action(source, SessionAction.FORK)
     return source
 
 

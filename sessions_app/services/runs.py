@@ -3,7 +3,7 @@
 A turn is a guarded state machine in the database (queued → running → ok | error | aborted); every
 transition is a compare-and-set on ``status`` under the session lock, so a duplicate task, a sweep
 or an abort racing with a runner change nothing that is not theirs. Which runner executes a turn
-is asked of :data:`sessions_app.extensions.turn_runners` once the run is committed.
+is asked of the placement port (:mod:`sessions_app.ports`) once the run is committed.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from gateway import state
+from gateway import background, state
 from gateway.audit import Actor, audit
 from gateway.exceptions import Busy, Conflict, InvalidRequest
 from gateway.selectors import live_process_boot_ids
 
 from .. import events
 from ..events import TurnEmitter
-from ..extensions import SessionAction, action_guards, turn_runners
 from ..models import TERMINAL_RUN_STATUSES, Run, RunStatus, Session, SessionWindow
+from ..ports import SessionAction, placements
 from ..selectors import active_path
 from .sessions import session_for_turn, session_lock
 from .transcripts import message_body, transcript_append
@@ -36,9 +36,22 @@ from .transcripts import message_body, transcript_append
 ABORT_KEY = "sessions:run-abort:{}:{}"
 
 
+# The gateway's own turn (sessions_app/tasks.py), named: the task module imports these services.
+GATEWAY_TURN_TASK = "sessions.run_turn"
+
+
 def dispatch_turn_on_commit(run_id: str, session: Session) -> None:
-    """Once the transaction commits, hand the run to the runner of its session."""
-    transaction.on_commit(lambda: turn_runners.for_session(session).dispatch(run_id))
+    """Once the transaction commits, hand the run to the runner of its placed session, else to the gateway's
+    own turn task (a Celery worker in production, a thread of the gateway when embedded)."""
+
+    def dispatch() -> None:
+        runner = placements().runner_for(session)
+        if runner is not None:
+            runner.dispatch(run_id)
+        else:
+            background.dispatch_task_now(GATEWAY_TURN_TASK, run_id)
+
+    transaction.on_commit(dispatch)
 
 
 def abort_key(run: Run) -> str:
@@ -94,7 +107,7 @@ def run_submit(*, session_key: str, message: str, idempotency_key: str, origin_c
             session = session_lock(session_key)
             if session.initialization_pending:
                 raise Busy(f"Session {session_key} is initializing; retry later.", retryable=True)
-            action_guards.check(session, SessionAction.SEND)
+            placements().check_action(session, SessionAction.SEND)
             run = Run.objects.create(
                 run_id=idempotency_key,
                 session=session,

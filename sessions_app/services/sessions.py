@@ -16,8 +16,8 @@ from gateway.audit import Actor, audit
 from gateway.exceptions import Busy, Conflict, InvalidRequest, NotFound
 
 from .. import events, keys
-from ..extensions import SessionAction, action_guards
 from ..models import Run, RunStatus, Session, SessionWindow, WindowReason, new_id
+from ..ports import SessionAction, placements
 from .initialization import delete_session_guarded
 
 
@@ -167,7 +167,7 @@ def session_reset(
             raise Busy(f"Session {key} is initializing; retry later.", retryable=True)
         if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
             raise Busy("Reset is unavailable while the agent is working.", retryable=True)
-        action_guards.check(session, SessionAction.RESET)
+        placements().check_action(session, SessionAction.RESET)
         previous = session.session_id
         session.session_id = new_id()
         session.lifecycle_revision = new_id()
@@ -207,7 +207,7 @@ def session_delete(
             raise Busy("Delete is unavailable while the agent is working; abort the run first.", retryable=True)
         if session.initialization_pending:
             raise Busy(f"Session {key} is initializing; retry later.", retryable=True)
-        action_guards.check(session, SessionAction.DELETE)
+        placements().check_action(session, SessionAction.DELETE)
         if not session.agent_harness_id:
             events.publish_session_changed_on_commit(session, reason="delete", deleted=True)
             session.delete()
