@@ -99,11 +99,6 @@ class InternalError(Unavailable):
     http_status = 500
 
 
-class AgentTimeout(GatewayError):
-    code = "AGENT_TIMEOUT"
-    http_status = 504
-
-
 class HandshakeRejected(Exception):
     """A connect that must be answered with an error and then closed with ``close_code``."""
 

@@ -23,7 +23,7 @@ from gateway.selectors import live_process_boot_ids
 
 from .. import events
 from ..events import TurnEmitter
-from ..models import TERMINAL_RUN_STATUSES, Run, RunStatus, Session, SessionWindow
+from ..models import Run, RunStatus, Session, SessionWindow
 from ..ports import SessionAction, placements
 from ..selectors import active_path
 from .sessions import session_for_turn, session_lock
@@ -425,7 +425,3 @@ def runs_redispatch_stuck(*, queued_before) -> list[str]:
                 dispatch_turn_on_commit(run.run_id, run.session)
             stuck.append(run.run_id)
     return stuck
-
-
-def run_terminal(run: Run) -> bool:
-    return run.status in TERMINAL_RUN_STATUSES
