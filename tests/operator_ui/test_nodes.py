@@ -11,7 +11,7 @@ from devices_app.models import DevicePairingRequest, PairedDevice
 from devices_app.services import pairing
 from gateway.audit import Actor
 from gateway.models import AuditLog
-from tests.gateway.test_services_pairing import claim
+from tests.devices_app.test_services_pairing import claim
 
 pytestmark = pytest.mark.django_db
 

@@ -26,7 +26,7 @@ from gateway.audit import Actor
 from gateway.auth import hash_device_token
 from gateway.models import AuditLog
 from operator_ui.consumers import SESSIONS_GROUP, ConsoleConsumer
-from tests.gateway.test_services_pairing import claim
+from tests.devices_app.test_services_pairing import claim
 from tests.operator_ui.conftest import PASSWORD
 
 pytestmark = pytest.mark.django_db
