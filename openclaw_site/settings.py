@@ -178,8 +178,10 @@ REDIS_PREFIX = env_str("OPENCLAW_REDIS_PREFIX", "openclaw")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            # channels_redis with one Redis round trip per send (gateway/redis_layer.py).
-            "BACKEND": "gateway.redis_layer.RedisChannelLayer",
+            # channels_redis as shipped. Not its pub/sub layer: that one drops what is sent while a channel has no
+            # receive pending (invoke.py's reply waits time out and receive again), has no capacity, and joins
+            # only this process's channels to groups (docs/architecture.md, "The channel layer").
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
                 # channels_redis blocks in BRPOP for 5 s; redis-py 8 gives up reading after 5 s by
                 # default, which killed idle consumers (close 1011). Wait longer than the BRPOP.
