@@ -178,9 +178,9 @@ REDIS_PREFIX = env_str("OPENCLAW_REDIS_PREFIX", "openclaw")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            # channels_redis as shipped. Not its pub/sub layer: that one drops what is sent while a channel has no
-            # receive pending (invoke.py's reply waits time out and receive again), has no capacity, and joins
-            # only this process's channels to groups (docs/architecture.md, "The channel layer").
+            # channels_redis as shipped. Not its pub/sub layer: that one drops what reaches a channel whose receive
+            # was cancelled (invoke.py's reply wait times out and receives again) and has no capacity
+            # (docs/architecture.md, "The gateway core"; the measured trade in bench/README.md, 2026-12-04).
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
                 # channels_redis blocks in BRPOP for 5 s; redis-py 8 gives up reading after 5 s by
