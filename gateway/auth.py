@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -62,9 +63,17 @@ class RateLimitState:
 
 
 class AuthRateLimiter:
-    """Per (scope, client address) sliding window: N failures in the window lock the address out.
+    """Per (scope, client address): ``MAX_FAILURES`` failures in a window lock the address out for ``LOCKOUT_MS``.
 
-    Kept in Django's cache so every gateway process sees the same counts (Redis in production).
+    The window is fixed: it opens at the first failure and closes ``WINDOW_MS`` later, whatever
+    follows; the next failure opens a new one. (OpenClaw slides it; a fixed window lets the count be
+    one atomic counter.) The failure that reaches ``MAX_FAILURES`` and every later one in the same
+    window answer "locked". A success clears the count, not a lockout.
+
+    Kept in Django's cache so every gateway process sees the same counts (Redis in production),
+    through ``add`` + ``incr``, which are atomic on Redis and on the local-memory cache: failures
+    recorded at the same moment are all counted. Attempts that passed :meth:`check` before the
+    lock was set are still tried (at most one per concurrent connection of the client).
     """
 
     def __init__(self, scope: str):
@@ -95,23 +104,40 @@ class AuthRateLimiter:
             return RateLimitState(locked=False)
         config = self._config()
         fail_key, lock_key = self._keys(address)
-        now_ms = int(time.time() * 1000)
-        window_start = now_ms - config["WINDOW_MS"]
-        failures = [t for t in (cache.get(fail_key) or []) if t > window_start]
-        failures.append(now_ms)
-        cache.set(fail_key, failures, timeout=config["WINDOW_MS"] / 1000 + 1)
-        if len(failures) >= config["MAX_FAILURES"]:
-            locked_until = now_ms + config["LOCKOUT_MS"]
-            cache.set(lock_key, locked_until, timeout=config["LOCKOUT_MS"] / 1000 + 1)
-            cache.delete(fail_key)
-            return RateLimitState(locked=True, retry_after_ms=config["LOCKOUT_MS"])
-        return RateLimitState(locked=False)
+        failures = self._count_failure(fail_key, _seconds(config["WINDOW_MS"]))
+        if failures < config["MAX_FAILURES"]:
+            return RateLimitState(locked=False)
+        locked_until = int(time.time() * 1000) + config["LOCKOUT_MS"]
+        cache.set(lock_key, locked_until, timeout=_seconds(config["LOCKOUT_MS"]))
+        return RateLimitState(locked=True, retry_after_ms=config["LOCKOUT_MS"])
+
+    @staticmethod
+    def _count_failure(fail_key: str, window_s: int) -> int:
+        """This failure counted in the open window (opened by it if none is): the count so far."""
+        # A no-op while a window is open: its expiry stays where the first failure set it.
+        cache.add(fail_key, 0, timeout=window_s)
+        try:
+            failures = cache.incr(fail_key)
+        except ValueError:  # the window closed between the two calls: this failure opens the next
+            cache.add(fail_key, 0, timeout=window_s)
+            failures = cache.incr(fail_key)
+        if failures == 1:
+            # Django's RedisCache.incr asks EXISTS, then INCRs: a window that closes in between is
+            # made again by INCR, at 1 and without an expiry. The failure counted 1 opened the
+            # window, so it sets (or sets again) the expiry.
+            cache.touch(fail_key, window_s)
+        return failures
 
     def reset(self, address: str | None) -> None:
         # An exempt address never records a failure: nothing to delete (a round trip to Redis saved).
         if address and not self._exempt(address):
             fail_key, _ = self._keys(address)
             cache.delete(fail_key)
+
+
+def _seconds(ms: int) -> int:
+    """A cache timeout for ``ms``: whole seconds, rounded up (a timeout of 0 would delete the key at once)."""
+    return max(1, math.ceil(ms / 1000))
 
 
 shared_secret_limiter = AuthRateLimiter("shared-secret")

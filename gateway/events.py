@@ -95,9 +95,8 @@ def send_direct_rollback_unsafe(
 class PublicationBatch:
     """Publications sent together, in order: events to their groups, direct copies, control messages.
 
-    One lane entry instead of one per message, and with the Redis layer two round trips for the
-    whole batch (its ``send_batch``); the order of delivery is the order of the calls, as if each
-    had been posted on its own.
+    One lane entry (and one future to wait on) for the lot; the order of delivery is the order of
+    the calls, as if each had been posted on its own.
     """
 
     def __init__(self) -> None:
@@ -124,11 +123,11 @@ class PublicationBatch:
 
 async def send_batch(layer: Any, items: list[tuple[str, str, dict]]) -> None:
     """Deliver ``(kind, target, message)`` items in order ("group" or "channel"). Every item is
-    attempted; the first failure is raised after the rest went out (as separate posts would)."""
-    batched = getattr(layer, "send_batch", None)
-    if batched is not None:
-        await batched(items)
-        return
+    attempted; the first failure is raised after the rest went out (as separate posts would).
+
+    In order because each is stored before the next is sent: channels_redis scores a message with
+    the sender's clock and a receiver pops the lowest score first; the in-memory layer appends.
+    """
     failure: Exception | None = None
     for kind, target, message in items:
         try:

@@ -177,8 +177,10 @@ REDIS_PREFIX = env_str("OPENCLAW_REDIS_PREFIX", "openclaw")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            # channels_redis with one Redis round trip per send (gateway/redis_layer.py).
-            "BACKEND": "gateway.redis_layer.RedisChannelLayer",
+            # channels_redis as shipped. Not its pub/sub layer: that one drops what reaches a channel whose receive
+            # was cancelled (invoke.py's reply wait times out and receives again) and has no capacity
+            # (docs/architecture.md, "The gateway core"; the measured trade in bench/README.md, 2026-12-04).
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
                 # channels_redis blocks in BRPOP for 5 s; redis-py 8 gives up reading after 5 s by
                 # default, which killed idle consumers (close 1011). Wait longer than the BRPOP.

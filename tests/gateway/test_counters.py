@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from django.core.cache import cache
 
 from gateway import counters
@@ -34,3 +38,26 @@ def test_a_counter_set_through_the_cache_keeps_counting():
     assert counters.bump(key) == 42
     cache.delete(key)  # evicted: starts over
     assert counters.bump(key) == 1
+
+
+@pytest.fixture
+def frequent_thread_switches():
+    """Threads switch every few bytecodes, so that a read-modify-write that is not atomic shows it."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(interval)
+
+
+def test_concurrent_bumps_of_a_new_counter_are_all_counted_each_once(frequent_thread_switches):
+    key, threads, bumps = _key(), 16, 50
+    start = threading.Barrier(threads)
+
+    def bump_many() -> list[int]:
+        start.wait()  # every thread meets the missing counter at once
+        return [counters.bump(key) for _ in range(bumps)]
+
+    with ThreadPoolExecutor(threads) as pool:
+        seen = [value for values in pool.map(lambda _: bump_many(), range(threads)) for value in values]
+    assert sorted(seen) == list(range(1, threads * bumps + 1))
+    assert cache.get(key) == threads * bumps
