@@ -6,6 +6,7 @@ with backoff or none, and the stop order. tests/e2e/test_cluster.py runs the who
 from __future__ import annotations
 
 import configparser
+import io
 import os
 import re
 import shlex
@@ -30,6 +31,7 @@ from gateway.management.commands.cluster import (
     balancer_program,
     cluster_groups,
     console_program,
+    is_socket,
     render_haproxy_config,
     render_supervisord_config,
     supervisord_paths,
@@ -47,7 +49,9 @@ def parse(text: str) -> configparser.RawConfigParser:
     return parser
 
 
-def rendered(tmp_path: Path, *, restart: bool = True) -> tuple[configparser.RawConfigParser, list[ProgramGroup]]:
+def rendered(
+    tmp_path: Path, *, restart: bool = True, to_terminal: bool = True
+) -> tuple[configparser.RawConfigParser, list[ProgramGroup]]:
     cluster_dir = tmp_path / "cluster"
     paths = supervisord_paths(cluster_dir)
     groups = cluster_groups(
@@ -67,7 +71,12 @@ def rendered(tmp_path: Path, *, restart: bool = True) -> tuple[configparser.RawC
         config=paths["config"],
     )
     text = render_supervisord_config(
-        cluster_dir=cluster_dir, directory=ROOT, groups=groups, console=console, restart=restart
+        cluster_dir=cluster_dir,
+        directory=ROOT,
+        groups=groups,
+        console=console,
+        restart=restart,
+        to_terminal=to_terminal,
     )
     return parse(text), groups
 
@@ -124,6 +133,24 @@ def test_supervisord_runs_in_the_foreground_with_an_owner_only_socket_for_superv
     assert console["events"] == "PROCESS_LOG,PROCESS_STATE,SUPERVISOR_STATE_CHANGE"
     # What the console writes for the terminal goes to supervisord's own standard output, unrotated.
     assert (console["stderr_logfile"], console["stderr_logfile_maxbytes"]) == ("/dev/stdout", "0")
+
+
+def test_on_a_socket_the_console_writes_to_a_rotated_file(tmp_path):
+    config, _groups = rendered(tmp_path, to_terminal=False)
+
+    console = config["eventlistener:cluster"]
+    assert console["stderr_logfile"] == str(tmp_path / "cluster" / "logs" / "cluster.log")
+    assert console["stderr_logfile_maxbytes"] == "10MB"
+
+
+def test_only_a_socket_counts_as_one(tmp_path):
+    first, second = socket.socketpair()
+    with first, second, open(tmp_path / "out", "w") as file:
+        assert is_socket(first)
+        assert not is_socket(file)
+    # Closed, or no file descriptor at all (a test's captured output).
+    assert not is_socket(first)
+    assert not is_socket(io.StringIO())
 
 
 def test_without_restart_no_program_is_restarted_or_retried(tmp_path):

@@ -18,6 +18,7 @@ import resource
 import shlex
 import shutil
 import socket
+import stat
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -138,14 +139,21 @@ def supervisord_paths(cluster_dir: Path) -> dict[str, Path]:
 
 
 def render_supervisord_config(
-    *, cluster_dir: Path, directory: Path, groups: Sequence[ProgramGroup], console: Program, restart: bool
+    *,
+    cluster_dir: Path,
+    directory: Path,
+    groups: Sequence[ProgramGroup],
+    console: Program,
+    restart: bool,
+    to_terminal: bool = True,
 ) -> str:
     """supervisord in the foreground, its socket for supervisorctl, one program per process, and the console: an
     event listener that receives every program's output (``stdout_events_enabled``) and writes it, named, to
     supervisord's standard output. Each program's output is also kept in ``logs/<name>.log`` (``supervisorctl
     tail``). Every program runs in ``directory`` (the project, where ``-m gateway.supervision`` and
     ``-A openclaw_site`` are found). Without ``restart`` a process that exits stays stopped, and one that fails to start
-    is not retried."""
+    is not retried. Without ``to_terminal`` the console writes to ``logs/cluster.log`` instead of supervisord's
+    standard output."""
     paths = supervisord_paths(cluster_dir)
     for path in paths.values():
         _check_path(path)
@@ -189,8 +197,9 @@ def render_supervisord_config(
             stopwaitsecs=5,
             # Its stdout is the listener protocol; what it writes for the terminal is its stderr.
             stdout_logfile="NONE",
-            stderr_logfile="/dev/stdout",
-            stderr_logfile_maxbytes=0,
+            stderr_logfile="/dev/stdout" if to_terminal else paths["logs"] / f"{console.name}.log",
+            # A terminal or a pipe cannot be rotated.
+            stderr_logfile_maxbytes=0 if to_terminal else LOG_MAX_BYTES,
         ),
     ]
     for group in groups:
@@ -257,6 +266,13 @@ def _check_path(path: Path) -> None:
     # supervisord expands log file names twice, so no escaping of `%` survives in a path.
     if "%" in str(path):
         raise CommandError(f"{path}: supervisord cannot take a path with '%' in it; set another OPENCLAW_STATE_DIR")
+
+
+def is_socket(stream) -> bool:
+    try:
+        return stat.S_ISSOCK(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def _socket_answers(path: Path) -> bool:
@@ -398,7 +414,13 @@ class Command(BaseCommand):
             groups=groups,
             console=console,
             restart=not options["no_restart"],
+            to_terminal=not is_socket(sys.stdout),
         )
+        if is_socket(sys.stdout):
+            self.stdout.write(
+                f"cluster    | standard output is a socket, which supervisord cannot open as /dev/stdout: the output "
+                f"of every process is in {paths['logs']}"
+            )
         paths["logs"].mkdir(parents=True, exist_ok=True)
         haproxy_config.write_text(
             render_haproxy_config(
