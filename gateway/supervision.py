@@ -102,11 +102,10 @@ def listen(stdin: TextIO, stdout: TextIO) -> Iterator[tuple[str, str]]:
 class Console:
     """Writes what supervisord reports to ``out``, one line per output line, each with its program's name."""
 
-    def __init__(self, out: TextIO, *, url: str, backends: Sequence[Backend], supervisord_config: str | None = None):
+    def __init__(self, out: TextIO, *, url: str, backends: Sequence[Backend]):
         self.out = out
         self.url = url
         self.backends = list(backends)
-        self.supervisord_config = supervisord_config
         self.pids: dict[str, int] = {}
         self.held: dict[tuple[str, str], str] = {}
         self.write_lock = threading.Lock()
@@ -129,8 +128,6 @@ class Console:
             about = fields(payload)
             self._remember_pid(about)
             self.state_changed(eventname.removeprefix("PROCESS_STATE_"), about)
-        elif eventname == "SUPERVISOR_STATE_CHANGE_RUNNING" and self.supervisord_config:
-            self.say(CONSOLE_NAME, [f"supervisord runs the cluster: supervisorctl -c {self.supervisord_config} status"])
         elif eventname == "SUPERVISOR_STATE_CHANGE_STOPPING":
             self.say(CONSOLE_NAME, ["stopping every process: HAProxy first, then the gateways, then Celery"])
 
@@ -160,7 +157,9 @@ class Console:
         elif state == "BACKOFF":
             self.say(name, [f"exited while starting (try {about.get('tries')}): supervisord starts it again shortly"])
         elif state == "FATAL":
-            self.say(name, [f"supervisord gave up starting it: supervisorctl start {about.get('groupname')}:{name}"])
+            group = about.get("groupname", name)
+            target = name if group == name else f"{group}:{name}"
+            self.say(name, [f"supervisord gave up starting it: supervisorctl start {target}"])
         elif state == "STOPPED":
             self.say(name, [f"stopped (pid {pid})"])
 
@@ -195,7 +194,7 @@ def run_console(args: argparse.Namespace) -> int:
     # configuration sends to supervisord's own standard output.
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="")
     stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="")
-    console = Console(sys.stderr, url=args.url, backends=args.backend, supervisord_config=args.config)
+    console = Console(sys.stderr, url=args.url, backends=args.backend)
     stop = threading.Event()
     announcer = threading.Thread(
         target=console.announce_when_ready, args=(args.balancer, args.host, stop), name="ready", daemon=True
@@ -255,7 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.add_argument("--balancer", required=True, help="The balancer's health URL.")
     console.add_argument("--backend", type=parse_backend, action="append", default=[], metavar="NAME=URL")
     console.add_argument("--host", default=None, help="Host header of the health checks.")
-    console.add_argument("--config", default=None, help="The supervisord configuration (named in the output).")
+    console.add_argument(
+        "--config", default=None, help="The supervisord configuration (its files are named at the end)."
+    )
     waiter = programs.add_parser("await-backends", help="exec COMMAND once the backends answer")
     waiter.add_argument("--backend", type=parse_backend, action="append", required=True, metavar="NAME=URL")
     waiter.add_argument("--host", default=None, help="Host header of the health checks.")

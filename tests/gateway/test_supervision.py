@@ -136,21 +136,22 @@ def test_the_console_writes_a_line_longer_than_it_holds_in_pieces():
 
 def test_the_console_reports_state_changes_in_words_an_operator_can_act_on():
     out = io.StringIO()
-    console = Console(out, url="ws://127.0.0.1:1", backends=[], supervisord_config="/state/cluster/supervisord.conf")
+    console = Console(out, url="ws://127.0.0.1:1", backends=[])
 
     console.handle("SUPERVISOR_STATE_CHANGE_RUNNING", "")
     console.handle("PROCESS_STATE_STARTING", "processname:beat groupname:celery from_state:STOPPED tries:0")
     console.handle("PROCESS_STATE_RUNNING", "processname:beat groupname:celery from_state:STARTING pid:21")
     console.handle("PROCESS_STATE_BACKOFF", "processname:gateway-2 groupname:gateways from_state:STARTING tries:1")
     console.handle("PROCESS_STATE_FATAL", "processname:gateway-2 groupname:gateways from_state:BACKOFF")
+    console.handle("PROCESS_STATE_FATAL", "processname:haproxy groupname:haproxy from_state:BACKOFF")
     console.handle("SUPERVISOR_STATE_CHANGE_STOPPING", "")
     console.handle("PROCESS_STATE_STOPPED", "processname:beat groupname:celery from_state:STOPPING pid:21")
 
     assert console_lines(out) == [
-        "cluster    | supervisord runs the cluster: supervisorctl -c /state/cluster/supervisord.conf status",
         "beat       | running (pid 21)",
         "gateway-2  | exited while starting (try 1): supervisord starts it again shortly",
         "gateway-2  | supervisord gave up starting it: supervisorctl start gateways:gateway-2",
+        "haproxy    | supervisord gave up starting it: supervisorctl start haproxy",
         "cluster    | stopping every process: HAProxy first, then the gateways, then Celery",
         "beat       | stopped (pid 21)",
     ]

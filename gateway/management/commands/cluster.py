@@ -50,6 +50,8 @@ CONSOLE_PRIORITY = 1
 CELERY_PRIORITY = 100
 GATEWAYS_PRIORITY = 200
 BALANCER_PRIORITY = 300
+# The programs of gateway/supervision.py, run with this interpreter (supervisord runs them in the project's directory).
+SUPERVISION = (sys.executable, "-m", "gateway.supervision")
 # The console's own queue of events while it writes: output bursts (a gateway's start, a traceback) must not be dropped.
 CONSOLE_EVENT_BUFFER = 1024
 
@@ -192,9 +194,9 @@ def render_supervisord_config(
             buffer_size=CONSOLE_EVENT_BUFFER,
             priority=CONSOLE_PRIORITY,
             autorestart="true",
-            startsecs=1,
+            startsecs=console.start_secs,
             stopsignal="TERM",
-            stopwaitsecs=5,
+            stopwaitsecs=console.stop_wait_secs,
             # Its stdout is the listener protocol; what it writes for the terminal is its stderr.
             stdout_logfile="NONE",
             stderr_logfile="/dev/stdout" if to_terminal else paths["logs"] / f"{console.name}.log",
@@ -287,25 +289,9 @@ def _socket_answers(path: Path) -> bool:
 def console_program(
     *, url: str, balancer_health: str, backends: Sequence[tuple[str, int]], health_host: str, config: Path
 ) -> Program:
+    argv = (*SUPERVISION, "console", "--url", url, "--balancer", balancer_health, "--host", health_host)
     return Program(
-        "cluster",
-        (
-            sys.executable,
-            "-m",
-            "gateway.supervision",
-            "console",
-            "--url",
-            url,
-            "--balancer",
-            balancer_health,
-            "--host",
-            health_host,
-            "--config",
-            str(config),
-            *_backend_arguments(backends),
-        ),
-        start_secs=1,
-        stop_wait_secs=5,
+        "cluster", (*argv, "--config", str(config), *_backend_arguments(backends)), start_secs=1, stop_wait_secs=5
     )
 
 
@@ -313,25 +299,8 @@ def balancer_program(*, haproxy: str, config: Path, backends: Sequence[tuple[str
     """HAProxy behind ``await-backends``: it becomes HAProxy once every gateway answers (supervisord's priorities
     order starts but do not wait), so that HAProxy starts with all of them up rather than waiting for its checks
     to find them (a client connecting meanwhile would get a 503)."""
-    return Program(
-        "haproxy",
-        (
-            sys.executable,
-            "-m",
-            "gateway.supervision",
-            "await-backends",
-            "--host",
-            health_host,
-            *_backend_arguments(backends),
-            "--",
-            haproxy,
-            "-db",
-            "-f",
-            str(config),
-        ),
-        start_secs=1,
-        stop_wait_secs=5,
-    )
+    wait = (*SUPERVISION, "await-backends", "--host", health_host, *_backend_arguments(backends))
+    return Program("haproxy", (*wait, "--", haproxy, "-db", "-f", str(config)), start_secs=1, stop_wait_secs=5)
 
 
 def _backend_arguments(backends: Sequence[tuple[str, int]]) -> list[str]:
@@ -465,23 +434,10 @@ def cluster_groups(
     gateways = tuple(
         Program(name, (*manage, "serve", "--bind", "127.0.0.1", "--port", str(port))) for name, port in backends
     )
+    worker = (*celery, "worker", "--loglevel", "INFO", "--pool", "threads", "--concurrency", str(worker_concurrency))
     workers_programs = [
         Program(
-            f"worker-{i + 1}",
-            (
-                *celery,
-                "worker",
-                "--loglevel",
-                "INFO",
-                "--pool",
-                "threads",
-                "--concurrency",
-                str(worker_concurrency),
-                "--hostname",
-                f"worker-{i + 1}@%h",
-                "--without-gossip",
-                "--without-mingle",
-            ),
+            f"worker-{i + 1}", (*worker, "--hostname", f"worker-{i + 1}@%h", "--without-gossip", "--without-mingle")
         )
         for i in range(workers)
     ]
