@@ -582,6 +582,10 @@ def start_node_host(
 
 
 CLUSTER_READY = re.compile(r"^cluster\s+\| ready: (\S+)", re.MULTILINE)
+# `gateways:gateway-1   RUNNING   pid 4242, uptime 0:00:07` (the group prefix, when there is one, dropped).
+SUPERVISOR_STATUS = re.compile(
+    r"^(?:[^\s:]+:)?(?P<name>\S+)\s+(?P<state>[A-Z]+)(?:\s+pid (?P<pid>\d+),)?", re.MULTILINE
+)
 
 
 @dataclass
@@ -607,22 +611,38 @@ class ClusterProcess:
     def log(self) -> str:
         return read_log(self.log_path)
 
-    def processes(self) -> dict[str, dict[str, Any]]:
-        """``{name: {"pid", "port"}}`` as the supervisor wrote them (``<state dir>/cluster/cluster.json``)."""
-        state = json.loads((Path(self.state_dir) / "cluster" / "cluster.json").read_text(encoding="utf-8"))
-        return state["processes"]
+    @property
+    def supervisord_config(self) -> Path:
+        return Path(self.state_dir) / "cluster" / "supervisord.conf"
 
-    def gateway_pids(self) -> dict[str, int]:
-        return {name: entry["pid"] for name, entry in self.processes().items() if name.startswith("gateway-")}
+    def supervisorctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``supervisorctl -c <state dir>/cluster/supervisord.conf …``, as docs/deployment.md tells operators."""
+        return subprocess.run(
+            [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(self.supervisord_config), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    def processes(self) -> dict[str, dict[str, Any]]:
+        """``{name: {"state", "pid"}}`` as ``supervisorctl status`` reports them (pid None unless running)."""
+        status = self.supervisorctl("status")
+        # 3: some process is not running (LSB status codes); its line is still there.
+        if status.returncode not in (0, 3):
+            raise RuntimeError(f"supervisorctl status failed ({status.returncode}):\n{status.stdout}{status.stderr}")
+        return {
+            match["name"]: {"state": match["state"], "pid": int(match["pid"]) if match["pid"] else None}
+            for match in SUPERVISOR_STATUS.finditer(status.stdout)
+        }
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
-        """One of the cluster's processes (by pid, one the supervisor started)."""
+        """One of the cluster's processes (by pid, one supervisord started)."""
         if pid not in {entry["pid"] for entry in self.processes().values()}:
             raise ValueError(f"pid {pid} is not one of the cluster's processes")
         os.kill(pid, sig)
 
     def stop(self, timeout: float = 60.0) -> int:
-        """SIGINT, as Ctrl-C: the supervisor stops every process it started."""
+        """SIGINT, as Ctrl-C: supervisord stops every process it started."""
         stop_process(self.process, signal.SIGINT, timeout)
         return self.process.returncode
 
@@ -660,7 +680,8 @@ def start_cluster(
         os.environ.get("OPENCLAW_HAPROXY", "/usr/sbin/haproxy"),
         *extra_args,
     ]
-    process = _spawn(argv, launch.env, log_path)
+    # Appending: supervisord writes the console's lines through /dev/stdout, an open file of its own on this log.
+    process = _spawn(argv, launch.env, log_path, append=True)
     cluster = ClusterProcess(process, launch.port, launch.token, launch.state_dir, log_path, launch.env)
     try:
         _wait_ready(
