@@ -6,9 +6,9 @@ workers and one Celery beat, on the shared PostgreSQL + Redis of the environment
 
 The command runs ``bootstrap``, renders ``<state dir>/cluster/haproxy.cfg`` and ``supervisord.conf``, then becomes
 supervisord in the foreground: supervisord starts, restarts (with backoff) and stops the processes, in the order of
-their priorities; Ctrl-C / SIGTERM stops them all. Two programs of ``gateway.supervision`` fill what supervisord does
-not do itself: the console prints every process's output with its name and the ``ready:`` line, and HAProxy starts
-once every gateway answers its health check. docs/deployment.md describes the topology.
+their priorities; Ctrl-C / SIGTERM stops them all. Two programs of ``openclaw_site.supervision`` fill what
+supervisord does not do itself: the console prints every process's output with its name and the ``ready:`` line,
+and HAProxy starts once every gateway answers its health check. docs/deployment.md describes the topology.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ CONSOLE_PRIORITY = 1
 CELERY_PRIORITY = 100
 GATEWAYS_PRIORITY = 200
 BALANCER_PRIORITY = 300
-# The programs of gateway/supervision.py, run with this interpreter (supervisord runs them in the project's directory).
-SUPERVISION = (sys.executable, "-m", "gateway.supervision")
+# The programs of openclaw_site/supervision.py, run with this interpreter (supervisord runs them in the project's
+# directory).
+SUPERVISION = (sys.executable, "-m", "openclaw_site.supervision")
 # The console's own queue of events while it writes: output bursts (a gateway's start, a traceback) must not be dropped.
 CONSOLE_EVENT_BUFFER = 1024
 
@@ -152,7 +153,7 @@ def render_supervisord_config(
     """supervisord in the foreground, its socket for supervisorctl, one program per process, and the console: an
     event listener that receives every program's output (``stdout_events_enabled``) and writes it, named, to
     supervisord's standard output. Each program's output is also kept in ``logs/<name>.log`` (``supervisorctl
-    tail``). Every program runs in ``directory`` (the project, where ``-m gateway.supervision`` and
+    tail``). Every program runs in ``directory`` (the project, where ``-m openclaw_site.supervision`` and
     ``-A openclaw_site`` are found). Without ``restart`` a process that exits stays stopped, and one that fails to start
     is not retried. Without ``to_terminal`` the console writes to ``logs/cluster.log`` instead of supervisord's
     standard output."""

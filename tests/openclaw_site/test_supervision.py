@@ -1,5 +1,5 @@
-"""``gateway.supervision``: the console (supervisord's event listener protocol, named output, the ``ready:`` line) and
-``await-backends`` (HAProxy starts once the gateways answer), against real HTTP servers and real processes."""
+"""``openclaw_site.supervision``: the console (supervisord's event listener protocol, named output, the ``ready:``
+line) and ``await-backends`` (HAProxy starts once the gateways answer), against real HTTP servers and real processes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gateway.supervision import Backend, Console, listen, main
+from openclaw_site.supervision import Backend, Console, listen, main
 from tests.support.processes import ROOT
 
 
@@ -205,7 +205,7 @@ def test_ready_is_not_announced_before_each_gateway_pid_is_known(health):
 
 def await_backends(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.supervision", "await-backends", *args],
+        [sys.executable, "-m", "openclaw_site.supervision", "await-backends", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

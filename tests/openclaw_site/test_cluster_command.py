@@ -21,7 +21,6 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connections
-
 from gateway.management.commands.cluster import (
     BALANCER_PRIORITY,
     CELERY_PRIORITY,
@@ -36,6 +35,7 @@ from gateway.management.commands.cluster import (
     render_supervisord_config,
     supervisord_paths,
 )
+
 from tests.support.processes import ROOT, free_port, read_log, stop_process
 
 HAPROXY = os.environ.get("OPENCLAW_HAPROXY", "/usr/sbin/haproxy")
@@ -116,7 +116,7 @@ def test_haproxy_runs_behind_the_wait_for_every_gateway(tmp_path):
 
     command = command_of(config, "program:haproxy")
 
-    assert command[:4] == [sys.executable, "-m", "gateway.supervision", "await-backends"]
+    assert command[:4] == [sys.executable, "-m", "openclaw_site.supervision", "await-backends"]
     assert "--backend=gateway-1=http://127.0.0.1:18799/api/gateway/health" in command
     assert command[command.index("--") + 1 :] == [HAPROXY, "-db", "-f", str(tmp_path / "cluster" / "haproxy.cfg")]
 

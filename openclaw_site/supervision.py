@@ -1,8 +1,8 @@
 """The two small programs that the supervisord configuration of ``manage.py cluster`` runs beside the cluster's
 processes (supervisord itself neither prefixes output nor waits for a health check):
 
-    python -m gateway.supervision console --url ws://… --backend gateway-1=http://…/health … --balancer http://…
-    python -m gateway.supervision await-backends --backend gateway-1=http://…/health … -- /usr/sbin/haproxy …
+    python -m openclaw_site.supervision console --url ws://… --backend gateway-1=http://…/health … --balancer http://…
+    python -m openclaw_site.supervision await-backends --backend gateway-1=http://…/health … -- /usr/sbin/haproxy …
 
 ``console`` is an event listener (supervisord's documented protocol, "Event Listener Notification Protocol"): it
 receives every program's output and state changes and writes them to the terminal with the program's name in front,
@@ -247,7 +247,7 @@ def await_backends(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.supervision", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m openclaw_site.supervision", description=__doc__.split("\n\n")[0])
     programs = parser.add_subparsers(dest="program", required=True)
     console = programs.add_parser("console", help="supervisord event listener: named output and the ready line")
     console.add_argument("--url", required=True, help="The balancer's URL, as clients see it.")

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from tests.support.processes import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 POSTGRES_URL = os.environ.get("DATABASE_URL", "")
 
 
