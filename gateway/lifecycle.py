@@ -15,12 +15,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from asgiref.sync import SyncToAsync
 from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-
-from openclaw_site.postgresql.base import keep_connections_in_this_thread
 
 from . import broadcast, state
 from .conf import gateway_setting
@@ -108,10 +105,6 @@ def start_in_background(loop: asyncio.AbstractEventLoop) -> None:
 
 async def startup() -> None:
     """Process start (``serve``): register the process, start the loops, run the apps' startup hooks."""
-    # Every database hop of the gateway (channels' database_sync_to_async outside an HTTP request) runs
-    # on asgiref's process-wide thread, which lives as long as the process: it keeps its PostgreSQL
-    # connection across hops instead of a pool checkout and Django's connection setup per call.
-    await asyncio.wrap_future(SyncToAsync.single_thread_executor.submit(keep_connections_in_this_thread))
     ensure_started()
     await ensure_process_registered()
     # A predecessor killed on this host still looks live for a heartbeat timeout: its connections are

@@ -137,16 +137,11 @@ def _database(url: str, sqlite_test_name: str) -> dict:
         # End-to-end tests start gateway processes that must open the test database too.
         database["TEST"] = {"NAME": str(STATE_DIR / sqlite_test_name)}
     else:
-        # Connections go back to the pool at the end of each request and database hop (Django runs
-        # each HTTP request's sync code in a thread of its own), so load cannot leave a connection
-        # behind per thread. The one exception, the gateway's long-lived database thread, keeps its
-        # connection across hops (openclaw_site/postgresql).
+        # Connections go back to psycopg's pool at the end of each request, task and database hop
+        # (Django runs each HTTP request's sync code in a thread of its own), so load cannot leave a
+        # connection behind per thread. With CONN_HEALTH_CHECKS the pool pings a connection as it hands
+        # it out: one the server dropped while idle is replaced before a caller's query.
         database["CONN_MAX_AGE"] = 0
-        # Django's health checks would ping the server on every database hop: this backend checks a
-        # connection after a pause only (openclaw_site/postgresql).
-        if database["ENGINE"] == "django.db.backends.postgresql":
-            database["ENGINE"] = "openclaw_site.postgresql"
-            database["CONN_HEALTH_CHECKS"] = False
         database["OPTIONS"] = {
             "pool": {
                 "min_size": 1,
@@ -155,9 +150,6 @@ def _database(url: str, sqlite_test_name: str) -> dict:
             },
             # Which process holds a connection, in pg_stat_activity.
             "application_name": f"openclaw-{os.getpid()}",
-            # Lets psycopg prepare statements at all (None: never). Django's cursors bind on the client and never
-            # prepare; the gateway's hot read queries do, once per connection (gateway/prepared.py).
-            "prepare_threshold": 5,
         }
     return database
 

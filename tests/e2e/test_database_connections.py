@@ -96,12 +96,14 @@ def _sessions_query_backends(pid: int) -> list[int]:
 
 def _terminate(backend_pid: int) -> None:
     with psycopg.connect(current_database_url(), autocommit=True) as conn:
-        assert conn.execute("SELECT pg_terminate_backend(%s)", (backend_pid,)).fetchone()[0]
+        # With a timeout it returns once the backend has gone, not as soon as it was signalled.
+        assert conn.execute("SELECT pg_terminate_backend(%s, 5000)", (backend_pid,)).fetchone()[0]
 
 
-def test_the_database_thread_keeps_one_connection_and_recovers_when_it_is_killed(gateway_factory):
-    """The gateway's database thread keeps its connection across calls; its backend killed, the next call
-    succeeds or fails once with a generic error, and the calls after it run on a new connection."""
+def test_connections_the_server_killed_cost_at_most_one_call(gateway_factory):
+    """Every call takes a connection from the pool and gives it back; those that served killed, the next
+    call succeeds (the pool pings a connection as it hands it out) or fails once with a generic error, and
+    the calls after it run on new connections."""
     if connection.vendor != "postgresql":
         pytest.skip("server connections are PostgreSQL's")
     gateway = gateway_factory()
@@ -112,35 +114,25 @@ def test_the_database_thread_keeps_one_connection_and_recovers_when_it_is_killed
         try:
             for _ in range(20):
                 await client.request("sessions.list", {"limit": 5})
-            kept = _sessions_query_backends(gateway.pid)
-            assert len(kept) == 1, kept
-            for _ in range(20):
-                await client.request("sessions.list", {"limit": 5})
-            assert _sessions_query_backends(gateway.pid) == kept  # the same connection, not a checkout per call
+            served = _sessions_query_backends(gateway.pid)
+            assert 1 <= len(served) <= 8, served
 
-            # Killed right after a call (inside the window where a connection is trusted unpinged).
-            _terminate(kept[0])
+            for backend_pid in served:
+                _terminate(backend_pid)
             try:
                 await client.request("sessions.list", {"limit": 5})
             except GatewayError as error:
                 assert error.code == "UNAVAILABLE"
                 assert "terminat" not in error.message and "SQL" not in error.message
-            listed = await client.request("sessions.list", {"limit": 5})
-            assert listed["sessions"] == []
-            replaced = _sessions_query_backends(gateway.pid)
-            assert len(replaced) == 1 and replaced != kept
-
-            # Killed while idle for longer than the window: pinged before use, the call succeeds.
-            _terminate(replaced[0])
-            await asyncio.sleep(1.5)
-            assert (await client.request("sessions.list", {"limit": 5}))["sessions"] == []
+            for _ in range(10):
+                assert (await client.request("sessions.list", {"limit": 5}))["sessions"] == []
             renewed = _sessions_query_backends(gateway.pid)
-            assert len(renewed) == 1 and renewed != replaced
+            assert renewed and not set(renewed) & set(served)
             assert (await client.request("status")) is not None
         finally:
             await client.close()
 
     asyncio.run(scenario())
     assert _connections_of(gateway.pid) <= 8
-    # At most the one call that ran into the killed connection failed (logged with its reference).
+    # At most the one call that ran into a killed connection failed (logged with its reference).
     assert gateway.log().count("gateway method sessions.list") <= 1
