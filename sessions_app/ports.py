@@ -37,17 +37,12 @@ class TurnRunner(Protocol):
 
 
 class Placements(Protocol):
-    # One-to-one relations of Session that ``session_fields`` reads: the session reads of sessions.list and
-    # sessions.describe load them in their own query (``select_related``).
-    related: tuple[str, ...]
-
     def runner_for(self, session: Session) -> TurnRunner | None:
         """The runner of a placed session's turns; None: the gateway runs it (``sessions.run_turn``)."""
 
-    def session_fields(self, sessions: Sequence[Session], *, related_loaded: bool) -> dict[str, dict[str, Any]]:
-        """Extra fields of these sessions' rows (the ``placement`` projection), by session key; sessions without
-        any may be absent. ``related_loaded``: the sessions were read with :attr:`related` in the same query, so
-        those relations may be used as they are; otherwise they are read here. May not override a row field."""
+    def session_fields(self, sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
+        """Extra fields of these sessions' rows (the ``placement`` projection), by session key, read for the
+        whole page at once; sessions without any may be absent. May not override a row field."""
 
     def check_action(self, session: Session, action: SessionAction) -> None:
         """Refuse ``action`` by raising a ``GatewayError`` (the dispatch barrier): called inside the service's
@@ -55,12 +50,10 @@ class Placements(Protocol):
 
 
 class _Unplaced:
-    related: tuple[str, ...] = ()
-
     def runner_for(self, session: Session) -> TurnRunner | None:
         return None
 
-    def session_fields(self, sessions: Sequence[Session], *, related_loaded: bool) -> dict[str, dict[str, Any]]:
+    def session_fields(self, sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
         return {}
 
     def check_action(self, session: Session, action: SessionAction) -> None:

@@ -17,14 +17,12 @@ from .services.recovery import workers_node_removed
 class WorkersPlacements:
     """The sessions' placement port (``sessions_app.ports.Placements``)."""
 
-    related = ("placement",)
-
     def runner_for(self, session: Session) -> TurnRunner | None:
         # A session whose placement is active on a node runs its turns there.
         return select_worker_runner(session)
 
-    def session_fields(self, sessions: Sequence[Session], *, related_loaded: bool) -> dict[str, dict[str, Any]]:
-        return placement_fields(sessions, related_loaded=related_loaded)
+    def session_fields(self, sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
+        return placement_fields(sessions)
 
     def check_action(self, session: Session, action: SessionAction) -> None:
         # The dispatch barrier: nothing that would race a placement on its way to a worker or back.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Any
 from django.db.models import Q, Subquery
 
 from devices_app import selectors as device_selectors
+from gateway import sql_reads
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int
 from sessions_app.models import Session
 
@@ -91,17 +93,12 @@ def _shows_provenance(placement: Placement, environment: WorkerEnvironment | Non
     return environment.owner_epoch == placement.active_owner_epoch
 
 
-def placement_fields(sessions: Sequence[Session], *, related_loaded: bool = False) -> dict[str, dict[str, Any]]:
-    """The ``placement`` field of each session row that has a placement.
-
-    Sessions read with their placement (``related_loaded``: ``select_related("placement")`` in the query
-    that read them, as ``sessions.list`` and ``sessions.describe`` do) cost no query here; others one.
-    Environments: one more query when any session is placed."""
+def placement_fields(sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
+    """The ``placement`` field of each session row that has a placement: one query for a page of sessions (SQL
+    written once per page size, ``gateway.sql_reads``: it is on every ``sessions.list``'s path), one more for
+    the environments when any session is placed."""
     keys = {session.pk: session.key for session in sessions}
-    if related_loaded:
-        placements = [p for session in sessions if (p := _loaded_placement(session)) is not None]
-    else:
-        placements = list(Placement.objects.filter(session__in=list(keys)))
+    placements = sql_reads.instances(Placement, _PLACEMENT_FIELDS, _placements_sql(len(keys)), list(keys))
     if not placements:
         return {}
     environment_ids = {p.environment_id for p in placements if p.environment_id}
@@ -109,12 +106,16 @@ def placement_fields(sessions: Sequence[Session], *, related_loaded: bool = Fals
     return {keys[p.pk]: {"placement": placement_projection(p, environments.get(p.environment_id))} for p in placements}
 
 
-def _loaded_placement(session: Session) -> Placement | None:
-    # Read with the session (select_related): a session without one raises without a query.
-    try:
-        return session.placement
-    except Placement.DoesNotExist:
-        return None
+_PLACEMENT_FIELDS = tuple(Placement._meta.concrete_fields)
+
+
+@functools.lru_cache(maxsize=128)
+def _placements_sql(count: int) -> str:
+    placeholders = ", ".join(["%s"] * count)
+    return (
+        f'SELECT {sql_reads.columns(_PLACEMENT_FIELDS)} FROM "{Placement._meta.db_table}" '
+        f'WHERE "{Placement._meta.pk.column}" IN ({placeholders})'
+    )
 
 
 def placement_for(session: Session) -> Placement | None:

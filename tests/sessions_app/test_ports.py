@@ -12,7 +12,7 @@ from django.test import Client
 
 from gateway import background
 from gateway.exceptions import Unavailable
-from sessions_app import ports, rpc, schemas, selectors
+from sessions_app import ports, rpc, schemas
 from sessions_app.models import Run, Session, SessionWindow, TranscriptEvent
 from sessions_app.ports import SessionAction
 from sessions_app.services import forks, runs, sessions
@@ -35,18 +35,17 @@ class TestPort:
     """A placement port whose parts each test sets."""
 
     __test__ = False
-    related = ("placement",)
 
     def __init__(self) -> None:
         self.runner: Callable[[Session], Any] = lambda session: None
-        self.fields: Callable[[Sequence[Session], bool], dict] = lambda sessions, related_loaded: {}
+        self.fields: Callable[[Sequence[Session]], dict] = lambda sessions: {}
         self.refuse: tuple[SessionAction, str] | None = None
 
     def runner_for(self, session: Session):
         return self.runner(session)
 
-    def session_fields(self, sessions: Sequence[Session], *, related_loaded: bool) -> dict:
-        return self.fields(sessions, related_loaded)
+    def session_fields(self, sessions: Sequence[Session]) -> dict:
+        return self.fields(sessions)
 
     def check_action(self, session: Session, action: SessionAction) -> None:
         if self.refuse is not None and self.refuse[0] == action:
@@ -144,13 +143,13 @@ def test_contributed_fields_appear_in_describe_list_and_the_api(api_token, port,
         make(f"agent:main:s{n}")
     calls: list[list[str]] = []
 
-    def residence(batch: Sequence[Session], related_loaded: bool) -> dict[str, dict]:
+    def residence(batch: Sequence[Session]) -> dict[str, dict]:
         calls.append([s.key for s in batch])
         return {s.key: {"residence": {"host": "gateway", "slot": 0}} for s in batch if s.key != "agent:main:s1"}
 
     port.fields = residence
     described = rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))
-    # The page, with the port's relations joined in; the port here reads nothing.
+    # The page in one query; the port here reads nothing.
     with django_assert_num_queries(1):
         listed = rpc.sessions_list_rpc(_ctx(), schemas.SessionsListParams())
     api = Client(headers={"Authorization": f"Bearer {API_TOKEN}"}).get("/api/sessions/agent:main:s2")
@@ -164,25 +163,25 @@ def test_contributed_fields_appear_in_describe_list_and_the_api(api_token, port,
     assert sorted(calls[1]) == ["agent:main:s0", "agent:main:s1", "agent:main:s2"]
 
 
-def test_the_port_is_told_whether_its_relations_came_with_the_sessions(port):
-    # The sessions selectors join the port's relations in; a session held in memory is not trusted with them.
-    make("agent:main:s0")
-    seen: list[bool] = []
+def test_the_port_is_asked_once_per_page_and_not_for_an_empty_one(port):
+    asked: list[list[str]] = []
 
-    def recorder(batch: Sequence[Session], related_loaded: bool) -> dict[str, dict]:
-        seen.append(related_loaded)
+    def recorder(batch: Sequence[Session]) -> dict[str, dict]:
+        asked.append(sorted(s.key for s in batch))
         return {}
 
     port.fields = recorder
-    rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))
+    assert rpc.sessions_list_rpc(_ctx(), schemas.SessionsListParams())["sessions"] == []
+    make("agent:main:s0")
+    make("agent:main:s1")
     rpc.sessions_list_rpc(_ctx(), schemas.SessionsListParams())
-    selectors.session_row(Session.objects.get(key="agent:main:s0"))
-    assert seen == [True, True, False]
+    rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s1"))
+    assert asked == [["agent:main:s0", "agent:main:s1"], ["agent:main:s1"]]
 
 
 def test_a_port_may_not_override_session_fields(port):
     make("agent:main:s0")
-    port.fields = lambda batch, related_loaded: {s.key: {"status": "hijacked"} for s in batch}
+    port.fields = lambda batch: {s.key: {"status": "hijacked"} for s in batch}
     with pytest.raises(RuntimeError, match=r"overrides session fields \['status'\]"):
         rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))
 

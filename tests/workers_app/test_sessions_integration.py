@@ -41,7 +41,7 @@ def test_describe_and_list_show_the_projection_of_each_state(django_assert_num_q
     make_session("agent:main:plain")
 
     shown = describe(active.key)["placement"]
-    with django_assert_num_queries(2):  # the page with its placements, their environments
+    with django_assert_num_queries(3):  # the page, its placements, their environments
         listed = {row["key"]: row for row in rpc.sessions_list_rpc(Ctx(), schemas.SessionsListParams())["sessions"]}
 
     assert listed[active.key]["placement"] == shown
