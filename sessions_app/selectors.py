@@ -321,6 +321,18 @@ def _sessions_filtered(
     return qs.order_by("-updated_at", "-id")
 
 
+def newest_message_bodies(window: SessionWindow, *, limit: int) -> list[dict]:
+    """The bodies of the newest ``limit`` messages of the active path, oldest first (every turn's model context:
+    bodies only, no instances to build for each of up to a few hundred rows)."""
+    bodies = list(
+        TranscriptEvent.objects.filter(window=window, type="message")
+        .order_by("-seq")
+        .values_list("body", flat=True)[:limit]
+    )
+    bodies.reverse()
+    return bodies
+
+
 def active_path(window: SessionWindow, *, limit: int | None = None) -> list[TranscriptEvent]:
     """Message events of the active path, oldest first (the newest ``limit`` when given).
 

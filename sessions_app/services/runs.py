@@ -25,7 +25,7 @@ from .. import events
 from ..events import TurnEmitter
 from ..models import Run, RunStatus, Session, SessionWindow
 from ..ports import SessionAction, placements
-from ..selectors import active_path
+from ..selectors import newest_message_bodies
 from .sessions import session_for_turn, session_lock
 from .transcripts import message_body, transcript_append
 
@@ -235,8 +235,7 @@ def _lock_run(run_id: str) -> tuple[Run, Session] | None:
 def active_path_texts(window: SessionWindow) -> list[tuple[str, str]]:
     """The model's context: the newest messages of the active path, oldest first."""
     texts = []
-    for event in active_path(window, limit=settings.OPENCLAW_MODEL["CONTEXT_MESSAGES"]):
-        body = event.body
+    for body in newest_message_bodies(window, limit=settings.OPENCLAW_MODEL["CONTEXT_MESSAGES"]):
         text = "".join(part.get("text", "") for part in body.get("content", []) if part.get("type") == "text")
         texts.append((body.get("role", "user"), text))
     return texts
