@@ -1,9 +1,9 @@
-"""The slow-consumer limit: Twisted's unsent bytes measured before each frame, droppable events
-skipped past ``maxBufferedBytes``, anything else closing 1008 ``slow consumer``; and the events
+"""The slow-consumer limit: frames held by the protocol while Twisted says its transport is full, droppable
+events skipped past ``maxBufferedBytes`` held, anything else closing 1008 ``slow consumer``; and the events
 marked droppable on their way from the publisher to the transport.
 
 The transport here is Twisted's own file descriptor whose socket accepts nothing (or everything,
-once the client reads again): the buffer arithmetic is the real one.
+once the client reads again): its buffer and its producer notifications are the real ones.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from autobahn.exception import Disconnected
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer
 from daphne import ws_protocol
-from twisted.internet import abstract
+from twisted.internet import abstract, main
 from twisted.internet.address import IPv4Address
-from twisted.internet.protocol import Protocol
 from twisted.internet.testing import MemoryReactorClock
-from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.python import failure
 
 from gateway import broadcast, daphne_server, events, publisher
 from gateway import scopes as sc
@@ -37,13 +36,13 @@ FRAME_BYTES = 4 + len(FRAME_TEXT)
 
 
 class Socket(abstract.FileDescriptor):
-    """A connected descriptor whose peer reads nothing until ``reading`` is set."""
+    """A connected descriptor whose peer reads nothing until ``reading`` is set; keeps what it delivered."""
 
     def __init__(self) -> None:
         super().__init__(reactor=MemoryReactorClock())
         self.connected = 1
         self.reading = False
-        self.delivered = 0
+        self.delivered = b""
         self.aborted = False
 
     def getPeer(self):
@@ -55,11 +54,33 @@ class Socket(abstract.FileDescriptor):
     def writeSomeData(self, data) -> int:
         if not self.reading:
             return 0
-        self.delivered += len(data)
+        self.delivered += bytes(data)
         return len(data)
 
     def abortConnection(self) -> None:
         self.aborted = True
+
+    def read_all(self) -> None:
+        """The client reads again: everything written (and whatever that lets through) reaches it."""
+        self.reading = True
+        while self.reactor.getWriters():
+            self.doWrite()
+
+
+class HTTPChannelStandIn:
+    """The transport's producer before the upgrade (Twisted's HTTP channel, which paused reading when full)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pauseProducing(self) -> None:
+        self.calls.append("pause")
+
+    def resumeProducing(self) -> None:
+        self.calls.append("resume")
+
+    def stopProducing(self) -> None:
+        self.calls.append("stop")
 
 
 class Server:
@@ -69,22 +90,23 @@ class Server:
         pass
 
 
-# Frames written at once (plain TCP, `daphne_server.write_now`) or queued for the reactor's next turn (any
-# other transport): the same arithmetic either way.
-@pytest.fixture(params=["written-at-once", "queued"])
-def connection(request, settings) -> tuple[daphne_server.ReasonCarryingWebSocketProtocol, Socket]:
-    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "MAX_BUFFERED_BYTES": LIMIT}
+def _upgraded(http_channel: HTTPChannelStandIn) -> tuple[daphne_server.GatewayWebSocketProtocol, Socket]:
     factory = ws_protocol.WebSocketFactory(Server())
-    factory.protocol = daphne_server.ReasonCarryingWebSocketProtocol
+    factory.protocol = daphne_server.GatewayWebSocketProtocol
     protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
     sock = Socket()
-    if request.param == "written-at-once":
-        sock.TLS = False
+    sock.registerProducer(http_channel, True)
     protocol.makeConnection(sock)
     # As after Daphne's accept (the opening handshake is not what these tests are about).
     protocol.state = protocol.STATE_OPEN
     protocol.client_addr = ["127.0.0.1", 50000]
     return protocol, sock
+
+
+@pytest.fixture
+def connection(settings) -> tuple[daphne_server.GatewayWebSocketProtocol, Socket]:
+    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "MAX_BUFFERED_BYTES": LIMIT}
+    return _upgraded(HTTPChannelStandIn())
 
 
 def _send(protocol, *, droppable: bool = False, text: str = FRAME_TEXT) -> None:
@@ -94,81 +116,92 @@ def _send(protocol, *, droppable: bool = False, text: str = FRAME_TEXT) -> None:
     protocol.handle_reply(message)
 
 
-# --- measuring -----------------------------------------------------------------------------------
+def _frame(text: str) -> bytes:
+    return bytes([0x81, 126]) + struct.pack("!H", len(text)) + text.encode()
 
 
-def test_unsent_bytes_counts_what_the_socket_did_not_take_and_nothing_once_it_did():
-    sock = Socket()
-    sock.write(b"a" * 300)
-    sock.doWrite()  # moves the queued writes into dataBuffer; the peer takes none of it
-    sock.write(b"b" * 200)
-    assert daphne_server.unsent_bytes(sock) == 500
-
-    sock.reading = True
-    sock.doWrite()
-    assert daphne_server.unsent_bytes(sock) == 0
+def _fill_the_transport(protocol) -> int:
+    """Frames until Twisted says the transport is full (past its bufferSize); how many went."""
+    sent = 0
+    while not protocol.transport_full:
+        _send(protocol, text=f"{sent:08d}" + FRAME_TEXT[8:])
+        sent += 1
+    return sent
 
 
-def test_unsent_bytes_looks_through_protocol_wrappers_and_a_gone_transport_holds_nothing():
-    sock = Socket()
-    sock.write(b"a" * 42)
-    wrapper = ProtocolWrapper(WrappingFactory(None), Protocol())
-    wrapper.makeConnection(sock)
-    assert daphne_server.unsent_bytes(wrapper) == 42
-    assert daphne_server.unsent_bytes(None) == 0
+# --- flow control ---------------------------------------------------------------------------------
 
 
-def test_the_limit_is_passed_only_above_it():
-    assert not daphne_server.over_buffer_limit(LIMIT, LIMIT)
-    assert daphne_server.over_buffer_limit(LIMIT + 1, LIMIT)
+def test_the_protocol_takes_the_transports_producer_slot_from_the_http_channel(settings):
+    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "MAX_BUFFERED_BYTES": LIMIT}
+    http_channel = HTTPChannelStandIn()
+    protocol, sock = _upgraded(http_channel)
+    assert sock.producer is protocol and sock.streamingProducer
+    _fill_the_transport(protocol)
+    sock.read_all()
+    assert protocol.transport_full is False  # paused, then resumed once the transport held nothing
+    assert http_channel.calls == []  # its reading pause no longer applies to the WebSocket
 
 
-# --- the protocol ---------------------------------------------------------------------------------
-
-
-def test_frames_go_out_while_the_unsent_bytes_stay_within_the_limit(connection):
+def test_frames_go_to_the_transport_until_it_is_full_then_wait_here_and_follow_in_order(connection):
     protocol, sock = connection
+    went = _fill_the_transport(protocol)
+    assert went * FRAME_BYTES > sock.bufferSize  # Twisted's own threshold, not a number of ours
+    assert protocol.held_bytes == 0
+
+    _send(protocol, text="held-1" + FRAME_TEXT[6:])
+    assert protocol.held_bytes == FRAME_BYTES
+    assert protocol.state == protocol.STATE_OPEN
+
+    sock.read_all()
+    expected = b"".join(_frame(f"{n:08d}" + FRAME_TEXT[8:]) for n in range(went)) + _frame("held-1" + FRAME_TEXT[6:])
+    assert sock.delivered == expected
+    assert protocol.held_bytes == 0
+
+
+def test_at_the_limit_one_more_frame_is_still_held(connection):
+    protocol, _sock = connection
+    _fill_the_transport(protocol)
     _send(protocol)
-    assert daphne_server.unsent_bytes(sock) == FRAME_BYTES
-    # At the limit (not past it) one more frame still goes: the buffer ends under limit + one frame.
-    _send(protocol)
-    assert daphne_server.unsent_bytes(sock) == 2 * FRAME_BYTES
+    _send(protocol)  # LIMIT lies between one and two frames: the second still goes
+    assert protocol.held_bytes == 2 * FRAME_BYTES
     assert protocol.state == protocol.STATE_OPEN
 
 
 def test_past_the_limit_a_droppable_event_is_skipped_and_the_connection_stays_open(connection, caplog):
     protocol, sock = connection
+    _fill_the_transport(protocol)
     _send(protocol)
     _send(protocol)
     _send(protocol, droppable=True)
     _send(protocol, droppable=True)
 
-    assert daphne_server.unsent_bytes(sock) == 2 * FRAME_BYTES
+    assert protocol.held_bytes == 2 * FRAME_BYTES
     assert protocol.state == protocol.STATE_OPEN
     assert caplog.text.count("dropping droppable events") == 1  # once per slow spell, not per event
 
     # The client reads again: frames flow, droppable ones too.
-    sock.reading = True
-    sock.doWrite()
-    delivered = sock.delivered
+    sock.read_all()
+    delivered = len(sock.delivered)
     _send(protocol, droppable=True)
-    sock.doWrite()
-    assert sock.delivered - delivered == FRAME_BYTES  # written, not dropped
+    sock.read_all()
+    assert len(sock.delivered) - delivered == FRAME_BYTES  # written, not dropped
     assert protocol.dropped_while_slow == 0
 
 
 def test_past_the_limit_any_other_frame_closes_1008_slow_consumer_and_nothing_more_is_written(connection):
     protocol, sock = connection
+    _fill_the_transport(protocol)
     _send(protocol)
     _send(protocol)
-    buffered = daphne_server.unsent_bytes(sock)
+    held = protocol.held_bytes
 
     _send(protocol)
 
     close_payload = struct.pack("!H", 1008) + b"slow consumer"
     close_frame = bytes([0x88, len(close_payload)]) + close_payload
-    assert daphne_server.unsent_bytes(sock) == buffered + len(close_frame)
-    assert b"".join(sock._tempDataBuffer).endswith(close_frame)
+    assert protocol.held_bytes == held + len(close_frame)
+    assert protocol.held[-1] == close_frame  # behind what was held before it
     assert protocol.state == protocol.STATE_CLOSING
 
     # Daphne's answer to a send on a closing socket; the consumer takes it as its disconnect.
@@ -176,11 +209,15 @@ def test_past_the_limit_any_other_frame_closes_1008_slow_consumer_and_nothing_mo
         _send(protocol)
     with pytest.raises(Disconnected):
         _send(protocol, droppable=True)
-    assert daphne_server.unsent_bytes(sock) == buffered + len(close_frame)
+    assert protocol.held_bytes == held + len(close_frame)
+
+    sock.read_all()
+    assert sock.delivered.endswith(close_frame)
 
 
-def test_a_slow_consumer_that_never_answers_the_close_is_aborted_which_frees_its_buffer(connection):
+def test_a_slow_consumer_that_never_answers_the_close_is_aborted_which_lets_go_of_what_was_held(connection):
     protocol, sock = connection
+    _fill_the_transport(protocol)
     _send(protocol)
     _send(protocol)
     _send(protocol)
@@ -189,6 +226,31 @@ def test_a_slow_consumer_that_never_answers_the_close_is_aborted_which_frees_its
     assert protocol.closeHandshakeTimeoutCall is not None
     protocol.onCloseHandshakeTimeout()  # what the timer runs when the client never read the close
     assert sock.aborted
+    assert (protocol.held_bytes, len(protocol.held)) == (0, 0)
+
+
+def test_a_close_answered_while_frames_are_held_sends_them_and_the_answer_before_the_tcp_close(connection):
+    protocol, sock = connection
+    _fill_the_transport(protocol)
+    _send(protocol, text="last")
+
+    # What autobahn does when the client's close frame arrives at a server: answer it, then drop the TCP.
+    protocol.sendCloseFrame(code=1000, isReply=True)
+    protocol.dropConnection(abort=False)
+
+    assert (protocol.held_bytes, len(protocol.held)) == (0, 0)
+    assert sock.producer is None and sock.disconnecting
+    sock.reading = True
+    assert sock.doWrite() is main.CONNECTION_DONE  # all written, then closed
+    assert sock.delivered.endswith(bytes([0x81, 4]) + b"last" + bytes([0x88, 2]) + struct.pack("!H", 1000))
+
+
+def test_a_lost_connection_lets_go_of_what_was_held(connection):
+    protocol, sock = connection
+    _fill_the_transport(protocol)
+    _send(protocol)
+    sock.connectionLost(failure.Failure(main.CONNECTION_LOST))
+    assert (protocol.held_bytes, len(protocol.held)) == (0, 0)
 
 
 # --- droppable events on their way to the transport ----------------------------------------------
