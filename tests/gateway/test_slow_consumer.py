@@ -124,6 +124,7 @@ def _fill_the_transport(protocol) -> int:
     """Frames until Twisted says the transport is full (past its bufferSize); how many went."""
     sent = 0
     while not protocol.transport_full:
+        assert sent * FRAME_BYTES < 4 * protocol.transport.bufferSize, "the transport never said it was full"
         _send(protocol, text=f"{sent:08d}" + FRAME_TEXT[8:])
         sent += 1
     return sent
