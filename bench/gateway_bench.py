@@ -27,6 +27,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402  (the repository root must be importable first)
+    FLOOR_PATH,
+    FLOOR_SETTINGS,
     STARTUP_TIMEOUT_S,
     ScratchPostgres,
     ScratchRedisPrefix,
@@ -56,7 +58,6 @@ METHODS = ("health", "sessions.list", "node.list")
 # Params sent with each method (None: no params member), the same for every gateway measured.
 METHOD_PARAMS: dict[str, Any] = {"sessions.list": {}}
 LOAD_WARMUP_CALLS = 20
-FLOOR_PATH = "/bench/floor"  # gateway/bench_floor.py, routed with OPENCLAW_BENCH_FLOOR=1
 # The floor answers any method alike; the name only shows in its request frames.
 FLOOR_METHOD = "health"
 
@@ -353,7 +354,7 @@ def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
 
 class OurGateway:
     """The project's gateway, started as the README does (``manage.py migrate`` + ``manage.py serve``) on scratch
-    services, with the floor socket on (``OPENCLAW_BENCH_FLOOR=1``); :meth:`close` removes everything."""
+    services, with the floor socket in the same process (``bench.settings``); :meth:`close` removes everything."""
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -376,7 +377,7 @@ class OurGateway:
             database_url=database_url,
             redis_url=self.args.redis_url,
             redis_prefix=self.redis_prefix.prefix if self.redis_prefix else None,
-            extra_env={"OPENCLAW_BENCH_FLOOR": "1"},
+            extra_env=FLOOR_SETTINGS,
         )
         progress("migrating a fresh database")
         self.launch.migrate()
