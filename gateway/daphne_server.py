@@ -8,13 +8,17 @@ reactor accepts a first connection points them at the gateway's protocol classes
 Close reasons: Daphne 4 drops the ``reason`` of ``websocket.close`` (django/daphne#374); OpenClaw clients show it
 (for example ``pairing required: … (requestId: …)``), so the protocol class sends it.
 
-Slow consumers (OpenClaw's policy, ``policy.maxBufferedBytes`` in hello-ok): the protocol is its transport's push
-producer (``IConsumer.registerProducer``), so Twisted tells it when the transport's buffer passes Twisted's
-``bufferSize`` (``pauseProducing``) and when it is empty again (``resumeProducing``). In between, frames wait in
-the protocol, which counts them. Past ``MAX_BUFFERED_BYTES`` held, a frame published as droppable
-(``dropIfSlow``) is skipped, any other closes the connection with 1008 ``slow consumer``. Nothing more is written
-to it, and the close handshake waits at most :data:`SLOW_CONSUMER_CLOSE_TIMEOUT_S` before the TCP connection is
-aborted, which frees what was held.
+Writes: a frame goes to the kernel as it is sent (``ITCPTransport.getHandle()``: the connection's socket) when
+Twisted's transport holds nothing before it, instead of waiting for the reactor's next turn: Twisted would
+register the socket for writability, write on the next turn and unregister it, two ``epoll_ctl`` calls and a loop
+turn per frame. What the kernel does not take goes to the transport, and the protocol, registered as the
+transport's pull producer (``IConsumer.registerProducer``), holds the frames after it until Twisted calls
+``resumeProducing``: its buffer is empty again.
+
+Slow consumers (OpenClaw's policy, ``policy.maxBufferedBytes`` in hello-ok): past ``MAX_BUFFERED_BYTES`` held, a
+frame published as droppable (``dropIfSlow``) is skipped, any other closes the connection with 1008 ``slow
+consumer``. Nothing more is written to it, and the close handshake waits at most
+:data:`SLOW_CONSUMER_CLOSE_TIMEOUT_S` before the TCP connection is aborted, which frees what was held.
 
 Before the reactor stops, every local connection receives the ``shutdown`` event.
 """
@@ -27,6 +31,7 @@ from collections import deque
 
 from daphne import ws_protocol
 from daphne.server import Server
+from twisted.internet import interfaces
 from twisted.web import http
 
 from . import lifecycle
@@ -53,36 +58,47 @@ SLOW_CONSUMER_CLOSE_TIMEOUT_S = 30
 
 
 class GatewayWebSocketProtocol(ws_protocol.WebSocketProtocol):
-    """Daphne's WebSocket protocol that sends close codes with their reason and bounds what a slow client costs.
+    """Daphne's WebSocket protocol that sends close codes with their reason, writes frames at once and bounds what a
+    slow client costs.
 
     Autobahn's ``sendClose`` only admits 1000 and 3000-4999 from applications, and the gateway closes with
     1008, 1002, 1009 and 1011 too: the close frame goes through ``sendCloseFrame``, as Daphne sends its own 1011.
 
-    It is also the transport's push producer: ``pauseProducing`` (the transport holds more than Twisted's
-    ``bufferSize``) and ``resumeProducing`` (it holds nothing) decide whether a frame is written or held here.
+    Every frame autobahn writes (data, ping, pong, close, the opening handshake's answer) passes through
+    ``sendData``, and nothing else writes to the transport after the upgrade: while ``transport_busy`` (Twisted
+    holds bytes) frames wait in ``held``, in order; otherwise they go to the kernel, and what it does not take to
+    Twisted.
     """
 
     def connectionMade(self):
         self.max_buffered_bytes = gateway_setting("MAX_BUFFERED_BYTES")
         self.held: deque[bytes] = deque()
         self.held_bytes = 0
-        self.transport_full = False
         self.dropped_while_slow = 0
+        transport = self.transport
+        tls = interfaces.ISSLTransport.providedBy(transport)
+        self.socket = transport.getHandle() if interfaces.ITCPTransport.providedBy(transport) and not tls else None
         super().connectionMade()
-        # The HTTP channel that read the upgrade request was the transport's producer until now; from here on the
-        # transport's flow control is about this protocol's frames.
-        self.transport.unregisterProducer()
-        self.transport.registerProducer(self, True)
+        # The HTTP channel that read the upgrade request was the transport's producer until now.
+        transport.unregisterProducer()
+        transport.registerProducer(self, False)
+        # Registering a pull producer calls resumeProducing at once, which says nothing about what the transport
+        # holds: it may still be sending an earlier HTTP response of this connection. Its first write goes through
+        # Twisted; its next call of resumeProducing says the transport is empty.
+        self.transport_busy = False
+        self.transport_empty = False
 
-    # --- IPushProducer, as the transport sees this protocol ---------------------------------------------------
-
-    def pauseProducing(self):
-        self.transport_full = True
+    # --- IPullProducer, as the transport sees this protocol ---------------------------------------------------
 
     def resumeProducing(self):
-        self.transport_full = False
-        while self.held and not self.transport_full:
-            self._write_held()
+        """Twisted's transport has sent everything it was given."""
+        self.transport_busy = False
+        self.transport_empty = True
+        # Without a socket to try first (TLS, a wrapping transport), everything held goes to the transport at once.
+        while self.held and (not self.transport_busy or self.socket is None):
+            data = self.held.popleft()
+            self.held_bytes -= len(data)
+            self._write(data)
 
     def stopProducing(self):
         # The connection is gone: what was held will never be sent.
@@ -92,17 +108,29 @@ class GatewayWebSocketProtocol(ws_protocol.WebSocketProtocol):
     # --- writing ----------------------------------------------------------------------------------------------
 
     def sendData(self, data, sync=False, chopsize=None):
-        # Every frame autobahn writes (data, ping, pong, close) passes here: holding them keeps their order.
-        if self.transport_full or self.held:
+        # Daphne never asks for autobahn's synchronous or chopped writes, which are for tests of autobahn itself.
+        if self.transport_busy or self.held:
             self.held.append(data)
             self.held_bytes += len(data)
             return
-        super().sendData(data, sync, chopsize)
+        self._write(data)
 
-    def _write_held(self) -> None:
-        data = self.held.popleft()
-        self.held_bytes -= len(data)
-        super().sendData(data)
+    def _write(self, data: bytes) -> None:
+        """``data`` with nothing held before it: to the kernel when Twisted's transport holds nothing either, the rest
+        to the transport, which calls :meth:`resumeProducing` once it has sent it."""
+        sent = 0
+        if self.transport_empty and self.socket is not None and self.state != self.STATE_CLOSED:
+            try:
+                sent = self.socket.send(data)
+            except OSError:
+                # Full (EAGAIN, ENOBUFS) or gone: queued the usual way; Twisted's own write then finds out and
+                # closes the connection if it is gone.
+                sent = 0
+        if sent < len(data):
+            # Autobahn's own write (its traffic statistics, unused by Daphne, count only these bytes).
+            super().sendData(data[sent:] if sent else data)
+            self.transport_busy = True
+            self.transport_empty = False
 
     def dropConnection(self, abort=False):
         if abort:
@@ -111,7 +139,9 @@ class GatewayWebSocketProtocol(ws_protocol.WebSocketProtocol):
             # A TCP close after the close frame (autobahn answering the client's close): what waits here goes to
             # the transport first, which closes once it has sent it all.
             while self.held:
-                self._write_held()
+                data = self.held.popleft()
+                self.held_bytes -= len(data)
+                super().sendData(data)
         super().dropConnection(abort)
 
     # --- Daphne's ASGI messages -------------------------------------------------------------------------------

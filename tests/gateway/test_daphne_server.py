@@ -1,8 +1,9 @@
 """Daphne through its public interface: the factories ``Server.run()`` builds pointed at the gateway's classes, close
 frames that carry their reason, and the HTTP channel's answers to overlong lines and idle connections.
 
-The factories are Daphne's own, built as ``Server.run()`` builds them; the transports are Twisted's test transport
-and clock, so what is written and when the channel gives up are Twisted's real behaviour.
+The factories are Daphne's own, built as ``Server.run()`` builds them. Close frames are read by a client over real
+loopback TCP (``tests/support/daphne_wire.py``); the HTTP channel runs on Twisted's test transport and clock, so
+what it writes and when it gives up are Twisted's real behaviour.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from gateway import daphne_server
+from tests.support.daphne_wire import open_wire, server_frames
 
 PEER = IPv4Address("TCP", "127.0.0.1", 50000)
+CLOSE = 8
 
 
 @pytest.fixture
@@ -48,58 +51,35 @@ def test_the_factories_build_the_gateways_protocols_with_the_documented_options(
 # --- close frames ---------------------------------------------------------------------------------
 
 
-class HTTPChannelStandIn:
-    """The transport's producer until the upgrade, as Twisted's HTTP channel is."""
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
-
-
-def _upgraded_transport() -> StringTransport:
-    transport = StringTransport(peerAddress=PEER)
-    transport.registerProducer(HTTPChannelStandIn(), True)
-    return transport
-
-
-def _open_websocket(server, settings) -> tuple[daphne_server.GatewayWebSocketProtocol, StringTransport]:
-    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "MAX_BUFFERED_BYTES": 1 << 20}
-    protocol = server.ws_factory.buildProtocol(PEER)
-    transport = _upgraded_transport()
-    protocol.makeConnection(transport)
-    # As after Daphne's accept (the opening handshake is not what these tests are about).
-    protocol.state = protocol.STATE_OPEN
-    protocol.client_addr = ["127.0.0.1", 50000]
-    return protocol, transport
-
-
-def _close_frame(code: int, reason: bytes = b"") -> bytes:
-    payload = struct.pack("!H", code) + reason
-    return bytes([0x88, len(payload)]) + payload
+@pytest.fixture
+def wire(settings):
+    wire = open_wire(max_buffered_bytes=1 << 20, settings=settings)
+    yield wire
+    wire.close()
 
 
 @pytest.mark.parametrize("code", [1008, 1002, 1009, 1011, 1000, 4000])
-def test_a_close_carries_its_code_and_reason_also_where_autobahns_sendclose_refuses_the_code(server, settings, code):
-    protocol, transport = _open_websocket(server, settings)
+def test_a_close_carries_its_code_and_reason_also_where_autobahns_sendclose_refuses_the_code(wire, code):
     reason = "pairing required: device is not approved yet (requestId: 1234)"
-    protocol.handle_reply({"type": "websocket.close", "code": code, "reason": reason})
-    assert transport.value() == _close_frame(code, reason.encode())
-    assert protocol.state == protocol.STATE_CLOSING
+    wire.protocol.handle_reply({"type": "websocket.close", "code": code, "reason": reason})
+    assert server_frames(wire.deliver()) == [(CLOSE, struct.pack("!H", code) + reason.encode())]
+    assert wire.protocol.state == wire.protocol.STATE_CLOSING
 
 
-def test_a_close_without_a_reason_sends_the_code_alone_and_without_a_code_1000(server, settings):
-    protocol, transport = _open_websocket(server, settings)
-    protocol.handle_reply({"type": "websocket.close", "code": 1008})
-    assert transport.value() == _close_frame(1008)
+def test_a_close_without_a_reason_sends_the_code_alone(wire):
+    wire.protocol.handle_reply({"type": "websocket.close", "code": 1008})
+    assert server_frames(wire.deliver()) == [(CLOSE, struct.pack("!H", 1008))]
 
-    other, other_transport = _open_websocket(server, settings)
-    other.handle_reply({"type": "websocket.close"})
-    assert other_transport.value() == _close_frame(1000)
+
+def test_a_close_without_a_code_is_1000(wire):
+    wire.protocol.handle_reply({"type": "websocket.close"})
+    assert server_frames(wire.deliver()) == [(CLOSE, struct.pack("!H", 1000))]
+
+
+def test_a_second_close_writes_nothing_more(wire):
+    wire.protocol.handle_reply({"type": "websocket.close", "code": 1008, "reason": "first"})
+    wire.protocol.handle_reply({"type": "websocket.close", "code": 1011, "reason": "second"})
+    assert server_frames(wire.deliver()) == [(CLOSE, struct.pack("!H", 1008) + b"first")]
 
 
 def test_a_reason_longer_than_a_close_frame_holds_is_cut_on_a_character_boundary():
@@ -108,14 +88,6 @@ def test_a_reason_longer_than_a_close_frame_holds_is_cut_on_a_character_boundary
     assert len(cut.encode()) <= daphne_server.MAX_CLOSE_REASON_BYTES
     assert cut.endswith("...") and cut[:-3] == "é" * 60
     assert daphne_server.truncate_close_reason("short") == "short"
-
-
-def test_a_second_close_writes_nothing_more(server, settings):
-    protocol, transport = _open_websocket(server, settings)
-    protocol.handle_reply({"type": "websocket.close", "code": 1008, "reason": "first"})
-    written = transport.value()
-    protocol.handle_reply({"type": "websocket.close", "code": 1011, "reason": "second"})
-    assert transport.value() == written
 
 
 # --- the HTTP channel -----------------------------------------------------------------------------

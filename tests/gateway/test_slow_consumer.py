@@ -1,9 +1,10 @@
-"""The slow-consumer limit: frames held by the protocol while Twisted says its transport is full, droppable
-events skipped past ``maxBufferedBytes`` held, anything else closing 1008 ``slow consumer``; and the events
-marked droppable on their way from the publisher to the transport.
+"""Writes and the slow-consumer limit: a frame goes to the kernel at once when nothing waits before it, what the
+kernel does not take waits in Twisted's transport and the frames after it in the protocol, which counts them;
+droppable events skipped past ``maxBufferedBytes`` held, anything else closing 1008 ``slow consumer``; and the
+events marked droppable on their way from the publisher to the transport.
 
-The transport here is Twisted's own file descriptor whose socket accepts nothing (or everything,
-once the client reads again): its buffer and its producer notifications are the real ones.
+The connection is a real loopback TCP connection upgraded by Daphne (``tests/support/daphne_wire.py``) whose client
+reads nothing until the test lets it: the kernel's buffers and Twisted's transport are the real ones.
 """
 
 from __future__ import annotations
@@ -17,10 +18,7 @@ import pytest
 from autobahn.exception import Disconnected
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer
-from daphne import ws_protocol
-from twisted.internet import abstract, main
-from twisted.internet.address import IPv4Address
-from twisted.internet.testing import MemoryReactorClock
+from twisted.internet import main
 from twisted.python import failure
 
 from gateway import broadcast, daphne_server, events, publisher
@@ -28,85 +26,21 @@ from gateway import scopes as sc
 from gateway.consumers import GatewayConsumer
 from gateway.context import RpcContext
 from gateway.protocol import DROP_IF_SLOW_KEY, EncodedEvent
+from tests.support.daphne_wire import open_wire, server_frames
 
 LIMIT = 1000
 FRAME_TEXT = "x" * 800
 # A server frame of 800 bytes: 2 header bytes plus a 16-bit length.
 FRAME_BYTES = 4 + len(FRAME_TEXT)
-
-
-class Socket(abstract.FileDescriptor):
-    """A connected descriptor whose peer reads nothing until ``reading`` is set; keeps what it delivered."""
-
-    def __init__(self) -> None:
-        super().__init__(reactor=MemoryReactorClock())
-        self.connected = 1
-        self.reading = False
-        self.delivered = b""
-        self.aborted = False
-
-    def getPeer(self):
-        return IPv4Address("TCP", "127.0.0.1", 50000)
-
-    def getHost(self):
-        return IPv4Address("TCP", "127.0.0.1", 18789)
-
-    def writeSomeData(self, data) -> int:
-        if not self.reading:
-            return 0
-        self.delivered += bytes(data)
-        return len(data)
-
-    def abortConnection(self) -> None:
-        self.aborted = True
-
-    def read_all(self) -> None:
-        """The client reads again: everything written (and whatever that lets through) reaches it."""
-        self.reading = True
-        while self.reactor.getWriters():
-            self.doWrite()
-
-
-class HTTPChannelStandIn:
-    """The transport's producer before the upgrade (Twisted's HTTP channel, which paused reading when full)."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def pauseProducing(self) -> None:
-        self.calls.append("pause")
-
-    def resumeProducing(self) -> None:
-        self.calls.append("resume")
-
-    def stopProducing(self) -> None:
-        self.calls.append("stop")
-
-
-class Server:
-    """Daphne's server as the protocol sees it at connection time."""
-
-    def protocol_connected(self, protocol) -> None:
-        pass
-
-
-def _upgraded(http_channel: HTTPChannelStandIn) -> tuple[daphne_server.GatewayWebSocketProtocol, Socket]:
-    factory = ws_protocol.WebSocketFactory(Server())
-    factory.protocol = daphne_server.GatewayWebSocketProtocol
-    protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
-    sock = Socket()
-    sock.registerProducer(http_channel, True)
-    protocol.makeConnection(sock)
-    # As after Daphne's accept (the opening handshake is not what these tests are about).
-    protocol.state = protocol.STATE_OPEN
-    protocol.client_addr = ["127.0.0.1", 50000]
-    return protocol, sock
+TEXT = 1
+CLOSE = 8
 
 
 @pytest.fixture
-def connection(settings) -> tuple[daphne_server.GatewayWebSocketProtocol, Socket]:
-    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "MAX_BUFFERED_BYTES": LIMIT}
-    return _upgraded(HTTPChannelStandIn())
+def wire(settings):
+    wire = open_wire(max_buffered_bytes=LIMIT, settings=settings)
+    yield wire
+    wire.close()
 
 
 def _send(protocol, *, droppable: bool = False, text: str = FRAME_TEXT) -> None:
@@ -116,142 +50,148 @@ def _send(protocol, *, droppable: bool = False, text: str = FRAME_TEXT) -> None:
     protocol.handle_reply(message)
 
 
-def _frame(text: str) -> bytes:
-    return bytes([0x81, 126]) + struct.pack("!H", len(text)) + text.encode()
+def _numbered(n: int) -> str:
+    return f"{n:08d}" + FRAME_TEXT[8:]
 
 
-def _fill_the_transport(protocol) -> int:
-    """Frames until Twisted says the transport is full (past its bufferSize); how many went."""
-    sent = 0
-    while not protocol.transport_full:
-        assert sent * FRAME_BYTES < 4 * protocol.transport.bufferSize, "the transport never said it was full"
-        _send(protocol, text=f"{sent:08d}" + FRAME_TEXT[8:])
-        sent += 1
-    return sent
+def _fill(wire) -> list[str]:
+    """Numbered frames until the kernel stops taking them and Twisted's transport holds the rest of one."""
+    texts: list[str] = []
+    while not wire.protocol.transport_busy:
+        assert len(texts) < 10_000, "the kernel never stopped taking frames"
+        texts.append(_numbered(len(texts)))
+        _send(wire.protocol, text=texts[-1])
+    return texts
 
 
-# --- flow control ---------------------------------------------------------------------------------
+def _texts(frames: list[tuple[int, bytes]]) -> list[str]:
+    return [payload.decode() for opcode, payload in frames if opcode == TEXT]
 
 
-def test_the_protocol_takes_the_transports_producer_slot_from_the_http_channel(settings):
-    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "MAX_BUFFERED_BYTES": LIMIT}
-    http_channel = HTTPChannelStandIn()
-    protocol, sock = _upgraded(http_channel)
-    assert sock.producer is protocol and sock.streamingProducer
-    _fill_the_transport(protocol)
-    sock.read_all()
-    assert protocol.transport_full is False  # paused, then resumed once the transport held nothing
-    assert http_channel.calls == []  # its reading pause no longer applies to the WebSocket
+# --- writes ----------------------------------------------------------------------------------------
 
 
-def test_frames_go_to_the_transport_until_it_is_full_then_wait_here_and_follow_in_order(connection):
-    protocol, sock = connection
-    went = _fill_the_transport(protocol)
-    assert went * FRAME_BYTES > sock.bufferSize  # Twisted's own threshold, not a number of ours
-    assert protocol.held_bytes == 0
-
-    _send(protocol, text="held-1" + FRAME_TEXT[6:])
-    assert protocol.held_bytes == FRAME_BYTES
-    assert protocol.state == protocol.STATE_OPEN
-
-    sock.read_all()
-    expected = b"".join(_frame(f"{n:08d}" + FRAME_TEXT[8:]) for n in range(went)) + _frame("held-1" + FRAME_TEXT[6:])
-    assert sock.delivered == expected
-    assert protocol.held_bytes == 0
+def test_the_protocol_takes_the_transports_producer_slot_from_the_http_channel(wire):
+    assert wire.transport.producer is wire.protocol
+    assert not wire.transport.streamingProducer  # a pull producer: called whenever the transport has sent it all
 
 
-def test_at_the_limit_one_more_frame_is_still_held(connection):
-    protocol, _sock = connection
-    _fill_the_transport(protocol)
-    _send(protocol)
-    _send(protocol)  # LIMIT lies between one and two frames: the second still goes
-    assert protocol.held_bytes == 2 * FRAME_BYTES
-    assert protocol.state == protocol.STATE_OPEN
+def test_a_connections_first_write_waits_for_the_reactor_as_twisted_may_still_hold_an_earlier_answer(wire):
+    assert wire.first_write_waited
 
 
-def test_past_the_limit_a_droppable_event_is_skipped_and_the_connection_stays_open(connection, caplog):
-    protocol, sock = connection
-    _fill_the_transport(protocol)
-    _send(protocol)
-    _send(protocol)
-    _send(protocol, droppable=True)
-    _send(protocol, droppable=True)
+def test_a_frame_with_nothing_before_it_reaches_the_kernel_without_a_reactor_turn(wire):
+    _send(wire.protocol, text="hello")
+    assert server_frames(wire.arrived()) == [(TEXT, b"hello")]
+    assert not wire.transport_waits_to_write()  # no writability registration to make and undo
+    assert wire.protocol.held_bytes == 0
 
-    assert protocol.held_bytes == 2 * FRAME_BYTES
-    assert protocol.state == protocol.STATE_OPEN
+
+def test_what_the_kernel_does_not_take_waits_in_twisted_and_later_frames_wait_here_in_order(wire):
+    texts = _fill(wire)
+    assert wire.transport_waits_to_write()
+    assert wire.protocol.held_bytes == 0
+
+    texts += [_numbered(len(texts)), _numbered(len(texts) + 1)]
+    _send(wire.protocol, text=texts[-2])
+    _send(wire.protocol, text=texts[-1])
+    assert wire.protocol.held_bytes == 2 * FRAME_BYTES
+    assert wire.protocol.state == wire.protocol.STATE_OPEN
+
+    assert _texts(server_frames(wire.deliver())) == texts
+    assert wire.protocol.held_bytes == 0
+    # Twisted said it had sent everything: the next frame goes at once again.
+    _send(wire.protocol, text="again")
+    assert server_frames(wire.arrived()) == [(TEXT, b"again")]
+
+
+# --- the limit -------------------------------------------------------------------------------------
+
+
+def test_at_the_limit_one_more_frame_is_still_held(wire):
+    _fill(wire)
+    _send(wire.protocol)
+    _send(wire.protocol)  # LIMIT lies between one and two frames: the second still goes
+    assert wire.protocol.held_bytes == 2 * FRAME_BYTES
+    assert wire.protocol.state == wire.protocol.STATE_OPEN
+
+
+def test_past_the_limit_a_droppable_event_is_skipped_and_the_connection_stays_open(wire, caplog):
+    texts = _fill(wire)
+    _send(wire.protocol)
+    _send(wire.protocol)
+    _send(wire.protocol, droppable=True)
+    _send(wire.protocol, droppable=True)
+
+    assert wire.protocol.held_bytes == 2 * FRAME_BYTES
+    assert wire.protocol.state == wire.protocol.STATE_OPEN
     assert caplog.text.count("dropping droppable events") == 1  # once per slow spell, not per event
 
     # The client reads again: frames flow, droppable ones too.
-    sock.read_all()
-    delivered = len(sock.delivered)
-    _send(protocol, droppable=True)
-    sock.read_all()
-    assert len(sock.delivered) - delivered == FRAME_BYTES  # written, not dropped
-    assert protocol.dropped_while_slow == 0
+    assert len(_texts(server_frames(wire.deliver()))) == len(texts) + 2  # the skipped ones never went
+    _send(wire.protocol, droppable=True, text="droppable")
+    assert server_frames(wire.arrived()) == [(TEXT, b"droppable")]  # written, not dropped
+    assert wire.protocol.dropped_while_slow == 0
 
 
-def test_past_the_limit_any_other_frame_closes_1008_slow_consumer_and_nothing_more_is_written(connection):
-    protocol, sock = connection
-    _fill_the_transport(protocol)
-    _send(protocol)
-    _send(protocol)
-    held = protocol.held_bytes
+def test_past_the_limit_any_other_frame_closes_1008_slow_consumer_and_nothing_more_is_written(wire):
+    texts = _fill(wire)
+    _send(wire.protocol)
+    _send(wire.protocol)
+    held = wire.protocol.held_bytes
 
-    _send(protocol)
+    _send(wire.protocol)
 
     close_payload = struct.pack("!H", 1008) + b"slow consumer"
-    close_frame = bytes([0x88, len(close_payload)]) + close_payload
-    assert protocol.held_bytes == held + len(close_frame)
-    assert protocol.held[-1] == close_frame  # behind what was held before it
-    assert protocol.state == protocol.STATE_CLOSING
+    assert wire.protocol.held_bytes == held + 2 + len(close_payload)
+    assert wire.protocol.state == wire.protocol.STATE_CLOSING
 
     # Daphne's answer to a send on a closing socket; the consumer takes it as its disconnect.
     with pytest.raises(Disconnected):
-        _send(protocol)
+        _send(wire.protocol)
     with pytest.raises(Disconnected):
-        _send(protocol, droppable=True)
-    assert protocol.held_bytes == held + len(close_frame)
+        _send(wire.protocol, droppable=True)
+    assert wire.protocol.held_bytes == held + 2 + len(close_payload)
 
-    sock.read_all()
-    assert sock.delivered.endswith(close_frame)
-
-
-def test_a_slow_consumer_that_never_answers_the_close_is_aborted_which_lets_go_of_what_was_held(connection):
-    protocol, sock = connection
-    _fill_the_transport(protocol)
-    _send(protocol)
-    _send(protocol)
-    _send(protocol)
-
-    assert protocol.closeHandshakeTimeout == daphne_server.SLOW_CONSUMER_CLOSE_TIMEOUT_S
-    assert protocol.closeHandshakeTimeoutCall is not None
-    protocol.onCloseHandshakeTimeout()  # what the timer runs when the client never read the close
-    assert sock.aborted
-    assert (protocol.held_bytes, len(protocol.held)) == (0, 0)
+    frames = server_frames(wire.deliver())
+    assert len(_texts(frames)) == len(texts) + 2
+    assert frames[-1] == (CLOSE, close_payload)  # behind what was held before it, and the last
 
 
-def test_a_close_answered_while_frames_are_held_sends_them_and_the_answer_before_the_tcp_close(connection):
-    protocol, sock = connection
-    _fill_the_transport(protocol)
-    _send(protocol, text="last")
+def test_a_slow_consumer_that_never_answers_the_close_is_aborted_which_lets_go_of_what_was_held(wire):
+    _fill(wire)
+    _send(wire.protocol)
+    _send(wire.protocol)
+    _send(wire.protocol)
+
+    assert wire.protocol.closeHandshakeTimeout == daphne_server.SLOW_CONSUMER_CLOSE_TIMEOUT_S
+    assert wire.protocol.closeHandshakeTimeoutCall is not None
+    wire.protocol.onCloseHandshakeTimeout()  # what the timer runs when the client never read the close
+    assert (wire.protocol.held_bytes, len(wire.protocol.held)) == (0, 0)
+    wire.clock.advance(0)  # Twisted's abort completes on the reactor's next turn
+    assert wire.transport.disconnected
+
+
+def test_a_close_answered_while_frames_are_held_sends_them_and_the_answer_before_the_tcp_close(wire):
+    texts = _fill(wire)
+    _send(wire.protocol, text="last")
 
     # What autobahn does when the client's close frame arrives at a server: answer it, then drop the TCP.
-    protocol.sendCloseFrame(code=1000, isReply=True)
-    protocol.dropConnection(abort=False)
+    wire.protocol.sendCloseFrame(code=1000, isReply=True)
+    wire.protocol.dropConnection(abort=False)
 
-    assert (protocol.held_bytes, len(protocol.held)) == (0, 0)
-    assert sock.producer is None and sock.disconnecting
-    sock.reading = True
-    assert sock.doWrite() is main.CONNECTION_DONE  # all written, then closed
-    assert sock.delivered.endswith(bytes([0x81, 4]) + b"last" + bytes([0x88, 2]) + struct.pack("!H", 1000))
+    assert (wire.protocol.held_bytes, len(wire.protocol.held)) == (0, 0)
+    assert wire.transport.producer is None and wire.transport.disconnecting
+    frames = server_frames(wire.deliver())
+    assert _texts(frames) == [*texts, "last"]
+    assert frames[-1] == (CLOSE, struct.pack("!H", 1000))
 
 
-def test_a_lost_connection_lets_go_of_what_was_held(connection):
-    protocol, sock = connection
-    _fill_the_transport(protocol)
-    _send(protocol)
-    sock.connectionLost(failure.Failure(main.CONNECTION_LOST))
-    assert (protocol.held_bytes, len(protocol.held)) == (0, 0)
+def test_a_lost_connection_lets_go_of_what_was_held(wire):
+    _fill(wire)
+    _send(wire.protocol)
+    wire.transport.connectionLost(failure.Failure(main.CONNECTION_LOST))
+    assert (wire.protocol.held_bytes, len(wire.protocol.held)) == (0, 0)
 
 
 # --- droppable events on their way to the transport ----------------------------------------------
