@@ -1,4 +1,4 @@
-"""Running Daphne for the gateway: close reasons on the wire, slow consumers, HTTP hardening and a shutdown broadcast.
+"""Running Daphne for the gateway: close reasons, frames written at once, slow consumers, HTTP hardening, shutdown.
 
 Daphne stays the server, used through ``daphne.server.Server`` and its parameters. Its ``run()`` builds the HTTP
 and WebSocket factories and serves at once, with no hook in between; the ``ready_callable`` it runs before the
