@@ -84,6 +84,7 @@ class Wire:
             task.cancel()
         self.loop.run_until_complete(asyncio.sleep(0))
         self.loop.close()
+        asyncio.set_event_loop(None)
 
 
 def open_wire(*, max_buffered_bytes: int, settings) -> Wire:
