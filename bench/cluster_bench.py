@@ -21,8 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ScratchPostgres, ScratchRedisPrefix, connected_client
-from bench.gateway_bench import FLOOR_PATH
+from bench.common import FLOOR_PATH, FLOOR_SETTINGS, ScratchPostgres, ScratchRedisPrefix, connected_client
 from tests.support.processes import start_cluster
 
 
@@ -87,8 +86,8 @@ def round_for(gateways: int, args: argparse.Namespace) -> dict:
         "REDIS_URL": args.redis,
         "OPENCLAW_REDIS_PREFIX": redis.prefix,
         "OPENCLAW_CELERY_QUEUE": redis.prefix,
-        # The framework floor (gateway/bench_floor.py) behind the same balancer and processes.
-        "OPENCLAW_BENCH_FLOOR": "1",
+        # The framework floor (bench/floor.py) behind the same balancer, in the same gateway processes.
+        **FLOOR_SETTINGS,
     }
     cluster = start_cluster(
         settings, gateways=gateways, workers=1, worker_concurrency=args.worker_concurrency, clean_env=True

@@ -36,6 +36,10 @@ from tests.support.processes import GatewayLaunch  # noqa: E402
 
 # A gateway on a slow machine (or PostgreSQL) may take longer than the tests allow.
 STARTUP_TIMEOUT_S = 60.0
+# The environment of a gateway whose process also serves the framework floor (bench/floor.py, bench/asgi.py) at
+# FLOOR_PATH: the project's settings with the benchmarks' ASGI application, still started by ``manage.py serve``.
+FLOOR_SETTINGS = {"DJANGO_SETTINGS_MODULE": "bench.settings"}
+FLOOR_PATH = "/bench/floor"
 POSTGRES_SCHEMES = ("postgres", "postgresql", "pgsql")
 
 

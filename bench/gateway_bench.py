@@ -27,6 +27,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402  (the repository root must be importable first)
+    FLOOR_PATH,
+    FLOOR_SETTINGS,
     STARTUP_TIMEOUT_S,
     ScratchPostgres,
     ScratchRedisPrefix,
@@ -56,7 +58,6 @@ METHODS = ("health", "sessions.list", "node.list")
 # Params sent with each method (None: no params member), the same for every gateway measured.
 METHOD_PARAMS: dict[str, Any] = {"sessions.list": {}}
 LOAD_WARMUP_CALLS = 20
-FLOOR_PATH = "/bench/floor"  # gateway/bench_floor.py, routed with OPENCLAW_BENCH_FLOOR=1
 # The floor answers any method alike; the name only shows in its request frames.
 FLOOR_METHOD = "health"
 
@@ -353,7 +354,7 @@ def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
 
 class OurGateway:
     """The project's gateway, started as the README does (``manage.py migrate`` + ``manage.py serve``) on scratch
-    services, with the floor socket on (``OPENCLAW_BENCH_FLOOR=1``); :meth:`close` removes everything."""
+    services, with the floor socket in the same process (``bench.settings``); :meth:`close` removes everything."""
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -376,7 +377,7 @@ class OurGateway:
             database_url=database_url,
             redis_url=self.args.redis_url,
             redis_prefix=self.redis_prefix.prefix if self.redis_prefix else None,
-            extra_env={"OPENCLAW_BENCH_FLOOR": "1"},
+            extra_env=FLOOR_SETTINGS,
         )
         progress("migrating a fresh database")
         self.launch.migrate()
@@ -434,9 +435,28 @@ class OurGateway:
         }
 
 
+def other_targets(args: argparse.Namespace) -> list[Target]:
+    """The ``--against`` gateways, in the order given, each with its own token, pid and label."""
+    labels = args.against_label or default_labels(len(args.against))
+    pids = args.against_pid or [0] * len(args.against)
+    return [
+        Target(name=label, url=url, token=token, pid=pid or None)
+        for url, token, pid, label in zip(args.against, args.against_token, pids, labels, strict=True)
+    ]
+
+
+def default_labels(count: int) -> list[str]:
+    return ["other"] if count == 1 else [f"other-{n}" for n in range(1, count + 1)]
+
+
+def alternating(targets: list[Target], rounds: int) -> list[Target]:
+    """Every target once per round, in the same order each round: each is measured in the same minutes as the rest."""
+    return [target for _ in range(rounds) for target in targets]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """One of three modes: ours alone (with its floor), another gateway alone (``--url``), or ours and another
-    alternately, ``--rounds`` times each (``--against``)."""
+    """One of three modes: ours alone (with its floor), another gateway alone (``--url``), or ours and the others
+    alternately, ``--rounds`` times each (``--against``, repeatable)."""
     if args.url:
         other = Target(name="other", url=args.url, token=args.token, pid=args.pid)
         return {"mode": "url", "runs": [measure(other, args)]}
@@ -445,13 +465,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         project = ours.start()
         if args.against:
-            other = Target(name="other", url=args.against, token=args.against_token, pid=args.against_pid)
+            targets = [project, *other_targets(args)]
             runs = []
-            for round_no in range(1, args.rounds + 1):
-                progress(f"round {round_no} of {args.rounds}")
-                runs.append(measure(project, args))
-                runs.append(measure(other, args))
-            report = {"mode": "side-by-side", "runs": runs}
+            for index, target in enumerate(alternating(targets, args.rounds)):
+                if index % len(targets) == 0:
+                    progress(f"round {index // len(targets) + 1} of {args.rounds}")
+                runs.append(measure(target, args))
+            report = {"mode": "side-by-side", "labels": [t.name for t in targets[1:]], "runs": runs}
         else:
             report = {"mode": "project", "runs": [measure(project, args)]}
         report["environment"] = ours.environment(report["runs"][0]["facts"])
@@ -552,21 +572,27 @@ def _median(values: list[float | None]) -> float | None:
     return present[middle] if len(present) % 2 else (present[middle - 1] + present[middle]) / 2
 
 
-def render_side_by_side(runs: list[dict[str, Any]]) -> list[str]:
+def render_side_by_side(runs: list[dict[str, Any]], labels: list[str]) -> list[str]:
+    """Medians over the rounds: the project, each other gateway, the project's ratio to each, and to its floor."""
     ours = [headline(r) for r in runs if r["target"] == "project"]
-    other = [headline(r) for r in runs if r["target"] == "other"]
+    others = {label: [headline(r) for r in runs if r["target"] == label] for label in labels}
     floors = [r["floor"] for r in runs if r.get("floor")]
+    column = max(12, *(len(label) + 2 for label in labels))
     lines = [
-        f"side by side: medians of {len(ours)} alternating round(s); project/other > 1 means the project is slower "
+        f"side by side: medians of {len(ours)} alternating round(s); project/X > 1 means the project is slower "
         "(round trips) or faster (calls/s)",
-        f"{'figure':<44}{'project':>10}{'other':>10}{'project/other':>15}{'project/floor':>15}",
+        f"{'figure':<44}{'project':>10}"
+        + "".join(f"{label:>{column}}" for label in labels)
+        + "".join(f"{'project/' + label:>{column + 8}}" for label in labels)
+        + f"{'project/floor':>15}",
     ]
     floor_hs = _median([f["handshake"].get("p50") for f in floors])
     floor_rt = _median([f["latency"].get("p50") for f in floors])
     floor_rt99 = _median([f["latency"].get("p99") for f in floors])
     floor_cps = _median([f["throughput"]["callsPerSecond"] for f in floors])
     for name in ours[0]:
-        mine, theirs = _median([h[name] for h in ours]), _median([h[name] for h in other])
+        mine = _median([h[name] for h in ours])
+        theirs = [_median([h.get(name) for h in others[label]]) for label in labels]
         if "handshake" in name:
             base = floor_hs
         elif "calls/s" in name:
@@ -575,14 +601,20 @@ def render_side_by_side(runs: list[dict[str, Any]]) -> list[str]:
             base = floor_rt99 if " p99" in name else floor_rt
         to_floor = _pct(mine, base) if "calls/s" in name else _ratio(mine, base)
         lines.append(
-            f"{name:<44}{mine if mine is not None else float('nan'):>10.2f}"
-            f"{theirs if theirs is not None else float('nan'):>10.2f}{_ratio(mine, theirs):>15}{to_floor:>15}"
+            f"{name:<44}{_figure(mine):>10}"
+            + "".join(f"{_figure(value):>{column}}" for value in theirs)
+            + "".join(f"{_ratio(mine, value):>{column + 8}}" for value in theirs)
+            + f"{to_floor:>15}"
         )
     lines.append(
         f"{'floor (project): handshake / request p50 (ms), calls/s':<44}"
         f"{fmt_ms(floor_hs)} / {fmt_ms(floor_rt)} / {floor_cps or 0:.0f}"
     )
     return lines
+
+
+def _figure(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "-"
 
 
 def render(report: dict[str, Any], args: argparse.Namespace) -> str:
@@ -594,7 +626,7 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
     for result in report["runs"]:
         lines += ["", *render_run(result)]
     if report["mode"] == "side-by-side":
-        lines += ["", *render_side_by_side(report["runs"])]
+        lines += ["", *render_side_by_side(report["runs"], report["labels"])]
     facts = report["runs"][0]["facts"]
     lines += [
         "",
@@ -619,9 +651,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--url", help="measure this OpenClaw-protocol gateway instead of starting ours (no floor)")
     parser.add_argument("--token", help="the shared token of --url")
     parser.add_argument("--pid", type=int, help="the process id of --url's gateway, for its CPU and memory")
-    parser.add_argument("--against", help="start ours and measure it and this gateway URL alternately")
-    parser.add_argument("--against-token", help="the shared token of --against")
-    parser.add_argument("--against-pid", type=int, help="the process id of --against's gateway")
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="start ours and measure it and this gateway URL alternately (repeatable: one more gateway each time)",
+    )
+    parser.add_argument(
+        "--against-token", action="append", default=[], metavar="T", help="the shared token of each --against, in order"
+    )
+    parser.add_argument(
+        "--against-pid",
+        action="append",
+        default=[],
+        type=int,
+        metavar="P",
+        help="the process id of each --against's gateway, in order (0: not known); all or none",
+    )
+    parser.add_argument(
+        "--against-label",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="the name of each --against in the tables, in order; all or none (default: other, or other-1, other-2…)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of --against")
     parser.add_argument("--connections", type=int, default=8, help="concurrent connections of the throughput runs")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
@@ -641,8 +695,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--url measures another gateway alone, --against beside ours: one or the other")
     if args.url and not args.token:
         parser.error("--url needs --token")
-    if args.against and not args.against_token:
-        parser.error("--against needs --against-token")
+    if len(args.against_token) != len(args.against):
+        parser.error("each --against needs its --against-token, in the same order")
+    for option, given in (("--against-pid", args.against_pid), ("--against-label", args.against_label)):
+        if given and len(given) != len(args.against):
+            parser.error(f"{option} is given for every --against, in the same order, or not at all")
+    labels = args.against_label or default_labels(len(args.against))
+    if "project" in labels or len(set(labels)) != len(labels):
+        parser.error("--against-label names must differ from each other and from 'project'")
     if args.url and (args.database_url or args.redis_url):
         parser.error("--database-url and --redis-url are for our gateway, which --url does not start")
     return args

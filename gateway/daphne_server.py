@@ -1,32 +1,38 @@
-"""Running Daphne for the gateway: close reasons on the wire, slow consumers and a shutdown broadcast.
+"""Running Daphne for the gateway: close reasons, frames written at once, slow consumers, HTTP hardening, shutdown.
 
-Daphne 4 drops the ``reason`` of ``websocket.close``; OpenClaw clients show it (for example
-``pairing required: … (requestId: …)``), so the protocol class sends it. Before the reactor stops,
-every local connection receives the ``shutdown`` event.
+Daphne stays the server, used through ``daphne.server.Server`` and its parameters. Its ``run()`` builds the HTTP
+and WebSocket factories and serves at once, with no hook in between; the ``ready_callable`` it runs before the
+reactor accepts a first connection points them at the gateway's protocol classes
+(:func:`install_gateway_protocols`), through documented factory attributes only.
 
-Frames go to the kernel as they are sent when nothing is queued before them (:func:`write_now`), instead
-of waiting for the reactor's next turn: Twisted would register the socket for writability, write on the
-next turn and unregister it, two ``epoll_ctl`` calls and a loop turn per frame (about a tenth of the
-gateway's time per call under load).
+Close reasons: Daphne 4 drops the ``reason`` of ``websocket.close`` (django/daphne#374); OpenClaw clients show it
+(for example ``pairing required: … (requestId: …)``), so the protocol class sends it.
 
-Slow consumers (OpenClaw's policy, ``policy.maxBufferedBytes`` in hello-ok): Twisted keeps whatever
-the socket did not take in a buffer of its own, which grows for as long as a client does not read.
-Before each frame the protocol looks at that buffer; past ``MAX_BUFFERED_BYTES`` a frame published
-as droppable (``dropIfSlow``) is skipped, any other closes the connection with 1008 ``slow
+Writes: a frame goes to the kernel as it is sent (``ITCPTransport.getHandle()``: the connection's socket) when
+Twisted's transport holds nothing before it, instead of waiting for the reactor's next turn: Twisted would
+register the socket for writability, write on the next turn and unregister it, two ``epoll_ctl`` calls and a loop
+turn per frame. What the kernel does not take goes to the transport, and the protocol, registered as the
+transport's pull producer (``IConsumer.registerProducer``), holds the frames after it until Twisted calls
+``resumeProducing``: its buffer is empty again.
+
+Slow consumers (OpenClaw's policy, ``policy.maxBufferedBytes`` in hello-ok): past ``MAX_BUFFERED_BYTES`` held, a
+frame published as droppable (``dropIfSlow``) is skipped, any other closes the connection with 1008 ``slow
 consumer``. Nothing more is written to it, and the close handshake waits at most
-:data:`SLOW_CONSUMER_CLOSE_TIMEOUT_S` before the TCP connection is aborted, which frees the buffer.
+:data:`SLOW_CONSUMER_CLOSE_TIMEOUT_S` before the TCP connection is aborted, which frees what was held.
+
+Before the reactor stops, every local connection receives the ``shutdown`` event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 
-from daphne import server as daphne_server
 from daphne import ws_protocol
-from daphne.http_protocol import HTTPFactory
 from daphne.server import Server
-from twisted.internet import abstract
+from twisted.internet import interfaces
+from twisted.web import http
 
 from . import lifecycle
 from .conf import gateway_setting
@@ -51,86 +57,100 @@ SLOW_CONSUMER_CLOSE_REASON = "slow consumer"
 SLOW_CONSUMER_CLOSE_TIMEOUT_S = 30
 
 
-def unsent_bytes(transport) -> int:
-    """Bytes written to ``transport`` that the kernel has not accepted yet (Twisted's own buffer).
+class GatewayWebSocketProtocol(ws_protocol.WebSocketProtocol):
+    """Daphne's WebSocket protocol that sends close codes with their reason, writes frames at once and bounds what a
+    slow client costs.
 
-    Protocol wrappers (``twisted.protocols.policies``) hold the real transport in ``.transport``; the
-    file descriptor at the bottom keeps ``dataBuffer`` (from ``offset`` on) and the writes queued
-    since its last flush. A transport that is gone (``None``) holds nothing.
-    """
-    while transport is not None and not isinstance(transport, abstract.FileDescriptor):
-        transport = getattr(transport, "transport", None)
-    if transport is None:
-        return 0
-    return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+    Autobahn's ``sendClose`` only admits 1000 and 3000-4999 from applications, and the gateway closes with
+    1008, 1002, 1009 and 1011 too: the close frame goes through ``sendCloseFrame``, as Daphne sends its own 1011.
 
-
-def write_now(transport, data: bytes) -> bool:
-    """Hand ``data`` to the kernel now, queuing only what it does not take; False when the caller must
-    write the usual way (not a plain TCP transport, data already queued, closing, its producer paused).
-
-    Order is kept: the fast path is taken only when nothing written earlier is still queued. Flow control
-    too: what the kernel does not take is queued by ``transport.write``, which pauses the producer (the
-    upgraded HTTP channel: reading from the client) when the queue grows, as for any write.
-    """
-    if not isinstance(transport, abstract.FileDescriptor) or getattr(transport, "TLS", True):
-        return False
-    if (
-        not transport.connected
-        or transport.disconnecting
-        or transport._writeDisconnecting
-        or transport._writeDisconnected
-        or transport.producerPaused
-        or len(transport.dataBuffer) - transport.offset
-        or transport._tempDataLen
-    ):
-        return False
-    sent = transport.writeSomeData(data)
-    if isinstance(sent, Exception) or sent < 0:
-        # The connection is gone: queued the usual way, Twisted's next write finds out and closes it.
-        transport.write(data)
-    elif sent < len(data):
-        transport.write(data[sent:])
-    return True
-
-
-def over_buffer_limit(unsent: int, limit: int) -> bool:
-    # The frame about to go is not counted: like OpenClaw, a connection at the limit still gets one
-    # more frame, so the buffer stays under the limit plus one frame.
-    return unsent > limit
-
-
-class ReasonCarryingWebSocketProtocol(ws_protocol.WebSocketProtocol):
-    """Sends protocol close codes (1008, 1002, 1009, …) with their reason, and closes slow consumers.
-
-    Autobahn's ``sendClose`` only admits 1000 and 3000-4999 from applications, so the close frame
-    is sent the way Daphne itself sends 1011.
+    Every frame autobahn writes (data, ping, pong, close, the opening handshake's answer) passes through
+    ``sendData``, and nothing else writes to the transport after the upgrade: while ``transport_busy`` (Twisted
+    holds bytes) frames wait in ``held``, in order; otherwise they go to the kernel, and what it does not take to
+    Twisted.
     """
 
-    def _connectionMade(self):
-        super()._connectionMade()
-        # Frames over the hard size limit get a 1009 close frame instead of a dropped TCP stream.
-        self.failByDrop = False
+    def connectionMade(self):
         self.max_buffered_bytes = gateway_setting("MAX_BUFFERED_BYTES")
+        self.held: deque[bytes] = deque()
+        self.held_bytes = 0
         self.dropped_while_slow = 0
+        transport = self.transport
+        tls = interfaces.ISSLTransport.providedBy(transport)
+        self.socket = transport.getHandle() if interfaces.ITCPTransport.providedBy(transport) and not tls else None
+        super().connectionMade()
+        # The HTTP channel that read the upgrade request was the transport's producer until now.
+        transport.unregisterProducer()
+        transport.registerProducer(self, False)
+        # Registering a pull producer calls resumeProducing at once, which says nothing about what the transport
+        # holds: it may still be sending an earlier HTTP response of this connection. Its first write goes through
+        # Twisted; its next call of resumeProducing says the transport is empty.
+        self.transport_busy = False
+        self.transport_empty = False
+
+    # --- IPullProducer, as the transport sees this protocol ---------------------------------------------------
+
+    def resumeProducing(self):
+        """Twisted's transport has sent everything it was given."""
+        self.transport_busy = False
+        self.transport_empty = True
+        # Without a socket to try first (TLS, a wrapping transport), everything held goes to the transport at once.
+        while self.held and (not self.transport_busy or self.socket is None):
+            data = self.held.popleft()
+            self.held_bytes -= len(data)
+            self._write(data)
+
+    def stopProducing(self):
+        # The connection is gone: what was held will never be sent.
+        self.held.clear()
+        self.held_bytes = 0
+
+    # --- writing ----------------------------------------------------------------------------------------------
 
     def sendData(self, data, sync=False, chopsize=None):
-        if sync or chopsize or self.send_queue or not write_now(self.transport, data):
-            super().sendData(data, sync, chopsize)
+        # Daphne never asks for autobahn's synchronous or chopped writes, which are for tests of autobahn itself.
+        if self.transport_busy or self.held:
+            self.held.append(data)
+            self.held_bytes += len(data)
             return
-        # What autobahn counts after its own write.
-        if self.state == self.STATE_OPEN:
-            self.trafficStats.outgoingOctetsWireLevel += len(data)
-        elif self.state in (self.STATE_CONNECTING, self.STATE_PROXY_CONNECTING):
-            self.trafficStats.preopenOutgoingOctetsWireLevel += len(data)
-        if self.logOctets:
-            self.logTxOctets(data, False)
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        """``data`` with nothing held before it: to the kernel when Twisted's transport holds nothing either, the rest
+        to the transport, which calls :meth:`resumeProducing` once it has sent it."""
+        sent = 0
+        if self.transport_empty and self.socket is not None and self.state != self.STATE_CLOSED:
+            try:
+                sent = self.socket.send(data)
+            except OSError:
+                # Full (EAGAIN, ENOBUFS) or gone: queued the usual way; Twisted's own write then finds out and
+                # closes the connection if it is gone.
+                sent = 0
+        if sent < len(data):
+            # Autobahn's own write (its traffic statistics, unused by Daphne, count only these bytes).
+            super().sendData(data[sent:] if sent else data)
+            self.transport_busy = True
+            self.transport_empty = False
+
+    def dropConnection(self, abort=False):
+        if abort:
+            self.stopProducing()
+        else:
+            # A TCP close after the close frame (autobahn answering the client's close): what waits here goes to
+            # the transport first, which closes once it has sent it all.
+            while self.held:
+                data = self.held.popleft()
+                self.held_bytes -= len(data)
+                super().sendData(data)
+        super().dropConnection(abort)
+
+    # --- Daphne's ASGI messages -------------------------------------------------------------------------------
 
     def handle_reply(self, message):
-        if message.get("type") == "websocket.send" and self.state == self.STATE_OPEN:
-            if self._refuse_slow_consumer_frame(message):
-                return
-        if message.get("type") == "websocket.close" and self.state != self.STATE_CONNECTING:
+        kind = message.get("type")
+        if kind == "websocket.send" and self.state == self.STATE_OPEN and self._refuse_slow_consumer_frame(message):
+            return
+        if kind == "websocket.close" and self.state != self.STATE_CONNECTING:
             reason = message.get("reason") or ""
             self.sendCloseFrame(
                 code=message.get("code") or 1000,
@@ -142,28 +162,29 @@ class ReasonCarryingWebSocketProtocol(ws_protocol.WebSocketProtocol):
 
     def _refuse_slow_consumer_frame(self, message) -> bool:
         """True when the frame is not sent: dropped (``dropIfSlow``), or the connection is closing."""
-        unsent = unsent_bytes(self.transport)
-        if not over_buffer_limit(unsent, self.max_buffered_bytes):
+        # The frame about to go is not counted: like OpenClaw, a connection at the limit still gets one more
+        # frame, so what is held stays under the limit plus one frame.
+        if self.held_bytes <= self.max_buffered_bytes:
             self.dropped_while_slow = 0
             return False
         if message.get(DROP_IF_SLOW_KEY):
             if not self.dropped_while_slow:
                 logger.warning(
-                    "WebSocket %s: %d bytes unsent (limit %d), dropping droppable events",
+                    "WebSocket %s: %d bytes held for it (limit %d), dropping droppable events",
                     self.client_addr,
-                    unsent,
+                    self.held_bytes,
                     self.max_buffered_bytes,
                 )
             self.dropped_while_slow += 1
             return True
         logger.warning(
-            "WebSocket %s: %d bytes unsent (limit %d), closing as a slow consumer",
+            "WebSocket %s: %d bytes held for it (limit %d), closing as a slow consumer",
             self.client_addr,
-            unsent,
+            self.held_bytes,
             self.max_buffered_bytes,
         )
-        # The close frame queues behind what is buffered; a client that never reads it is cut off
-        # when the close handshake times out (autobahn aborts the TCP connection, freeing the buffer).
+        # The close frame queues behind what is held; a client that never reads it is cut off when the close
+        # handshake times out (autobahn aborts the TCP connection, and what was held is let go).
         self.closeHandshakeTimeout = SLOW_CONSUMER_CLOSE_TIMEOUT_S
         self.sendCloseFrame(
             code=SLOW_CONSUMER_CLOSE_CODE, reasonUtf8=SLOW_CONSUMER_CLOSE_REASON.encode("utf-8"), isReply=False
@@ -177,33 +198,32 @@ class ReasonCarryingWebSocketProtocol(ws_protocol.WebSocketProtocol):
 HTTP_IDLE_TIMEOUT_S = 10
 
 
-class GatewayHTTPFactory(HTTPFactory):
-    """Daphne's HTTP side with a short idle timeout and an answer for overlong request lines.
+class GatewayHTTPChannel(http.HTTPChannel):
+    """Twisted's HTTP/1.1 channel, which Daphne's requests run on, with an answer for overlong lines.
 
     Twisted drops the TCP connection when a line passes its 16 KiB limit; a client then learns
     nothing. An overlong request line gets ``414 URI Too Long``, an overlong header ``431``.
+    (Twisted's default channel factory would pick HTTP/2 when TLS negotiates it; the gateway listens on
+    plain TCP, where that never happens.)
     """
 
-    def __init__(self, server):
-        super().__init__(server)
-        self.timeOut = HTTP_IDLE_TIMEOUT_S
-
-    def buildProtocol(self, addr):
-        protocol = super().buildProtocol(addr)
-        # The generic (HTTP/1.1 or HTTP/2) wrapper holds the HTTP/1.1 channel that parses lines.
-        channel = getattr(protocol, "_channel", protocol)
-        channel.lineLengthExceeded = lambda line, channel=channel: _line_too_long(channel)
-        return protocol
+    def lineLengthExceeded(self, line):
+        # The channel holds a request from its request line until it is answered (the next one is parsed only
+        # then), so none held means the overlong line is a request line.
+        status = b"431 Request Header Fields Too Large" if self.requests else b"414 URI Too Long"
+        self.transport.write(b"HTTP/1.1 " + status + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+        self.loseConnection()
 
 
-def _line_too_long(channel) -> None:
-    # Twisted's channel still waits for its request line while its private first-line flag is set.
-    if getattr(channel, "_HTTPChannel__first_line", 0):
-        status = b"414 URI Too Long"
-    else:
-        status = b"431 Request Header Fields Too Large"
-    channel.transport.write(b"HTTP/1.1 " + status + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
-    channel.transport.loseConnection()
+def install_gateway_protocols(server: Server) -> None:
+    """Point the factories ``server.run()`` has just built at the gateway's classes; documented attributes only:
+    ``Factory.protocol`` (what ``buildProtocol`` makes), ``HTTPFactory.timeOut`` (the idle timeout) and autobahn's
+    ``failByDrop`` protocol option."""
+    server.ws_factory.protocol = GatewayWebSocketProtocol
+    # Frames over the hard size limit get a 1009 close frame instead of a dropped TCP stream.
+    server.ws_factory.setProtocolOptions(failByDrop=False)
+    server.http_factory.protocol = GatewayHTTPChannel
+    server.http_factory.timeOut = HTTP_IDLE_TIMEOUT_S
 
 
 def run_gateway_server(
@@ -218,10 +238,6 @@ def run_gateway_server(
     # Imported here: importing the reactor installs it, which must happen after Daphne chose one.
     from twisted.internet import defer, reactor
 
-    ws_protocol.WebSocketFactory.protocol = ReasonCarryingWebSocketProtocol
-    # Daphne builds its HTTP factory inside Server.run(); this is the class it looks up.
-    daphne_server.HTTPFactory = GatewayHTTPFactory
-
     def broadcast_shutdown():
         loop = asyncio.get_event_loop()
         future = asyncio.ensure_future(lifecycle.shutdown("gateway stopping"), loop=loop)
@@ -230,6 +246,8 @@ def run_gateway_server(
     reactor.addSystemEventTrigger("before", "shutdown", broadcast_shutdown)
 
     def on_ready():
+        # Server.run() calls this once its factories exist and before the reactor runs: no connection was built yet.
+        install_gateway_protocols(server)
         lifecycle.start_in_background(asyncio.get_event_loop())
         if ready_callable is not None:
             ready_callable()

@@ -8,10 +8,8 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from gateway.bench_floor import FLOOR_PATH, FloorConsumer  # noqa: E402
 from gateway.consumers import GatewayConsumer  # noqa: E402
 from operator_ui.consumers import ConsoleConsumer  # noqa: E402
 from operator_ui.origins import SameOriginOnly  # noqa: E402
@@ -26,20 +24,12 @@ async def http_application(scope, receive, send):
     return await django_asgi_app(scope, receive, send)
 
 
-def websocket_routes(*, bench_floor: bool) -> list:
-    routes = [
-        re_path(r"^/?$", GatewayConsumer.as_asgi()),
-        re_path(r"^/?ws/?$", GatewayConsumer.as_asgi()),
-        # The console's live updates: a logged-in Django user (session cookie) of the console's own origin.
-        re_path(r"^/?ui/live/?$", SameOriginOnly(AuthMiddlewareStack(ConsoleConsumer.as_asgi()))),
-    ]
-    if bench_floor:
-        # The benchmarks' do-nothing consumer (bench/README.md), routed like the gateway's socket: no middleware.
-        routes.append(re_path(rf"^/?{FLOOR_PATH}/?$", FloorConsumer.as_asgi()))
-    return routes
-
-
-websocket_urlpatterns = websocket_routes(bench_floor=settings.OPENCLAW_BENCH_FLOOR)
+websocket_urlpatterns = [
+    re_path(r"^/?$", GatewayConsumer.as_asgi()),
+    re_path(r"^/?ws/?$", GatewayConsumer.as_asgi()),
+    # The console's live updates: a logged-in Django user (session cookie) of the console's own origin.
+    re_path(r"^/?ui/live/?$", SameOriginOnly(AuthMiddlewareStack(ConsoleConsumer.as_asgi()))),
+]
 
 # No origin validator or session auth on the gateway's socket: the gateway protocol authenticates inside
 # the `connect` request (shared secret, device token, device signature), as OpenClaw does.

@@ -265,10 +265,6 @@ if OPENCLAW_GATEWAY["PROCESS_STALE_AFTER_MS"] <= OPENCLAW_GATEWAY["PROCESS_HEART
         "(a live process would be declared dead between two heartbeats)"
     )
 
-# The benchmarks' framework floor: a do-nothing WebSocket consumer at /bench/floor, without authentication
-# (gateway/bench_floor.py). Only bench/gateway_bench.py sets this; never in a deployment.
-OPENCLAW_BENCH_FLOOR = env_bool("OPENCLAW_BENCH_FLOOR", False)
-
 # --- Session workspaces -------------------------------------------------------------------------
 # Directories (besides <state dir>/workspace) whose git checkouts sessions.create may make worktrees
 # of (``cwd``); os.pathsep-separated absolute paths. Unset: only the agent workspace.

@@ -1,9 +1,10 @@
-"""The slow-consumer limit: Twisted's unsent bytes measured before each frame, droppable events
-skipped past ``maxBufferedBytes``, anything else closing 1008 ``slow consumer``; and the events
-marked droppable on their way from the publisher to the transport.
+"""Writes and the slow-consumer limit: a frame goes to the kernel at once when nothing waits before it, what the
+kernel does not take waits in Twisted's transport and the frames after it in the protocol, which counts them;
+droppable events skipped past ``maxBufferedBytes`` held, anything else closing 1008 ``slow consumer``; and the
+events marked droppable on their way from the publisher to the transport.
 
-The transport here is Twisted's own file descriptor whose socket accepts nothing (or everything,
-once the client reads again): the buffer arithmetic is the real one.
+The connection is a real loopback TCP connection upgraded by Daphne (``tests/support/daphne_wire.py``) whose client
+reads nothing until the test lets it: the kernel's buffers and Twisted's transport are the real ones.
 """
 
 from __future__ import annotations
@@ -17,74 +18,29 @@ import pytest
 from autobahn.exception import Disconnected
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer
-from daphne import ws_protocol
-from twisted.internet import abstract
-from twisted.internet.address import IPv4Address
-from twisted.internet.protocol import Protocol
-from twisted.internet.testing import MemoryReactorClock
-from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.internet import main
+from twisted.python import failure
 
 from gateway import broadcast, daphne_server, events, publisher
 from gateway import scopes as sc
 from gateway.consumers import GatewayConsumer
 from gateway.context import RpcContext
 from gateway.protocol import DROP_IF_SLOW_KEY, EncodedEvent
+from tests.support.daphne_wire import open_wire, server_frames
 
 LIMIT = 1000
 FRAME_TEXT = "x" * 800
 # A server frame of 800 bytes: 2 header bytes plus a 16-bit length.
 FRAME_BYTES = 4 + len(FRAME_TEXT)
+TEXT = 1
+CLOSE = 8
 
 
-class Socket(abstract.FileDescriptor):
-    """A connected descriptor whose peer reads nothing until ``reading`` is set."""
-
-    def __init__(self) -> None:
-        super().__init__(reactor=MemoryReactorClock())
-        self.connected = 1
-        self.reading = False
-        self.delivered = 0
-        self.aborted = False
-
-    def getPeer(self):
-        return IPv4Address("TCP", "127.0.0.1", 50000)
-
-    def getHost(self):
-        return IPv4Address("TCP", "127.0.0.1", 18789)
-
-    def writeSomeData(self, data) -> int:
-        if not self.reading:
-            return 0
-        self.delivered += len(data)
-        return len(data)
-
-    def abortConnection(self) -> None:
-        self.aborted = True
-
-
-class Server:
-    """Daphne's server as the protocol sees it at connection time."""
-
-    def protocol_connected(self, protocol) -> None:
-        pass
-
-
-# Frames written at once (plain TCP, `daphne_server.write_now`) or queued for the reactor's next turn (any
-# other transport): the same arithmetic either way.
-@pytest.fixture(params=["written-at-once", "queued"])
-def connection(request, settings) -> tuple[daphne_server.ReasonCarryingWebSocketProtocol, Socket]:
-    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "MAX_BUFFERED_BYTES": LIMIT}
-    factory = ws_protocol.WebSocketFactory(Server())
-    factory.protocol = daphne_server.ReasonCarryingWebSocketProtocol
-    protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
-    sock = Socket()
-    if request.param == "written-at-once":
-        sock.TLS = False
-    protocol.makeConnection(sock)
-    # As after Daphne's accept (the opening handshake is not what these tests are about).
-    protocol.state = protocol.STATE_OPEN
-    protocol.client_addr = ["127.0.0.1", 50000]
-    return protocol, sock
+@pytest.fixture
+def wire(settings):
+    wire = open_wire(max_buffered_bytes=LIMIT, settings=settings)
+    yield wire
+    wire.close()
 
 
 def _send(protocol, *, droppable: bool = False, text: str = FRAME_TEXT) -> None:
@@ -94,101 +50,148 @@ def _send(protocol, *, droppable: bool = False, text: str = FRAME_TEXT) -> None:
     protocol.handle_reply(message)
 
 
-# --- measuring -----------------------------------------------------------------------------------
+def _numbered(n: int) -> str:
+    return f"{n:08d}" + FRAME_TEXT[8:]
 
 
-def test_unsent_bytes_counts_what_the_socket_did_not_take_and_nothing_once_it_did():
-    sock = Socket()
-    sock.write(b"a" * 300)
-    sock.doWrite()  # moves the queued writes into dataBuffer; the peer takes none of it
-    sock.write(b"b" * 200)
-    assert daphne_server.unsent_bytes(sock) == 500
-
-    sock.reading = True
-    sock.doWrite()
-    assert daphne_server.unsent_bytes(sock) == 0
+def _fill(wire) -> list[str]:
+    """Numbered frames until the kernel stops taking them and Twisted's transport holds the rest of one."""
+    texts: list[str] = []
+    while not wire.protocol.transport_busy:
+        assert len(texts) < 10_000, "the kernel never stopped taking frames"
+        texts.append(_numbered(len(texts)))
+        _send(wire.protocol, text=texts[-1])
+    return texts
 
 
-def test_unsent_bytes_looks_through_protocol_wrappers_and_a_gone_transport_holds_nothing():
-    sock = Socket()
-    sock.write(b"a" * 42)
-    wrapper = ProtocolWrapper(WrappingFactory(None), Protocol())
-    wrapper.makeConnection(sock)
-    assert daphne_server.unsent_bytes(wrapper) == 42
-    assert daphne_server.unsent_bytes(None) == 0
+def _texts(frames: list[tuple[int, bytes]]) -> list[str]:
+    return [payload.decode() for opcode, payload in frames if opcode == TEXT]
 
 
-def test_the_limit_is_passed_only_above_it():
-    assert not daphne_server.over_buffer_limit(LIMIT, LIMIT)
-    assert daphne_server.over_buffer_limit(LIMIT + 1, LIMIT)
+# --- writes ----------------------------------------------------------------------------------------
 
 
-# --- the protocol ---------------------------------------------------------------------------------
+def test_the_protocol_takes_the_transports_producer_slot_from_the_http_channel(wire):
+    assert wire.transport.producer is wire.protocol
+    assert not wire.transport.streamingProducer  # a pull producer: called whenever the transport has sent it all
 
 
-def test_frames_go_out_while_the_unsent_bytes_stay_within_the_limit(connection):
-    protocol, sock = connection
-    _send(protocol)
-    assert daphne_server.unsent_bytes(sock) == FRAME_BYTES
-    # At the limit (not past it) one more frame still goes: the buffer ends under limit + one frame.
-    _send(protocol)
-    assert daphne_server.unsent_bytes(sock) == 2 * FRAME_BYTES
-    assert protocol.state == protocol.STATE_OPEN
+def test_a_connections_first_write_waits_for_the_reactor_as_twisted_may_still_hold_an_earlier_answer(wire):
+    assert wire.first_write_waited
 
 
-def test_past_the_limit_a_droppable_event_is_skipped_and_the_connection_stays_open(connection, caplog):
-    protocol, sock = connection
-    _send(protocol)
-    _send(protocol)
-    _send(protocol, droppable=True)
-    _send(protocol, droppable=True)
+def test_a_frame_with_nothing_before_it_reaches_the_kernel_without_a_reactor_turn(wire):
+    _send(wire.protocol, text="hello")
+    assert server_frames(wire.arrived()) == [(TEXT, b"hello")]
+    assert not wire.transport_waits_to_write()  # no writability registration to make and undo
+    assert wire.protocol.held_bytes == 0
 
-    assert daphne_server.unsent_bytes(sock) == 2 * FRAME_BYTES
-    assert protocol.state == protocol.STATE_OPEN
+
+def test_what_the_kernel_does_not_take_waits_in_twisted_and_later_frames_wait_here_in_order(wire):
+    texts = _fill(wire)
+    assert wire.transport_waits_to_write()
+    assert wire.protocol.held_bytes == 0
+
+    texts += [_numbered(len(texts)), _numbered(len(texts) + 1)]
+    _send(wire.protocol, text=texts[-2])
+    _send(wire.protocol, text=texts[-1])
+    assert wire.protocol.held_bytes == 2 * FRAME_BYTES
+    assert wire.protocol.state == wire.protocol.STATE_OPEN
+
+    assert _texts(server_frames(wire.deliver())) == texts
+    assert wire.protocol.held_bytes == 0
+    # Twisted said it had sent everything: the next frame goes at once again.
+    _send(wire.protocol, text="again")
+    assert server_frames(wire.arrived()) == [(TEXT, b"again")]
+
+
+# --- the limit -------------------------------------------------------------------------------------
+
+
+def test_at_the_limit_one_more_frame_is_still_held(wire):
+    _fill(wire)
+    _send(wire.protocol)
+    _send(wire.protocol)  # LIMIT lies between one and two frames: the second still goes
+    assert wire.protocol.held_bytes == 2 * FRAME_BYTES
+    assert wire.protocol.state == wire.protocol.STATE_OPEN
+
+
+def test_past_the_limit_a_droppable_event_is_skipped_and_the_connection_stays_open(wire, caplog):
+    texts = _fill(wire)
+    _send(wire.protocol)
+    _send(wire.protocol)
+    _send(wire.protocol, droppable=True)
+    _send(wire.protocol, droppable=True)
+
+    assert wire.protocol.held_bytes == 2 * FRAME_BYTES
+    assert wire.protocol.state == wire.protocol.STATE_OPEN
     assert caplog.text.count("dropping droppable events") == 1  # once per slow spell, not per event
 
     # The client reads again: frames flow, droppable ones too.
-    sock.reading = True
-    sock.doWrite()
-    delivered = sock.delivered
-    _send(protocol, droppable=True)
-    sock.doWrite()
-    assert sock.delivered - delivered == FRAME_BYTES  # written, not dropped
-    assert protocol.dropped_while_slow == 0
+    assert len(_texts(server_frames(wire.deliver()))) == len(texts) + 2  # the skipped ones never went
+    _send(wire.protocol, droppable=True, text="droppable")
+    assert server_frames(wire.arrived()) == [(TEXT, b"droppable")]  # written, not dropped
+    assert wire.protocol.dropped_while_slow == 0
 
 
-def test_past_the_limit_any_other_frame_closes_1008_slow_consumer_and_nothing_more_is_written(connection):
-    protocol, sock = connection
-    _send(protocol)
-    _send(protocol)
-    buffered = daphne_server.unsent_bytes(sock)
+def test_past_the_limit_any_other_frame_closes_1008_slow_consumer_and_nothing_more_is_written(wire):
+    texts = _fill(wire)
+    _send(wire.protocol)
+    _send(wire.protocol)
+    held = wire.protocol.held_bytes
 
-    _send(protocol)
+    _send(wire.protocol)
 
     close_payload = struct.pack("!H", 1008) + b"slow consumer"
-    close_frame = bytes([0x88, len(close_payload)]) + close_payload
-    assert daphne_server.unsent_bytes(sock) == buffered + len(close_frame)
-    assert b"".join(sock._tempDataBuffer).endswith(close_frame)
-    assert protocol.state == protocol.STATE_CLOSING
+    assert wire.protocol.held_bytes == held + 2 + len(close_payload)
+    assert wire.protocol.state == wire.protocol.STATE_CLOSING
 
     # Daphne's answer to a send on a closing socket; the consumer takes it as its disconnect.
     with pytest.raises(Disconnected):
-        _send(protocol)
+        _send(wire.protocol)
     with pytest.raises(Disconnected):
-        _send(protocol, droppable=True)
-    assert daphne_server.unsent_bytes(sock) == buffered + len(close_frame)
+        _send(wire.protocol, droppable=True)
+    assert wire.protocol.held_bytes == held + 2 + len(close_payload)
+
+    frames = server_frames(wire.deliver())
+    assert len(_texts(frames)) == len(texts) + 2
+    assert frames[-1] == (CLOSE, close_payload)  # behind what was held before it, and the last
 
 
-def test_a_slow_consumer_that_never_answers_the_close_is_aborted_which_frees_its_buffer(connection):
-    protocol, sock = connection
-    _send(protocol)
-    _send(protocol)
-    _send(protocol)
+def test_a_slow_consumer_that_never_answers_the_close_is_aborted_which_lets_go_of_what_was_held(wire):
+    _fill(wire)
+    _send(wire.protocol)
+    _send(wire.protocol)
+    _send(wire.protocol)
 
-    assert protocol.closeHandshakeTimeout == daphne_server.SLOW_CONSUMER_CLOSE_TIMEOUT_S
-    assert protocol.closeHandshakeTimeoutCall is not None
-    protocol.onCloseHandshakeTimeout()  # what the timer runs when the client never read the close
-    assert sock.aborted
+    assert wire.protocol.closeHandshakeTimeout == daphne_server.SLOW_CONSUMER_CLOSE_TIMEOUT_S
+    assert wire.protocol.closeHandshakeTimeoutCall is not None
+    wire.protocol.onCloseHandshakeTimeout()  # what the timer runs when the client never read the close
+    assert (wire.protocol.held_bytes, len(wire.protocol.held)) == (0, 0)
+    wire.clock.advance(0)  # Twisted's abort completes on the reactor's next turn
+    assert wire.transport.disconnected
+
+
+def test_a_close_answered_while_frames_are_held_sends_them_and_the_answer_before_the_tcp_close(wire):
+    texts = _fill(wire)
+    _send(wire.protocol, text="last")
+
+    # What autobahn does when the client's close frame arrives at a server: answer it, then drop the TCP.
+    wire.protocol.sendCloseFrame(code=1000, isReply=True)
+    wire.protocol.dropConnection(abort=False)
+
+    assert (wire.protocol.held_bytes, len(wire.protocol.held)) == (0, 0)
+    assert wire.transport.producer is None and wire.transport.disconnecting
+    frames = server_frames(wire.deliver())
+    assert _texts(frames) == [*texts, "last"]
+    assert frames[-1] == (CLOSE, struct.pack("!H", 1000))
+
+
+def test_a_lost_connection_lets_go_of_what_was_held(wire):
+    _fill(wire)
+    _send(wire.protocol)
+    wire.transport.connectionLost(failure.Failure(main.CONNECTION_LOST))
+    assert (wire.protocol.held_bytes, len(wire.protocol.held)) == (0, 0)
 
 
 # --- droppable events on their way to the transport ----------------------------------------------

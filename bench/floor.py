@@ -1,10 +1,9 @@
 """The benchmarks' framework floor: a WebSocket consumer that answers without doing any work.
 
-``bench/gateway_bench.py`` measures it beside the gateway, in the same process, under the same Daphne, ASGI
-application and routing, and reports the gateway's figures as ratios to it: what is left above 1× is the
-gateway's own cost per call, not the server's or the framework's. It is routed at ``/bench/floor`` only when
-``OPENCLAW_BENCH_FLOOR=1`` (``openclaw_site/asgi.py``); it has no authentication, so it never belongs in a
-deployment.
+``bench/gateway_bench.py`` measures it beside the gateway, in the same process, under the same Daphne and Channels,
+and reports the gateway's figures as ratios to it: what is left above 1× is the gateway's own cost per call, not the
+server's or the framework's. Only the benchmarks' own ASGI application (``bench/asgi.py``, named by
+``bench/settings.py``) routes it, at ``/bench/floor``; it has no authentication, so it never belongs in a deployment.
 """
 
 from __future__ import annotations
