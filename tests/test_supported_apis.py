@@ -40,13 +40,8 @@ ALLOWED = {
     "_meta": "Django's documented Model _meta API",
     # Django documents ``Model._state`` (its ``adding`` and ``db``) in the model instance reference.
     "_state": "Django's documented Model._state (ref/models/instances)",
-    # Python's own, not a library's: documented in the standard library reference.
-    "_asdict": "collections.namedtuple's documented method",
+    # Python's own, not a library's: named tuples' (urllib's SplitResult among them) documented method.
     "_replace": "collections.namedtuple's documented method",
-    "_fields": "collections.namedtuple's documented attribute",
-    "_exit": "os._exit, documented in the os module",
-    "_current_frames": "sys._current_frames, documented in the sys module",
-    "_getframe": "sys._getframe, documented in the sys module",
 }
 
 
