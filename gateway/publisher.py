@@ -147,8 +147,3 @@ def _settled(done: Future, what: str) -> None:
         # A lost event is recoverable (clients refetch on a seq gap); a failed write is not, so
         # publication problems are logged and never raised into the service that published.
         logger.error("failed to publish %s", what, exc_info=error)
-
-
-def run_sync(make: Callable[[], Awaitable[Any]], *, what: str) -> Any:
-    """:func:`post`, then wait (at most :data:`PUBLISH_TIMEOUT_S`) until it and all before it went out."""
-    return post(make, what=what).result(PUBLISH_TIMEOUT_S)

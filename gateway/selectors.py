@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
+from django.db import connection
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
+from . import sql_reads
 from .conf import gateway_setting
 from .models import GatewayConnection, GatewayProcess
 from .scopes import ROLE_NODE
@@ -128,7 +130,7 @@ def presence_snapshot_sql(*, registered: str | None = None) -> tuple[str, dict]:
     did not register changes nothing. Each statement sees what committed before it began, so the
     list is read after the version was raised (a change after it raises it again)."""
     bump = f"SELECT nextval('{PRESENCE_VERSION_SEQUENCE}')"
-    params: dict = {"presence_cutoff": process_stale_before(), "presence_limit": PRESENCE_MAX_ENTRIES * 2}
+    params = _presence_params()
     if registered is not None:
         bump += f" FROM {_CONNECTION_TABLE} WHERE conn_id = %(presence_registered)s"
         params["presence_registered"] = registered
@@ -146,13 +148,31 @@ def result_sets(cursor) -> list[list[tuple]]:
 
 
 def presence_rows_from_sql(rows: list[tuple]) -> list[tuple]:
-    """Rows of :data:`_PRESENCE_SQL` as :func:`_recent_connections` returns them (its JSON column decoded)."""
-    return [(*row[:_SCOPES_AT], _json_value(row[_SCOPES_AT]), *row[_SCOPES_AT + 1 :]) for row in rows]
+    """Rows of :data:`_PRESENCE_SQL` as the ORM would hand them out: the scopes decoded (Django has the drivers
+    hand JSON over as text) and the connect time aware (SQLite keeps UTC without an offset)."""
+    return [
+        (
+            *row[:_SCOPES_AT],
+            _json_value(row[_SCOPES_AT]),
+            *row[_SCOPES_AT + 1 : _CONNECTED_AT],
+            _aware(row[_CONNECTED_AT]),
+            *row[_CONNECTED_AT + 1 :],
+        )
+        for row in rows
+    ]
 
 
 def _json_value(value):
-    # Django has psycopg hand jsonb over as text (its JSONField decodes it).
     return json.loads(value) if isinstance(value, str) else value
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _presence_params() -> dict:
+    cutoff = sql_reads.prepared(GatewayProcess._meta.get_field("heartbeat_at"), process_stale_before(), GatewayProcess)
+    return {"presence_cutoff": cutoff, "presence_limit": PRESENCE_MAX_ENTRIES * 2}
 
 
 def presence_entries(rows: list[tuple] | None = None) -> list[dict]:
@@ -197,11 +217,10 @@ def presence_entries(rows: list[tuple] | None = None) -> list[dict]:
 
 
 def _recent_connections() -> list[tuple]:
-    return list(
-        GatewayConnection.objects.filter(process__heartbeat_at__gte=process_stale_before())
-        .order_by("-connected_at")
-        .values_list(*_PRESENCE_COLUMNS)[: PRESENCE_MAX_ENTRIES * 2]
-    )
+    # Read on every connect's hello-ok and presence broadcast: SQL text, not a queryset compiled per call.
+    with connection.cursor() as cursor:
+        cursor.execute(_PRESENCE_SQL, _presence_params())
+        return presence_rows_from_sql(cursor.fetchall())
 
 
 _PRESENCE_COLUMNS = (
@@ -220,6 +239,7 @@ _PRESENCE_COLUMNS = (
     "connected_at",
 )
 _SCOPES_AT = _PRESENCE_COLUMNS.index("scopes")
+_CONNECTED_AT = _PRESENCE_COLUMNS.index("connected_at")
 _CONNECTION_TABLE = GatewayConnection._meta.db_table
 # The query of _recent_connections as SQL text, to be sent after other statements in one round trip.
 _PRESENCE_SQL = (

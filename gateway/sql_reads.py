@@ -33,12 +33,16 @@ def prepared(field: Field, value: Any, model: type[Model]) -> Any:
 
 def instances(model: type[Model], fields: Sequence[Field], sql: str, params: Sequence[Any]) -> list[Model]:
     """``model`` instances of the rows of ``sql``, whose columns are ``fields`` in that order."""
-    alias = router.db_for_read(model)
-    connection = connections[alias]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    alias, rows = read(model, sql, params)
     return from_rows(model, fields, rows, alias=alias)
+
+
+def read(model: type[Model], sql: str, params: Sequence[Any]) -> tuple[str, list[tuple]]:
+    """The database alias ``model`` is read from, and the raw rows of ``sql`` there (for :func:`from_rows`)."""
+    alias = router.db_for_read(model)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        return alias, cursor.fetchall()
 
 
 def from_rows(model: type[Model], fields: Sequence[Field], rows: Sequence[Sequence[Any]], *, alias: str) -> list[Model]:

@@ -6,6 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from gateway import scopes as sc
+from gateway import sql_reads
 from gateway.audit import Actor, audit
 from gateway.auth import hash_device_token, new_device_token, secret_matches
 from gateway.exceptions import InvalidRequest, NotFound
@@ -22,10 +23,26 @@ class DeviceTokenRejected(Exception):
         self.reason = reason
 
 
+_TOKEN_FIELDS = tuple(DeviceToken._meta.concrete_fields)
+_DEVICE_FIELDS = tuple(PairedDevice._meta.concrete_fields)
+# The one read of a reconnecting device's connect, so SQL text (gateway.sql_reads), not a queryset compiled per call.
+_TOKEN_WITH_DEVICE_SQL = (
+    f"SELECT {sql_reads.columns(_TOKEN_FIELDS, table='t')}, {sql_reads.columns(_DEVICE_FIELDS, table='d')} "
+    f'FROM "{DeviceToken._meta.db_table}" t JOIN "{PairedDevice._meta.db_table}" d ON d."device_id" = t."device_id" '
+    'WHERE t."device_id" = %s AND t."role" = %s'
+)
+
+
 def device_token_with_device(*, device_id: str, role: str) -> DeviceToken | None:
-    """The token record of (device, role), its ``device`` filled in, or None: the one read of a reconnecting
-    device's connect."""
-    return DeviceToken.objects.select_related("device").filter(device_id=device_id, role=role).first()
+    """The token record of (device, role) (one per pair), its ``device`` filled in, or None."""
+    alias, rows = sql_reads.read(DeviceToken, _TOKEN_WITH_DEVICE_SQL, [device_id, role])
+    if not rows:
+        return None
+    row = rows[0]
+    split = len(_TOKEN_FIELDS)
+    (record,) = sql_reads.from_rows(DeviceToken, _TOKEN_FIELDS, [row[:split]], alias=alias)
+    (record.device,) = sql_reads.from_rows(PairedDevice, _DEVICE_FIELDS, [row[split:]], alias=alias)
+    return record
 
 
 def device_token_verify(*, device_id: str, role: str, token: str) -> DeviceToken:

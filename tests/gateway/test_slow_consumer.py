@@ -283,13 +283,15 @@ def test_a_group_send_to_a_full_member_skips_it_and_reaches_the_others(on_loop):
         await layer.group_add("gateway.sub.sessions", "conn!free")
         await layer.send("conn!full", {"type": "gateway.event", "n": 0})
 
-    publisher.run_sync(setup, what="setup")
+    publisher.post(setup, what="setup").result(publisher.PUBLISH_TIMEOUT_S)
     message = events.broadcast_message("sessions.changed", {"sessionKey": "k"}, drop_if_slow=True)
-    publisher.run_sync(lambda: layer.group_send("gateway.sub.sessions", message), what="sessions.changed")
+    publisher.post(lambda: layer.group_send("gateway.sub.sessions", message), what="sessions.changed").result(
+        publisher.PUBLISH_TIMEOUT_S
+    )
 
     async def drain() -> tuple[dict, dict]:
         return await layer.receive("conn!full"), await layer.receive("conn!free")
 
-    kept, delivered = publisher.run_sync(drain, what="drain")
+    kept, delivered = publisher.post(drain, what="drain").result(publisher.PUBLISH_TIMEOUT_S)
     assert kept["n"] == 0
     assert delivered["payload"] == {"sessionKey": "k"}
