@@ -124,15 +124,24 @@ def _visible(ctx: RpcContext, node: dict) -> dict | None:
     return selectors.strip_pending_fields(node)
 
 
+async def _node_catalog() -> list[dict]:
+    # This process's memo of the catalog, when it is fresh, without a database hop (nothing to wait for).
+    nodes = selectors.node_catalog_memoized()
+    if nodes is None:
+        nodes = await database_sync_to_async(selectors.node_catalog_snapshot)()
+    return nodes
+
+
 @method("node.list", scope=sc.READ)
-def node_list_rpc(ctx: RpcContext, params) -> dict:
-    nodes = [shown for node in selectors.node_catalog_snapshot() if (shown := _visible(ctx, node)) is not None]
+async def node_list_rpc(ctx: RpcContext, params) -> dict:
+    nodes = [shown for node in await _node_catalog() if (shown := _visible(ctx, node)) is not None]
     return {"ts": now_ms(), "nodes": nodes}
 
 
 @method("node.describe", params=NodeIdParams, scope=sc.READ)
-def node_describe_rpc(ctx: RpcContext, params: NodeIdParams) -> dict:
-    node = selectors.node_describe(params.nodeId.strip())
+async def node_describe_rpc(ctx: RpcContext, params: NodeIdParams) -> dict:
+    node_id = params.nodeId.strip()
+    node = next((node for node in await _node_catalog() if node["nodeId"] == node_id), None)
     shown = _visible(ctx, node) if node is not None else None
     if shown is None:
         raise NotFound("unknown nodeId")

@@ -263,6 +263,21 @@ def node_catalog_changed() -> None:
     transaction.on_commit(bump)
 
 
+def node_catalog_memoized() -> list[dict] | None:
+    """What :func:`node_catalog_snapshot` answers, when it would answer without any read (its memo is fresh and
+    was checked against the shared version within :data:`NODE_CATALOG_VERSION_CHECK_S`); None otherwise."""
+    memo = _node_catalog_memo
+    nodes = memo["nodes"]
+    now = time.monotonic()
+    if (
+        nodes is not None
+        and now - memo["at"] < NODE_CATALOG_MAX_AGE_S
+        and now - memo["checked_at"] < NODE_CATALOG_VERSION_CHECK_S
+    ):
+        return nodes
+    return None
+
+
 def node_catalog_snapshot() -> list[dict]:
     """``node_catalog`` memoized per process until a catalog change or for at most 2 s.
 
@@ -286,10 +301,3 @@ def node_catalog_snapshot() -> list[dict]:
 
 def strip_pending_fields(node: dict) -> dict:
     return {k: v for k, v in node.items() if not k.startswith("pending")}
-
-
-def node_describe(node_id: str) -> dict | None:
-    for node in node_catalog_snapshot():
-        if node["nodeId"] == node_id:
-            return node
-    return None

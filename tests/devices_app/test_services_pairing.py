@@ -222,3 +222,20 @@ def test_node_catalog_memo_is_invalidated_by_pairing_changes():
     assert device_selectors.node_catalog_snapshot()[0]["displayName"] == "renamed"
     pairing.node_remove(node_id=request.device_id, actor=Actor.system())
     assert device_selectors.node_catalog_snapshot() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_memo_answers_without_a_read_only_while_fresh_and_checked(django_assert_num_queries):
+    device_selectors.node_catalog_snapshot()
+    # Just read and checked: the memo answers, no query and no cache read.
+    with django_assert_num_queries(0):
+        assert device_selectors.node_catalog_memoized() == []
+    # A change here invalidates it at once (after commit).
+    request, _ = pairing.pairing_request_ensure(claim=claim())
+    assert device_selectors.node_catalog_memoized() is None
+    (pending,) = device_selectors.node_catalog_snapshot()
+    assert device_selectors.node_catalog_memoized() == [pending]
+    # Past the version check interval the shared version must be read again first: not answered from memory.
+    device_selectors._node_catalog_memo["checked_at"] -= device_selectors.NODE_CATALOG_VERSION_CHECK_S
+    assert device_selectors.node_catalog_memoized() is None
+    assert request.device_id == pending["nodeId"]
