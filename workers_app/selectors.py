@@ -98,6 +98,8 @@ def placement_fields(sessions: Sequence[Session]) -> dict[str, dict[str, Any]]:
     written once per page size, ``gateway.sql_reads``: it is on every ``sessions.list``'s path), one more for
     the environments when any session is placed."""
     keys = {session.pk: session.key for session in sessions}
+    if not keys:
+        return {}
     placements = sql_reads.instances(Placement, _PLACEMENT_FIELDS, _placements_sql(len(keys)), list(keys))
     if not placements:
         return {}

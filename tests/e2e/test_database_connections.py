@@ -84,12 +84,12 @@ def test_sustained_api_and_websocket_load_stays_within_the_pool(gateway_factory)
 
 
 def _sessions_query_backends(pid: int) -> list[int]:
-    """Server pids of the gateway's connections whose latest statement read the sessions table (the text
-    in pg_stat_activity is cut at 1 kB, the query's ``FROM`` lies beyond)."""
+    """Server pids of the gateway's connections whose latest statement read the sessions table (a
+    ``sessions.list`` page, SQL text of its own: gateway.sql_reads)."""
     with psycopg.connect(current_database_url(), autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND query LIKE %s",
-            (f"openclaw-{pid}", 'SELECT "sessions_app_session"."id"%'),
+            (f"openclaw-{pid}", '%FROM "sessions_app_session"%'),
         ).fetchall()
     return [row[0] for row in rows]
 

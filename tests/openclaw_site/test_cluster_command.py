@@ -21,7 +21,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connections
-from gateway.management.commands.cluster import (
+
+from openclaw_site.management.commands.cluster import (
     BALANCER_PRIORITY,
     CELERY_PRIORITY,
     GATEWAYS_PRIORITY,
@@ -35,7 +36,6 @@ from gateway.management.commands.cluster import (
     render_supervisord_config,
     supervisord_paths,
 )
-
 from tests.support.processes import ROOT, free_port, read_log, stop_process
 
 HAPROXY = os.environ.get("OPENCLAW_HAPROXY", "/usr/sbin/haproxy")

@@ -11,6 +11,7 @@ from sessions_app import rpc, schemas
 from sessions_app.models import Run, Session
 from sessions_app.services import runs, sessions
 from workers_app.models import Placement, PlacementMove, PlacementState, WorkerEnvironment
+from workers_app.selectors import placement_fields
 from workers_app.services import placements as store
 
 from .test_placement_store import ENV, dispatch_to_active, make_session
@@ -150,3 +151,8 @@ def test_the_admin_lists_moves_in_flight_with_their_error(admin_client, django_a
 
     assert page.status_code == 200
     assert "environment destroy: API down" in page.content.decode()
+
+
+def test_an_empty_page_asks_nothing_of_the_database(django_assert_num_queries):
+    with django_assert_num_queries(0):
+        assert placement_fields([]) == {}
