@@ -8,15 +8,16 @@ is asked of the placement port (:mod:`sessions_app.ports`) once the run is commi
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from gateway import background, state
+from gateway import background, sql_reads, state
 from gateway.audit import Actor, audit
 from gateway.exceptions import Busy, Conflict, InvalidRequest
 from gateway.selectors import live_process_boot_ids
@@ -214,22 +215,42 @@ def _lock_run(run_id: str) -> tuple[Run, Session] | None:
     """The run (with its window) and its session, the session row locked first: the run is read
     after the lock, so no transition of it (each one takes that lock) can race with the caller.
 
-    Two statements: the lock finds the session through the run, so it needs no read before it.
+    Two statements: the lock finds the session through the run, so it needs no read before it. Both are SQL
+    text (``gateway.sql_reads``): every turn takes this twice, at its claim and at its end.
     """
     # The session row is locked (no_key: runs referencing it may still be inserted) before the run is read.
-    session = (
-        Session.objects.select_for_update(no_key=True)
-        .filter(pk__in=Run.objects.filter(run_id=run_id).values("session_id"))
-        .order_by("pk")
-        .first()
-    )
-    if session is None:
+    found = sql_reads.instances(Session, _SESSION_FIELDS, _lock_session_of_run_sql(connection.vendor), [run_id])
+    if not found:
         return None
-    run = Run.objects.filter(run_id=run_id, session=session).select_related("window").first()
-    if run is None:
+    (session,) = found
+    alias, rows = sql_reads.read(Run, _RUN_WITH_WINDOW_SQL, [run_id, session.pk])
+    if not rows:
         return None
+    split = len(_RUN_FIELDS)
+    (run,) = sql_reads.from_rows(Run, _RUN_FIELDS, [rows[0][:split]], alias=alias)
+    (run.window,) = sql_reads.from_rows(SessionWindow, _WINDOW_FIELDS, [rows[0][split:]], alias=alias)
     run.session = session
     return run, session
+
+
+_SESSION_FIELDS = tuple(Session._meta.concrete_fields)
+_RUN_FIELDS = tuple(Run._meta.concrete_fields)
+_WINDOW_FIELDS = tuple(SessionWindow._meta.concrete_fields)
+_RUN_WITH_WINDOW_SQL = (
+    f"SELECT {sql_reads.columns(_RUN_FIELDS, table='r')}, {sql_reads.columns(_WINDOW_FIELDS, table='w')} "
+    f'FROM "{Run._meta.db_table}" r JOIN "{SessionWindow._meta.db_table}" w ON w."id" = r."window_id" '
+    'WHERE r."run_id" = %s AND r."session_id" = %s'
+)
+
+
+@functools.cache
+def _lock_session_of_run_sql(vendor: str) -> str:
+    # SQLite has no row locks: a write transaction there holds the database's write lock (BEGIN IMMEDIATE).
+    lock = " FOR NO KEY UPDATE" if vendor == "postgresql" else ""
+    return (
+        f'SELECT {sql_reads.columns(_SESSION_FIELDS)} FROM "{Session._meta.db_table}" WHERE "id" IN '
+        f'(SELECT "session_id" FROM "{Run._meta.db_table}" WHERE "run_id" = %s) ORDER BY "id"{lock}'
+    )
 
 
 def active_path_texts(window: SessionWindow) -> list[tuple[str, str]]:
