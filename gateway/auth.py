@@ -1,6 +1,8 @@
-"""Connect-time credential checks: shared secret, device tokens, brute-force limiter, device proof.
+"""Connect-time credential primitives: shared secret, device token hashing, the brute-force limiter, device
+proof, and OpenClaw's auth failure messages.
 
-Pure functions and cache access only; pairing state changes live in ``services.py``.
+Pure functions and cache access only: the connect's decision that uses them, and every pairing and token
+change, are devices_app's (``devices_app/connect.py``, ``devices_app/services/``).
 """
 
 from __future__ import annotations
