@@ -84,6 +84,8 @@ PREPARE_COMMAND = "worker.workspace.prepare.v1"
 EXPORT_COMMAND = "worker.workspace.export.v1"
 LAUNCH_COMMAND = "worker.launch.v1"
 CANCEL_COMMAND = "worker.cancel.v1"
+# The gateway's decision on an exec a running turn asked about (its child waits for it).
+APPROVAL_COMMAND = "worker.approval.v1"
 STATUS_COMMAND = "worker.status.v1"
 STOP_COMMAND = "worker.environment.stop.v1"
 RETAIN_COMMAND = "worker.workspace.retain.v1"
@@ -96,6 +98,7 @@ NODE_HOST_COMMANDS = tuple(
             EXPORT_COMMAND,
             LAUNCH_COMMAND,
             CANCEL_COMMAND,
+            APPROVAL_COMMAND,
             STATUS_COMMAND,
             STOP_COMMAND,
             RETAIN_COMMAND,
@@ -119,6 +122,8 @@ CANCEL_GRACE_S = 5.0
 TURN_GRACE_S = 10.0
 PROGRESS_COALESCE_S = 0.005
 MAX_TURN_TIMEOUT_MS = 24 * 60 * 60 * 1000
+MAX_AGENT_STEPS = 1000
+DEFAULT_EXEC_CONCURRENCY = 4
 CHILD_LINE_LIMIT = 64 * 1024 * 1024
 CHILD_ENVIRONMENT_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR")
 
@@ -138,6 +143,8 @@ class NodeHostConfig:
     display_name: str | None = None
     idle_worker_limit: int = IDLE_WORKER_LIMIT
     idle_worker_ttl_s: float = IDLE_WORKER_TTL_S
+    # Commands the agents' exec tool runs at once on this host, across all worker children.
+    exec_concurrency: int = DEFAULT_EXEC_CONCURRENCY
 
 
 def gateway_http_origin(gateway_url: str) -> str:
@@ -511,7 +518,9 @@ def child_environment(bundle_dir: Path) -> dict[str, str]:
     return environment
 
 
-DeltaCallback = Callable[[dict[str, Any]], Awaitable[None]]
+EventCallback = Callable[[dict[str, Any]], Awaitable[None]]
+# What a child reports besides deltas, passed on to the gateway as the launch's progress at once and in order.
+FORWARDED_CHILD_EVENTS = frozenset({"message", "tool", "approval"})
 
 
 class CoalescedDeltas:
@@ -550,6 +559,22 @@ class CoalescedDeltas:
                 await asyncio.shield(self._sending)
             except Exception:
                 logger.warning("a turn's progress could not be sent", exc_info=True)
+
+    async def send_now(self, data: dict[str, Any]) -> None:
+        """A progress that must not wait (a step's message, a tool's start, an exec question): the deltas
+        held back go first, so the gateway sees everything in the order the child wrote it."""
+        if self._send is None:
+            return
+        if self._waiting is not None:
+            self._waiting.cancel()
+            self._waiting = None
+        if self._sending is not None:
+            with contextlib.suppress(Exception):  # reported by _flush_later
+                await self._sending
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            await self._send(pending)
+        await self._send(data)
 
     async def close(self) -> None:
         """The turn ended: drop what its result carries anyway, and let a send under way finish first."""
@@ -593,19 +618,28 @@ class WorkerChild:
         """Running and usable (a killed child may not have been reaped yet, but is not usable)."""
         return self.process.returncode is None and not self._killed
 
-    async def run_turn(self, job: dict[str, Any], on_delta: DeltaCallback) -> dict[str, Any]:
-        """Send the turn and follow it to its ``done`` event (returned); raises :class:`WorkerDied`."""
+    async def run_turn(self, job: dict[str, Any], on_event: EventCallback) -> dict[str, Any]:
+        """Send the turn and follow it to its ``done`` event (returned), passing every other event of the run
+        on (deltas, the transcript's messages, tool progress, exec questions); raises :class:`WorkerDied`."""
         text = ""
         await self._send(job)
         while True:
             event = await self._next_event(text)
             if event.get("runId") != job["runId"]:
                 continue
-            if event.get("type") == "delta" and isinstance(event.get("text"), str):
-                text = event["text"]
-                await on_delta(event)
-            elif event.get("type") == "done":
+            kind = event.get("type")
+            if kind == "done":
                 return event
+            if kind == "delta" and isinstance(event.get("text"), str):
+                text = event["text"]
+            elif kind == "message":
+                text = ""  # a step ended: what the turn was writing is in that message now
+            await on_event(event)
+
+    async def answer(self, message: dict[str, Any]) -> None:
+        """Pass the gateway's answer to a question of the running turn (an exec decision)."""
+        with contextlib.suppress(WorkerDied):
+            await self._send(message)
 
     async def cancel(self, run_id: str) -> None:
         with contextlib.suppress(WorkerDied):
@@ -835,19 +869,40 @@ class Launch:
     lease_id: str
     bundle_hash: str
     model: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     inference_path: str
     inference_token: str
     timeout_ms: int
+    max_steps: int
+    tools: bool
+    exec_timeout_s: float | None
+
+
+CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def _chat_message(message: Any) -> bool:
+    """A chat-completions message as the gateway sends a turn's context (the proxy checks them in full)."""
+    return (
+        isinstance(message, dict)
+        and message.get("role") in CHAT_ROLES
+        and (message.get("content") is None or isinstance(message.get("content"), str))
+        and isinstance(message.get("tool_calls", []), list)
+        and (message.get("tool_call_id") is None or isinstance(message.get("tool_call_id"), str))
+    )
 
 
 def _launch_params(params: Params) -> Launch:
     messages = params.raw.get("messages")
-    if not isinstance(messages, list) or not all(
-        isinstance(message, dict) and isinstance(message.get("role"), str) and isinstance(message.get("content"), str)
-        for message in messages
-    ):
-        raise params.invalid("messages", "a list of {role, content} strings")
+    if not isinstance(messages, list) or not all(_chat_message(message) for message in messages):
+        raise params.invalid("messages", "a list of chat messages ({role, content, tool_calls?, tool_call_id?})")
+    agent = Params(LAUNCH_COMMAND, params.raw.get("agent") or {}, prefix="agent.")
+    tools = agent.raw.get("tools", False)
+    if not isinstance(tools, bool):
+        raise agent.invalid("tools", "a boolean")
+    exec_timeout_ms = None
+    if agent.has("execTimeoutMs"):
+        exec_timeout_ms = agent.integer("execTimeoutMs", minimum=1000, maximum=MAX_TURN_TIMEOUT_MS)
     inference = params.raw.get("inference")
     if not (
         isinstance(inference, dict)
@@ -868,6 +923,9 @@ def _launch_params(params: Params) -> Launch:
         inference_path=inference["path"],
         inference_token=inference["token"],
         timeout_ms=params.integer("timeoutMs", minimum=1, maximum=MAX_TURN_TIMEOUT_MS),
+        max_steps=agent.integer("maxSteps", minimum=1, maximum=MAX_AGENT_STEPS) if agent.has("maxSteps") else 24,
+        tools=tools,
+        exec_timeout_s=exec_timeout_ms / 1000 if exec_timeout_ms is not None else None,
     )
 
 
@@ -896,6 +954,7 @@ class NodeHost:
         self.bundles = BundleStore(root / "bundles")
         self.blobs = BlobStore(root / "blobs")
         self.environments = EnvironmentStore(root / "workspaces", root / "environments")
+        self.exec_slots_dir = root / "exec-slots"
         self.pool = WorkerPool(
             config.capacity, idle_limit=config.idle_worker_limit, idle_ttl_s=config.idle_worker_ttl_s
         )
@@ -911,6 +970,7 @@ class NodeHost:
             EXPORT_COMMAND: self.export_workspace,
             LAUNCH_COMMAND: self.launch,
             CANCEL_COMMAND: self.cancel,
+            APPROVAL_COMMAND: self.approve,
             STATUS_COMMAND: self.status,
             STOP_COMMAND: self.stop_environment,
             RETAIN_COMMAND: self.retain,
@@ -1158,6 +1218,13 @@ class NodeHost:
             raise NodeCommandError(
                 "WORKSPACE_MISSING", f"no workspace for environment {launch.environment_id} on this node"
             )
+        # The turn (and its tools) run only under the lease the workspace was prepared for: a launch of an
+        # older placement of the environment is refused before anything runs.
+        lease = self.environments.record(launch.environment_id).get("leaseId")
+        if lease is not None and lease != launch.lease_id:
+            raise NodeCommandError(
+                "STALE_LEASE", f"environment {launch.environment_id} is held under another lease on this node"
+            )
         return workspace
 
     async def _run_turn(self, run: Run, launch: Launch, workspace: Path) -> dict[str, Any]:
@@ -1197,14 +1264,29 @@ class NodeHost:
             },
             "timeoutMs": launch.timeout_ms,
             "cwd": str(workspace),
+            "agent": {
+                "maxSteps": launch.max_steps,
+                "tools": launch.tools,
+                "execTimeoutS": launch.exec_timeout_s,
+                "execSlots": {"dir": str(self.exec_slots_dir), "count": self.config.exec_concurrency},
+            },
         }
         invoke = current_invoke.get()
         progress = CoalescedDeltas(invoke.progress if invoke is not None else None)
+
+        async def on_event(event: dict[str, Any]) -> None:
+            kind = event.get("type")
+            if kind == "delta":
+                await progress.add(event)
+            elif kind in FORWARDED_CHILD_EVENTS:
+                fields = {key: value for key, value in event.items() if key not in ("type", "runId")}
+                await progress.send_now({"kind": kind, **fields})
+
         try:
             async with asyncio.timeout(launch.timeout_ms / 1000 + TURN_GRACE_S):
                 if run.cancelled.is_set():
                     return {"status": "aborted", "text": ""}
-                done = await child.run_turn(job, progress.add)
+                done = await child.run_turn(job, on_event)
         except TimeoutError:
             child.kill()
             message = f"the worker did not finish the turn within {launch.timeout_ms} ms"
@@ -1224,6 +1306,30 @@ class NodeHost:
             return {"cancelled": False}
         await self._cancel_run(run)
         return {"cancelled": True}
+
+    # --- worker.approval.v1 -------------------------------------------------------------------
+
+    async def approve(self, params: Params) -> dict[str, Any]:
+        """The gateway's decision on an exec the run's child asked about; a run that ended takes none."""
+        run = self.runs.get(params.text("runId"))
+        call_id = params.text("toolCallId")
+        allowed, aborted = params.raw.get("allowed"), params.raw.get("aborted", False)
+        reason = params.raw.get("reason", "")
+        if not isinstance(allowed, bool) or not isinstance(aborted, bool) or not isinstance(reason, str):
+            raise params.invalid("allowed", "a boolean (with aborted a boolean and reason a string)")
+        if run is None or run.child is None:
+            return {"delivered": False}
+        await run.child.answer(
+            {
+                "type": "approval",
+                "runId": run.run_id,
+                "toolCallId": call_id,
+                "allowed": allowed,
+                "aborted": aborted,
+                "reason": reason[:4000],
+            }
+        )
+        return {"delivered": True}
 
     async def _cancel_run(self, run: Run) -> None:
         """Ask the run's child to stop; one that has not ended the turn after a grace period is killed."""
@@ -1420,6 +1526,12 @@ def parse_args(argv: list[str] | None) -> NodeHostConfig:
     )
     parser.add_argument("--token", default=None, help="the gateway's shared token (default: $OPENCLAW_GATEWAY_TOKEN)")
     parser.add_argument("--name", default=None, help="the name operators see (default: the host name)")
+    parser.add_argument(
+        "--exec-concurrency",
+        type=int,
+        default=DEFAULT_EXEC_CONCURRENCY,
+        help="commands the agents' exec tool runs at once on this host (1-256)",
+    )
     args = parser.parse_args(argv)
     if not args.gateway.startswith(("ws://", "wss://")):
         parser.error("--gateway must be a ws:// or wss:// URL")
@@ -1427,6 +1539,8 @@ def parse_args(argv: list[str] | None) -> NodeHostConfig:
         parser.error(f"--capacity must be between 1 and {CAPACITY_MAX}")
     if args.capacity_wait_ms < 0:
         parser.error("--capacity-wait-ms must not be negative")
+    if not 1 <= args.exec_concurrency <= 256:
+        parser.error("--exec-concurrency must be between 1 and 256")
     return NodeHostConfig(
         gateway_url=args.gateway,
         state_dir=Path(args.state_dir).expanduser(),
@@ -1434,6 +1548,7 @@ def parse_args(argv: list[str] | None) -> NodeHostConfig:
         capacity_wait_ms=args.capacity_wait_ms,
         token=args.token or os.environ.get("OPENCLAW_GATEWAY_TOKEN") or None,
         display_name=args.name,
+        exec_concurrency=args.exec_concurrency,
     )
 
 

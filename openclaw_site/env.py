@@ -116,6 +116,16 @@ def env_json_object(name: str) -> dict[str, Any]:
     return value
 
 
+def env_int_map(name: str, *, minimum: int | None = None, maximum: int | None = None) -> dict[str, int]:
+    """A JSON object of names to integers (unset: empty), each checked against the range."""
+    values = env_json_object(name)
+    for key, value in values.items():
+        if type(value) is not int:
+            raise SettingsError(f"{name}: the value of {key!r} must be an integer, not {json.dumps(value)}")
+        _check_range(f"{name}[{key!r}]", value, minimum, maximum)
+    return values
+
+
 def env_url(name: str, default: str = "", *, schemes: Iterable[str]) -> str:
     value = _raw(name) or default
     allowed = tuple(schemes)

@@ -21,6 +21,7 @@ from openclaw_site.env import (
     env_choice,
     env_float,
     env_int,
+    env_int_map,
     env_json_object,
     env_list,
     env_log_level,
@@ -306,6 +307,23 @@ OPENCLAW_MODEL = {
 }
 if OPENCLAW_MODEL["PROVIDER"] == "openai" and not _MODEL_BASE_URL:
     raise SettingsError("OPENCLAW_MODEL_PROVIDER=openai needs OPENCLAW_MODEL_BASE_URL")
+
+# --- Agent turns ------------------------------------------------------------------------------
+# A turn is an agent loop: model → tool calls → results → model … (docs/agent-tools.md).
+OPENCLAW_AGENT = {
+    # Model calls one turn may make before it ends with an error (each answer with tool calls is a step);
+    # OPENCLAW_AGENT_MAX_STEPS_BY_AGENT ({"<agentId>": n}) sets it per agent.
+    "MAX_STEPS": env_int("OPENCLAW_AGENT_MAX_STEPS", 24, minimum=1, maximum=1000),
+    "MAX_STEPS_BY_AGENT": env_int_map("OPENCLAW_AGENT_MAX_STEPS_BY_AGENT", minimum=1, maximum=1000),
+    # The whole turn: its model calls, tools and approval waits (the turn tasks' soft time limit).
+    "TURN_TIMEOUT_S": env_int("OPENCLAW_TURN_TIMEOUT_S", 3600, minimum=10),
+    # exec: a command's default and longest wall-clock time, and how many run at once on one host.
+    "EXEC_TIMEOUT_S": env_float("OPENCLAW_TOOLS_EXEC_TIMEOUT_S", 120, minimum=1),
+    "EXEC_MAX_TIMEOUT_S": env_float("OPENCLAW_TOOLS_EXEC_MAX_TIMEOUT_S", 1800, minimum=1),
+    "EXEC_CONCURRENCY": env_int("OPENCLAW_TOOLS_EXEC_CONCURRENCY", 4, minimum=1, maximum=256),
+}
+if OPENCLAW_AGENT["EXEC_TIMEOUT_S"] > OPENCLAW_AGENT["EXEC_MAX_TIMEOUT_S"]:
+    raise SettingsError("OPENCLAW_TOOLS_EXEC_TIMEOUT_S must not exceed OPENCLAW_TOOLS_EXEC_MAX_TIMEOUT_S")
 
 # --- Misc -----------------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

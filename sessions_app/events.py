@@ -186,6 +186,30 @@ class TurnEmitter:
         self.pending = ""
         self.emitted_at = time.monotonic()
 
+    def new_message(self) -> None:
+        """A new model step starts: what streams from now on is a new assistant message."""
+        self.flush()
+        self.text = ""
+
+    def tool_started(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
+        self.flush()
+        self._agent("tool", {"phase": "start", "name": name, "toolCallId": call_id, "args": bounded(arguments)})
+
+    def tool_finished(self, call_id: str, name: str, message: dict[str, Any]) -> None:
+        """The ``result`` phase, with the stored tool result (bounded: the transcript has it whole)."""
+        details = message.get("details") or {}
+        self._agent(
+            "tool",
+            {
+                "phase": "result",
+                "name": name,
+                "toolCallId": call_id,
+                "isError": bool(message.get("isError")),
+                "result": {"content": bounded(message.get("content", [])), "details": details},
+                "meta": tool_meta(details),
+            },
+        )
+
     def end(self, run: Run) -> None:
         """The terminal events; the ``chat`` one carries the run-finished notification as a follow-up."""
         self.flush()
@@ -209,6 +233,34 @@ class TurnEmitter:
         else:
             self._agent("lifecycle", {"phase": "error", "endedAt": ended_at, "error": run.error})
             self._chat("error", follow_up=finished, errorMessage=run.error, errorKind=_error_kind(run.error_kind))
+
+
+# A tool event carries at most this much of a tool's arguments or output: every operator connection receives
+# every turn's events, and the transcript (chat.history) has the whole of both.
+EVENT_TEXT_LIMIT = 8 * 1024
+
+
+def bounded(value: Any) -> Any:
+    """``value`` with every string cut to :data:`EVENT_TEXT_LIMIT` characters (marked), for an event."""
+    if isinstance(value, str):
+        return value if len(value) <= EVENT_TEXT_LIMIT else value[:EVENT_TEXT_LIMIT] + "…(truncated)"
+    if isinstance(value, dict):
+        return {key: bounded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [bounded(item) for item in value]
+    return value
+
+
+def tool_meta(details: dict[str, Any]) -> str | None:
+    """A one-line summary of a tool's outcome for compact displays (``exit 0 · 12 ms``)."""
+    parts = []
+    if "exitCode" in details:
+        parts.append(f"exit {details['exitCode']}")
+    if details.get("timedOut"):
+        parts.append("timed out")
+    if isinstance(details.get("durationMs"), int):
+        parts.append(f"{details['durationMs']} ms")
+    return " · ".join(parts) or None
 
 
 def _error_kind(kind: str) -> str:

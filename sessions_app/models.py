@@ -210,3 +210,32 @@ class SessionUpstreamLink(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_key} -> {self.upstream_kind}:{self.thread_id}"
+
+
+class ToolArtifact(models.Model):
+    """The whole output of a tool call whose transcript copy was truncated (the operator can open it).
+
+    Bounded by the tool layer (``ToolLimits.artifact_max_bytes``); it goes with its run.
+    """
+
+    id = models.CharField(primary_key=True, max_length=64, default=new_id)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts")
+    session_key = models.CharField(max_length=300)
+    # Which message of the run: its step and place (a model may reuse a tool call id from one step to the next).
+    message_key = models.CharField(max_length=64)
+    tool_call_id = models.CharField(max_length=200)
+    tool_name = models.CharField(max_length=64)
+    content = models.TextField()
+    size_bytes = models.PositiveBigIntegerField()
+    # What the tool produced in all, when even the artifact had to stop short of it.
+    total_bytes = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # One per tool result of a run: a repeated record of the same result is the same artifact.
+            models.UniqueConstraint(fields=["run", "message_key"], name="tool_artifact_per_message"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} {self.tool_call_id} ({self.size_bytes} bytes)"

@@ -350,12 +350,30 @@ def active_path(window: SessionWindow, *, limit: int | None = None) -> list[Tran
 HISTORY_TEXT_LIMIT = 12_000
 
 
+def _history_text(text: str) -> str:
+    return text if len(text) <= HISTORY_TEXT_LIMIT else text[:HISTORY_TEXT_LIMIT] + "\n...(truncated)..."
+
+
+def _history_value(value):
+    """A tool call's arguments as history shows them: every string cut like message text (a ``write`` may
+    carry megabytes; the transcript keeps them whole)."""
+    if isinstance(value, str):
+        return _history_text(value)
+    if isinstance(value, dict):
+        return {key: _history_value(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_history_value(item) for item in value]
+    return value
+
+
 def history_message(event: TranscriptEvent) -> dict:
     body = dict(event.body)
     content = []
     for part in body.get("content", []):
         if part.get("type") == "text" and len(part.get("text", "")) > HISTORY_TEXT_LIMIT:
-            part = {**part, "text": part["text"][:HISTORY_TEXT_LIMIT] + "\n...(truncated)..."}
+            part = {**part, "text": _history_text(part["text"])}
+        elif part.get("type") == "toolCall":
+            part = {**part, "arguments": _history_value(part.get("arguments"))}
         content.append(part)
     body["content"] = content
     body["__openclaw"] = {"id": event.event_id, "seq": event.seq}

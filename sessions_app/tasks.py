@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from celery import shared_task
+from django.conf import settings
 from django.utils import timezone
 
 from . import turns
@@ -16,7 +17,18 @@ STALE_RUN_AFTER = timedelta(seconds=30)
 STUCK_QUEUED_AFTER = timedelta(seconds=30)
 
 
-@shared_task(name="sessions.run_turn", acks_late=True, ignore_result=True)
+# A turn is an agent loop (tools, approval waits): it may run far longer than the other tasks.
+TURN_SOFT_TIME_LIMIT_S = settings.OPENCLAW_AGENT["TURN_TIMEOUT_S"]
+TURN_TIME_LIMIT_S = TURN_SOFT_TIME_LIMIT_S + 60
+
+
+@shared_task(
+    name="sessions.run_turn",
+    acks_late=True,
+    ignore_result=True,
+    soft_time_limit=TURN_SOFT_TIME_LIMIT_S,
+    time_limit=TURN_TIME_LIMIT_S,
+)
 def run_turn(run_id: str) -> str | None:
     return turns.execute_turn(run_id)
 

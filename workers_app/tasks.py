@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from sessions_app.tasks import TURN_SOFT_TIME_LIMIT_S, TURN_TIME_LIMIT_S
+
 from .nodes import retention
 from .services import dispatch, recovery, worker_turns
 
@@ -24,6 +26,12 @@ def node_retain(node_id: str, conn_id: str) -> str | None:
     return retention.node_retain(node_id=node_id, conn_id=conn_id)
 
 
-@shared_task(name="workers.run_worker_turn", acks_late=True, ignore_result=True)
+@shared_task(
+    name="workers.run_worker_turn",
+    acks_late=True,
+    ignore_result=True,
+    soft_time_limit=TURN_SOFT_TIME_LIMIT_S,
+    time_limit=TURN_TIME_LIMIT_S,
+)
 def run_worker_turn(run_id: str) -> str | None:
     return worker_turns.execute_worker_turn(run_id)

@@ -21,10 +21,11 @@ from gateway import background, sql_reads, state
 from gateway.audit import Actor, audit
 from gateway.exceptions import Busy, Conflict, InvalidRequest
 from gateway.selectors import live_process_boot_ids
+from openclaw_client.agent.loop import openai_messages
 
 from .. import events
 from ..events import TurnEmitter
-from ..models import Run, RunStatus, Session, SessionWindow
+from ..models import Run, RunStatus, Session, SessionWindow, ToolArtifact
 from ..ports import SessionAction, placements
 from ..selectors import newest_message_bodies
 from .sessions import session_for_turn, session_lock
@@ -157,7 +158,9 @@ def chat_send(
 class ClaimedTurn:
     run: Run
     session: Session
-    history: list[tuple[str, str]]  # (role, text) of the active path, the new user message last
+    # The model's context: OpenAI chat messages of the active path (tool calls and results included), the
+    # new user message last.
+    history: list[dict]
 
 
 def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
@@ -206,7 +209,7 @@ def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
             setattr(run, field, value)
         session.status = "running"
         session.save(update_fields=["status", "updated_at"])
-        history = active_path_texts(run.window)
+        history = active_path_messages(run.window)
         events.publish_session_changed_on_commit(session, reason="send", phase="start", run_id=run.run_id)
     return ClaimedTurn(run=run, session=session, history=history)
 
@@ -253,18 +256,59 @@ def _lock_session_of_run_sql(vendor: str) -> str:
     )
 
 
-def active_path_texts(window: SessionWindow) -> list[tuple[str, str]]:
-    """The model's context: the newest messages of the active path, oldest first."""
-    texts = []
-    for body in newest_message_bodies(window, limit=settings.OPENCLAW_MODEL["CONTEXT_MESSAGES"]):
-        text = "".join(part.get("text", "") for part in body.get("content", []) if part.get("type") == "text")
-        texts.append((body.get("role", "user"), text))
-    return texts
+def active_path_messages(window: SessionWindow) -> list[dict]:
+    """The model's context: the newest messages of the active path, oldest first, as chat messages."""
+    return openai_messages(newest_message_bodies(window, limit=settings.OPENCLAW_MODEL["CONTEXT_MESSAGES"]))
 
 
 def run_heartbeat(*, run_id: str) -> bool:
     """Proof of life; False when the run is no longer running (aborted, swept)."""
     return bool(Run.objects.filter(run_id=run_id, status=RunStatus.RUNNING).update(heartbeat_at=timezone.now()))
+
+
+ARTIFACT_NOTE = "[the whole output ({total} bytes) is kept as artifact {artifact_id}]"
+
+
+def run_record_message(
+    *, run_id: str, body: dict, message_key: str, full_text: str | None = None, total_bytes: int = 0
+) -> dict | None:
+    """Append one complete message of a running turn (an assistant message asking for tools, or a tool's
+    result) to its transcript, as the turn goes: each step is durable once it happened.
+
+    ``message_key`` names the message within its run (its step and place, ``s3.r1``), so a repeated record
+    changes nothing. ``full_text``: the whole output of a tool whose message carries a truncated copy; it is
+    kept as a :class:`ToolArtifact` and the message says where. Returns the body as stored, or None when the
+    run is no longer running (aborted and ended, swept as dead) or its session was reset: nothing is written.
+    """
+    with transaction.atomic():
+        locked = _lock_run(run_id)
+        if locked is None:
+            return None
+        run, session = locked
+        if run.status != RunStatus.RUNNING or run.window_id != session.session_id:
+            return None
+        stored = dict(body)
+        if full_text is not None and body.get("role") == "toolResult":
+            size = len(full_text.encode("utf-8"))
+            artifact, _ = ToolArtifact.objects.get_or_create(
+                run=run,
+                message_key=message_key,
+                defaults={
+                    "session_key": session.key,
+                    "tool_call_id": str(body.get("toolCallId", ""))[:200],
+                    "tool_name": str(body.get("toolName", ""))[:64],
+                    "content": full_text,
+                    "size_bytes": size,
+                    "total_bytes": max(total_bytes, size),
+                },
+            )
+            note = ARTIFACT_NOTE.format(total=artifact.total_bytes, artifact_id=artifact.id)
+            stored["content"] = [*body.get("content", []), {"type": "text", "text": f"\n{note}"}]
+            stored["details"] = {**body.get("details", {}), "artifactId": artifact.id}
+        event = transcript_append(
+            window=run.window, type="message", body=stored, idempotency_key=f"{run_id}:{message_key}"
+        )
+    return event.body
 
 
 @dataclass(frozen=True)

@@ -124,3 +124,13 @@ def worktree_remove(worktree: dict) -> None:
     deleted = _git(["branch", "-D", "--end-of-options", worktree["branch"]], worktree["repoRoot"])
     if deleted.returncode != 0:
         logger.warning("could not delete branch %s: %s", worktree["branch"], deleted.stderr.strip())
+
+
+def session_workspace_dir(session) -> Path:
+    """Where a turn of ``session`` run by this gateway works: its worktree (or cwd), else the agent workspace
+    shared by the agent's sessions (OpenClaw's default ``agents.defaults.workspace``), created on first use."""
+    if session.cwd:
+        return Path(session.cwd)
+    workspace = agent_workspace_dir()
+    workspace.mkdir(parents=True, exist_ok=True)
+    return workspace
