@@ -84,6 +84,14 @@ class ToolResult:
     full_text: str | None = None
 
 
+def size_text(size: int) -> str:
+    """A byte count as a person says it: ``50 KiB``, ``8 MiB``, ``100 bytes``."""
+    for unit, name in ((MIB, "MiB"), (KIB, "KiB")):
+        if size >= unit and size % unit == 0:
+            return f"{size // unit} {name}"
+    return f"{size} bytes"
+
+
 def aborted_result(text: str = ABORTED_TEXT, **details: Any) -> ToolResult:
     return ToolResult(text=text, is_error=True, details={**details, "aborted": True})
 

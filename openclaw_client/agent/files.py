@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from .base import KIB, MIB, ToolCallError, ToolLimits, ToolResult
+from .base import KIB, MIB, ToolCallError, ToolLimits, ToolResult, size_text
 from .workspace import Workspace, name_key, printable
 
 # A file whose first bytes hold a NUL is binary (as git and grep decide).
@@ -58,7 +58,7 @@ def read_file(workspace: Workspace, limits: ToolLimits, arguments: dict[str, Any
     shown = workspace.display(real)
     offset: int = arguments.get("offset", 1)
     max_lines = min(arguments.get("limit", limits.read_max_lines), limits.read_max_lines)
-    kib = limits.read_max_bytes // KIB
+    cap = size_text(limits.read_max_bytes)
     with os.fdopen(workspace.open_regular_file(real), "rb") as handle:
         if is_binary(handle.read(BINARY_SNIFF_BYTES)):
             raise ToolCallError(f"{shown} is a binary file; read shows text files only")
@@ -77,12 +77,12 @@ def read_file(workspace: Workspace, limits: ToolLimits, arguments: dict[str, Any
                 break
             if used + length > limits.read_max_bytes:
                 if shown_lines:
-                    note = _continue_note(offset, number, f"read limit {kib} KiB")
+                    note = _continue_note(offset, number, f"read limit {cap}")
                 else:
                     shown_lines.append(piece)
                     note = (
-                        f"[Line {number} is {length} bytes, over the {kib} KiB read limit; showing its first "
-                        f"{kib} KiB. Use exec (e.g. head -c or cut) for the rest of it, or offset={number + 1} "
+                        f"[Line {number} is {length} bytes, over the {cap} read limit; showing its first "
+                        f"{cap}. Use exec (e.g. head -c or cut) for the rest of it, or offset={number + 1} "
                         "to go past it.]"
                     )
                 break
@@ -136,7 +136,7 @@ def edit_file(workspace: Workspace, arguments: dict[str, Any], cancel: threading
     with os.fdopen(workspace.open_regular_file(real), "rb") as handle:
         data = handle.read(MAX_EDIT_FILE_BYTES + 1)
     if len(data) > MAX_EDIT_FILE_BYTES:
-        raise ToolCallError(f"{shown} is larger than {MAX_EDIT_FILE_BYTES // MIB} MiB; use write or exec to change it")
+        raise ToolCallError(f"{shown} is larger than {size_text(MAX_EDIT_FILE_BYTES)}; use write or exec to change it")
     if is_binary(data):
         raise ToolCallError(f"{shown} is a binary file; edit changes text files only")
     try:

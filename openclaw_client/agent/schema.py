@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from .base import KIB, MIB, ToolCallError, ToolLimits, quoted
+from .base import KIB, MIB, ToolCallError, ToolLimits, quoted, size_text
 
 TOOL_NAMES: tuple[str, ...] = ("read", "write", "edit", "ls", "find", "grep", "exec")
 
@@ -77,11 +77,10 @@ def _path(description: str) -> dict[str, Any]:
 
 def tool_schemas(limits: ToolLimits) -> dict[str, tuple[str, dict[str, Any]]]:
     """Each tool's (description, parameters schema), with the defaults and maxima of ``limits``."""
-    kib = limits.result_max_bytes // KIB
     schemas = {
         "read": (
             f"Read a text file in the workspace. Returns at most {limits.read_max_lines} lines or "
-            f"{limits.read_max_bytes // KIB} KiB, whichever comes first; when more remains, the text ends with "
+            f"{size_text(limits.read_max_bytes)}, whichever comes first; when more remains, the text ends with "
             "a note giving the offset to continue from.",
             _object(
                 {
@@ -157,7 +156,7 @@ def tool_schemas(limits: ToolLimits) -> dict[str, tuple[str, dict[str, Any]]]:
         "grep": (
             "Search file contents for a regular expression (Python syntax) or a literal string. Returns "
             "'path:line: text' for each matching line ('path-line- text' for context lines); .git, binary "
-            f"files and files over {limits.grep_max_file_bytes // MIB} MiB are skipped.",
+            f"files and files over {size_text(limits.grep_max_file_bytes)} are skipped.",
             _object(
                 {
                     "pattern": _string("Regular expression, or literal text with literal=true.", MAX_PATTERN_CHARS),
@@ -173,8 +172,8 @@ def tool_schemas(limits: ToolLimits) -> dict[str, tuple[str, dict[str, Any]]]:
         ),
         "exec": (
             "Run a shell command (/bin/sh -c) in the workspace. stdin is empty; stdout and stderr are combined. "
-            f"Output over {kib} KiB keeps its start and end. Stops the command after timeoutSeconds (default "
-            f"{limits.exec_timeout_s:g}).",
+            f"Output over {size_text(limits.result_max_bytes)} keeps its start and end. The command is stopped "
+            f"after timeoutSeconds (default {limits.exec_timeout_s:g}).",
             _object(
                 {
                     "command": _string("The shell command.", MAX_COMMAND_CHARS),

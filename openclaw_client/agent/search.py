@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import MIB, ToolCallError, ToolLimits, ToolResult, aborted_result, quoted
+from .base import ToolCallError, ToolLimits, ToolResult, aborted_result, quoted, size_text
 from .files import BINARY_SNIFF_BYTES, is_binary
 from .schema import MAX_GREP_LIMIT, MAX_PAGE_LIMIT
 from .workspace import WalkBudget, WalkItem, Workspace, printable
@@ -175,7 +175,7 @@ class _GrepScan:
         hit_set = set(hits)
         previous = None
         for number in selected:
-            if previous is not None and number > previous + 1:
+            if self.context and previous is not None and number > previous + 1:
                 self.lines.append("--")
             separator = ":" if number in hit_set else "-"
             self.lines.append(f"{shown}{separator}{number + 1}{separator} {self._cut(lines[number])}")
@@ -219,10 +219,10 @@ def grep_files(
         more = f" Use limit={min(limit * 2, MAX_GREP_LIMIT)} for more," if limit < MAX_GREP_LIMIT else ""
         notes.append(f"[{limit} matches limit reached.{more} or refine the pattern.]")
     if scan.too_large:
-        notes.append(f"[{scan.too_large} file(s) over {limits.grep_max_file_bytes // MIB} MiB skipped.]")
+        notes.append(f"[{scan.too_large} file(s) over {size_text(limits.grep_max_file_bytes)} skipped.]")
     if scan.out_of_bytes:
         notes.append(
-            f"[Stopped after reading {limits.grep_max_scan_bytes // MIB} MiB; search a narrower path or glob.]"
+            f"[Stopped after reading {size_text(limits.grep_max_scan_bytes)}; search a narrower path or glob.]"
         )
     notes += _walk_notes(budget, limits)
     details = {

@@ -72,12 +72,12 @@ class Workspace:
         if len(os.fsencode(path)) > MAX_PATH_BYTES:
             raise ToolCallError(f"{what} is longer than {MAX_PATH_BYTES} bytes")
         candidate = os.path.join(self.root, path)
-        if not self.contains(os.path.normpath(candidate)):
-            raise ToolCallError(f"{what} {quoted(path)} is outside the workspace")
         real = os.path.realpath(candidate)
-        if not self.contains(real):
+        if self.contains(real):
+            return Path(real)
+        if self.contains(os.path.normpath(candidate)):
             raise ToolCallError(f"{what} {quoted(path)} leads outside the workspace through a symbolic link")
-        return Path(real)
+        raise ToolCallError(f"{what} {quoted(path)} is outside the workspace")
 
     def contains(self, path: str) -> bool:
         root = str(self.root)
@@ -106,7 +106,7 @@ class Workspace:
                         os.mkdir(part, 0o777, dir_fd=fd)
                     child = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
                 except OSError as error:
-                    raise self._changed_or_not_directory(error, real) from None
+                    raise self._refusal(error, real, fd, part) from None
                 os.close(fd)
                 fd = child
         except BaseException:
@@ -114,10 +114,18 @@ class Workspace:
             raise
         return fd
 
-    def _changed_or_not_directory(self, error: OSError, real: Path) -> OSError | ToolCallError:
-        if error.errno == errno.ELOOP:
-            return ToolCallError(f"{self.display(real)} changed while in use (a symbolic link appeared); try again")
-        if error.errno == errno.ENOTDIR:
+    def _refusal(self, error: OSError, real: Path, parent_fd: int, name: str) -> OSError | ToolCallError:
+        """What to tell the model when opening ``name`` (a component of ``real``) without following links failed.
+
+        ``real`` has no symlink in it (it was resolved), so a symlink found now was put there since: Linux
+        answers ``ELOOP`` for it, or ``ENOTDIR`` when a directory was asked for."""
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            try:
+                swapped = stat.S_ISLNK(os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode)
+            except OSError:
+                swapped = False
+            if swapped or error.errno == errno.ELOOP:
+                return ToolCallError(f"{self.display(real)} changed while in use (a symbolic link appeared); try again")
             return ToolCallError(f"{self.display(real)}: a component of the path is not a directory")
         return error
 
@@ -131,7 +139,7 @@ class Workspace:
             try:
                 fd = os.open(real.name, _READ_FLAGS, dir_fd=parent)
             except OSError as error:
-                raise self._changed_or_not_directory(error, real) from None
+                raise self._refusal(error, real, parent, real.name) from None
         finally:
             os.close(parent)
         try:
