@@ -99,7 +99,8 @@ def aborted_result(text: str = ABORTED_TEXT, **details: Any) -> ToolResult:
 def quoted(value: str, max_chars: int = 200) -> str:
     """A model-supplied string inside a message: quoted, escaped, and short."""
     shown = value if len(value) <= max_chars else value[:max_chars] + "…"
-    return json.dumps(shown, ensure_ascii=False)
+    # A lone surrogate (a model can send one as JSON "\ud800") would make the message unencodable.
+    return json.dumps(shown.encode("utf-8", "backslashreplace").decode("utf-8"), ensure_ascii=False)
 
 
 def omitted_marker(omitted_bytes: int) -> str:

@@ -100,17 +100,10 @@ def read_file(workspace: Workspace, limits: ToolLimits, arguments: dict[str, Any
 
 def write_file(workspace: Workspace, arguments: dict[str, Any], cancel: threading.Event | None) -> ToolResult:
     real = workspace.resolve(arguments["path"])
-    data = _encoded(arguments["content"], "content")
+    data = arguments["content"].encode("utf-8")
     workspace.write_atomically(real, data, cancel)
     shown = workspace.display(real)
     return ToolResult(f"Wrote {len(data)} bytes to {shown}", False, {"path": shown, "bytes": len(data)})
-
-
-def _encoded(text: str, what: str) -> bytes:
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ToolCallError(f"{what} is not valid Unicode text (it holds a lone surrogate)") from None
 
 
 def _occurrences(text: str, needle: str, stop_after: int = 1000) -> list[int]:
@@ -169,7 +162,7 @@ def edit_file(workspace: Workspace, arguments: dict[str, Any], cancel: threading
         updated = updated[:start] + arguments["edits"][index]["newText"] + updated[end:]
     if updated == original:
         raise ToolCallError(f"No changes made to {shown}: the replacements produce identical content")
-    workspace.write_atomically(real, _encoded(updated, "newText"), cancel)
+    workspace.write_atomically(real, updated.encode("utf-8"), cancel)
     first_changed_line = original.count("\n", 0, spans[0][0]) + 1
     return ToolResult(
         f"Successfully replaced {len(spans)} block(s) in {shown}.",
@@ -189,19 +182,15 @@ def list_directory(workspace: Workspace, limits: ToolLimits, arguments: dict[str
         os.close(fd)
     after = arguments.get("after")
     if after:
-        try:
-            cursor = os.fsencode(after)
-        except UnicodeEncodeError:
-            raise ToolCallError("after is not a file name this host can hold") from None
+        cursor = os.fsencode(after)
         entries = [entry for entry in entries if name_key(entry.name) > cursor]
     page = entries[:limit]
     lines = [printable(entry.name) + ("/" if entry.is_dir else "") for entry in page]
+    next_after = printable(page[-1].name) if len(entries) > limit else None
     notes = []
-    if len(entries) > limit:
-        notes.append(
-            f"[{len(entries) - limit} more entries. Use after={json.dumps(page[-1].name, ensure_ascii=False)} "
-            "to continue.]"
-        )
+    if next_after is not None:
+        cursor_text = json.dumps(next_after, ensure_ascii=False)
+        notes.append(f"[{len(entries) - limit} more entries. Use after={cursor_text} to continue.]")
     if not complete:
         notes.append(
             f"[{shown} has more than {limits.walk_max_entries} entries; only the first {limits.walk_max_entries} "
@@ -211,7 +200,7 @@ def list_directory(workspace: Workspace, limits: ToolLimits, arguments: dict[str
     details = {
         "path": shown,
         "entries": len(page),
-        "nextAfter": page[-1].name if len(entries) > limit else None,
+        "nextAfter": next_after,
         "complete": complete,
     }
     return ToolResult(_with_note(text, "\n".join(notes)) if notes else text, False, details)

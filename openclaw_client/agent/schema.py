@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -46,6 +47,7 @@ SUPPORTED_KEYWORDS = frozenset(
     }
 )
 
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _TYPE_NAMES = {
     "string": "a string",
     "integer": "an integer",
@@ -275,6 +277,9 @@ def validated(schema: dict[str, Any], value: Any, where: str = "") -> Any:
             raise SchemaViolation(f"{label} must be a string, not {_json_type(value)}")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             raise SchemaViolation(f"{label} is too long (at most {schema['maxLength']} characters)")
+        if _LONE_SURROGATE.search(value):
+            # JSON can spell one ("\ud800"); no file, command or environment can hold it.
+            raise SchemaViolation(f"{label} is not valid Unicode text (it holds a lone surrogate)")
         return value
     elif kind == "boolean":
         if not isinstance(value, bool):

@@ -27,7 +27,7 @@ MAX_PATH_BYTES = 4096
 MAX_WALK_DEPTH = 64
 SKIPPED_DIRECTORY = ".git"
 
-_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -69,7 +69,11 @@ class Workspace:
         :class:`ToolCallError` when it is malformed or resolves outside the workspace."""
         if "\x00" in path:
             raise ToolCallError(f"{what} contains a NUL byte")
-        if len(os.fsencode(path)) > MAX_PATH_BYTES:
+        try:
+            encoded = os.fsencode(path)
+        except UnicodeEncodeError:
+            raise ToolCallError(f"{what} is not valid Unicode text") from None
+        if len(encoded) > MAX_PATH_BYTES:
             raise ToolCallError(f"{what} is longer than {MAX_PATH_BYTES} bytes")
         candidate = os.path.join(self.root, path)
         real = os.path.realpath(candidate)
@@ -95,8 +99,9 @@ class Workspace:
         """A descriptor of the directory ``real`` (resolved, inside the root), opened from the root without
         following any symlink; with ``create``, missing directories are made on the way."""
         fd = os.open(self.root, _DIRECTORY_FLAGS)
+        parts = self._components(real)
         try:
-            for part in self._components(real):
+            for depth, part in enumerate(parts, start=1):
                 try:
                     child = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
@@ -106,7 +111,7 @@ class Workspace:
                         os.mkdir(part, 0o777, dir_fd=fd)
                     child = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
                 except OSError as error:
-                    raise self._refusal(error, real, fd, part) from None
+                    raise self._refusal(error, real, fd, part, last=depth == len(parts)) from None
                 os.close(fd)
                 fd = child
         except BaseException:
@@ -114,7 +119,7 @@ class Workspace:
             raise
         return fd
 
-    def _refusal(self, error: OSError, real: Path, parent_fd: int, name: str) -> OSError | ToolCallError:
+    def _refusal(self, error: OSError, real: Path, parent_fd: int, name: str, *, last: bool) -> OSError | ToolCallError:
         """What to tell the model when opening ``name`` (a component of ``real``) without following links failed.
 
         ``real`` has no symlink in it (it was resolved), so a symlink found now was put there since: Linux
@@ -126,6 +131,8 @@ class Workspace:
                 swapped = False
             if swapped or error.errno == errno.ELOOP:
                 return ToolCallError(f"{self.display(real)} changed while in use (a symbolic link appeared); try again")
+            if last:
+                return ToolCallError(f"{self.display(real)} is not a directory")
             return ToolCallError(f"{self.display(real)}: a component of the path is not a directory")
         return error
 
@@ -139,7 +146,7 @@ class Workspace:
             try:
                 fd = os.open(real.name, _READ_FLAGS, dir_fd=parent)
             except OSError as error:
-                raise self._refusal(error, real, parent, real.name) from None
+                raise self._refusal(error, real, parent, real.name, last=True) from None
         finally:
             os.close(parent)
         try:
@@ -243,11 +250,11 @@ class Workspace:
         and without entering ``.git``. Once ``budget`` is spent no further directory is read (the entries
         already read are still yielded); stops when ``cancel`` is set. Close the iterator when leaving early."""
         top = self.open_directory(start)
-        stack: list[tuple[int, str, Iterator[Entry]]] = []
+        stack: list[tuple[int, str, Iterator[Entry]]] = [(top, "", iter(()))]
         try:
             entries, complete = self.entries(top, budget.remaining_entries())
             budget.spend_entries(len(entries), complete)
-            stack.append((top, "", iter(entries)))
+            stack[0] = (top, "", iter(entries))
             while stack and not (cancel is not None and cancel.is_set()):
                 fd, prefix, pending = stack[-1]
                 entry = next(pending, None)

@@ -6,10 +6,12 @@ the workspace, malformed calls are refused with one line for the model, and each
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import socket
 import stat
+import sys
 import threading
 from pathlib import Path
 
@@ -276,6 +278,19 @@ def test_the_workspace_root_must_exist_and_be_a_directory(tmp_path):
 
 
 MALFORMED = [
+    ("read", '{"path": "a\\ud800"}', 'invalid arguments for read: "path" is not valid Unicode text'),
+    (
+        "write",
+        '{"path": "a", "content": "\\udfff"}',
+        'invalid arguments for write: "content" is not valid Unicode text',
+    ),
+    ("exec", '{"command": "echo \\ud800"}', 'invalid arguments for exec: "command" is not valid Unicode text'),
+    (
+        "exec",
+        '{"command": "x", "env": {"A": "\\ud800"}}',
+        'invalid arguments for exec: "env.A" is not valid Unicode text',
+    ),
+    ("read", '{"path": "a", "\\ud800": 1}', 'invalid arguments for read: unknown key "\\\\ud800" in arguments'),
     ("foo", "{}", 'unknown tool "foo"; available: read, write, edit, ls, find, grep, exec'),
     ("read", "{", "invalid arguments for read: not valid JSON (Expecting property name enclosed in double quotes"),
     ("read", '{"path": "a"} trailing', "invalid arguments for read: not valid JSON (Extra data at line 1 column 15)"),
@@ -589,7 +604,8 @@ def test_read_errors(root):
     assert refused(runner, "read", {"path": "missing.txt"}) == '"missing.txt": no such file or directory'
     assert refused(runner, "read", {"path": "dir"}) == "dir is a directory, not a file"
     assert refused(runner, "read", {"path": "."}) == ". is a directory, not a file"
-    assert refused(runner, "read", {"path": "f.txt/x"}) == "f.txt: a component of the path is not a directory"
+    assert refused(runner, "read", {"path": "f.txt/x"}) == "f.txt is not a directory"
+    assert refused(runner, "read", {"path": "f.txt/x/y"}) == "f.txt/x: a component of the path is not a directory"
 
 
 # --- write -------------------------------------------------------------------------------------------------
@@ -787,7 +803,8 @@ def test_ls_of_a_subdirectory_an_empty_one_and_a_file(root):
     runner = runner_for(root)
     assert ok(runner, "ls", {"path": "sub"}).text == "empty/\nf"
     assert ok(runner, "ls", {"path": "sub/empty"}).text == "(empty directory)"
-    assert refused(runner, "ls", {"path": "sub/f"}) == "sub/f: a component of the path is not a directory"
+    assert refused(runner, "ls", {"path": "sub/f"}) == "sub/f is not a directory"
+    assert refused(runner, "find", {"pattern": "*", "path": "sub/f"}) == "sub/f is not a directory"
     assert refused(runner, "ls", {"path": "nope"}) == '"nope": no such file or directory'
 
 
@@ -967,3 +984,19 @@ def test_run_is_safe_from_many_threads(root):
         thread.join()
     assert not [result.text for result in results if result.is_error]
     assert sorted(p.name for p in root.iterdir()) == ["d0", "d1", "d2"]
+
+
+def test_the_tools_import_only_the_standard_library():
+    """The worker child runs them from the worker bundle, where nothing else is installed."""
+    package = Path(schema.__file__).parent
+    for module in package.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top in sys.stdlib_module_names or top == "__future__", f"{module.name} imports {name}"
