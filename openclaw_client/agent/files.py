@@ -1,8 +1,8 @@
 """The file tools: ``read``, ``write``, ``edit`` and ``ls``.
 
-Each takes the workspace, the limits, the validated arguments and the call's cancel event, and returns a
-:class:`ToolResult`; a refusal is raised as :class:`ToolCallError` (or an ``OSError`` from the file system)
-for the runner to turn into the tool's error result.
+Each takes the workspace, the limits, the validated arguments and the call's cancel event (checked before
+anything is written), and returns a :class:`ToolResult`; a refusal is raised as :class:`ToolCallError` (or
+an ``OSError`` from the file system) for the runner to turn into the tool's error result.
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def _continue_note(offset: int, next_line: int, cap: str | None) -> str:
     return f"[Showing lines {offset}-{next_line - 1} ({cap}). Use offset={next_line} to continue.]"
 
 
-def read_file(workspace: Workspace, limits: ToolLimits, arguments: dict[str, Any]) -> ToolResult:
+def read_file(
+    workspace: Workspace, limits: ToolLimits, arguments: dict[str, Any], cancel: threading.Event | None
+) -> ToolResult:
     real = workspace.resolve(arguments["path"])
     shown = workspace.display(real)
     offset: int = arguments.get("offset", 1)
@@ -98,7 +100,9 @@ def read_file(workspace: Workspace, limits: ToolLimits, arguments: dict[str, Any
     return ToolResult(_with_note(text, note) if note else text, False, details)
 
 
-def write_file(workspace: Workspace, arguments: dict[str, Any], cancel: threading.Event | None) -> ToolResult:
+def write_file(
+    workspace: Workspace, limits: ToolLimits, arguments: dict[str, Any], cancel: threading.Event | None
+) -> ToolResult:
     real = workspace.resolve(arguments["path"])
     data = arguments["content"].encode("utf-8")
     workspace.write_atomically(real, data, cancel)
@@ -116,7 +120,9 @@ def _occurrences(text: str, needle: str, stop_after: int = 1000) -> list[int]:
     return found
 
 
-def edit_file(workspace: Workspace, arguments: dict[str, Any], cancel: threading.Event | None) -> ToolResult:
+def edit_file(
+    workspace: Workspace, limits: ToolLimits, arguments: dict[str, Any], cancel: threading.Event | None
+) -> ToolResult:
     """Exact replacements, each located in the original content; all apply or nothing is written.
 
     1. Read the file (a regular UTF-8 text file of at most 8 MiB).
@@ -171,7 +177,9 @@ def edit_file(workspace: Workspace, arguments: dict[str, Any], cancel: threading
     )
 
 
-def list_directory(workspace: Workspace, limits: ToolLimits, arguments: dict[str, Any]) -> ToolResult:
+def list_directory(
+    workspace: Workspace, limits: ToolLimits, arguments: dict[str, Any], cancel: threading.Event | None
+) -> ToolResult:
     real = workspace.resolve(arguments.get("path", "."))
     shown = workspace.display(real)
     limit = arguments.get("limit", limits.ls_limit)

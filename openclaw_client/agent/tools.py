@@ -38,6 +38,7 @@ __all__ = [
     "TOOL_NAMES",
     "ExecRequest",
     "ExecSlots",
+    "ExecSlotsBusy",
     "PreparedCall",
     "ToolCallError",
     "ToolLimits",
@@ -47,6 +48,15 @@ __all__ = [
     "tool_specs",
 ]
 
+# Every tool but exec: (workspace, limits, validated arguments, cancel) -> result.
+FILE_TOOLS: dict[str, Callable[[Workspace, ToolLimits, dict[str, Any], threading.Event | None], ToolResult]] = {
+    "read": read_file,
+    "write": write_file,
+    "edit": edit_file,
+    "ls": list_directory,
+    "find": find_files,
+    "grep": grep_files,
+}
 # The legacy single-edit form some models were trained on: {path, oldText, newText}.
 _LEGACY_EDIT_KEYS = ("oldText", "newText")
 
@@ -57,14 +67,6 @@ class ToolRunner:
         self.limits = limits or ToolLimits()
         self.exec_slots = exec_slots
         self._schemas = {name: parameters for name, (_description, parameters) in tool_schemas(self.limits).items()}
-        self._tools: dict[str, Callable[[dict[str, Any], threading.Event | None], ToolResult]] = {
-            "read": lambda arguments, _cancel: read_file(self.workspace, self.limits, arguments),
-            "write": lambda arguments, cancel: write_file(self.workspace, arguments, cancel),
-            "edit": lambda arguments, cancel: edit_file(self.workspace, arguments, cancel),
-            "ls": lambda arguments, _cancel: list_directory(self.workspace, self.limits, arguments),
-            "find": lambda arguments, cancel: find_files(self.workspace, self.limits, arguments, cancel),
-            "grep": lambda arguments, cancel: grep_files(self.workspace, self.limits, arguments, cancel),
-        }
 
     def tool_specs(self, names: tuple[str, ...] = TOOL_NAMES) -> list[dict[str, Any]]:
         """The schemas the model is shown, with this runner's limits (what :meth:`prepare` enforces)."""
@@ -120,7 +122,8 @@ class ToolRunner:
         try:
             if call.name == "exec":
                 return self._exec(call, cancel)
-            return capped_result(self._tools[call.name](call.arguments, cancel), self.limits)
+            result = FILE_TOOLS[call.name](self.workspace, self.limits, call.arguments, cancel)
+            return capped_result(result, self.limits)
         except ToolCallError as error:
             return ToolResult(error.message, True, {})
         except CallAborted:
