@@ -87,7 +87,7 @@ def tool_schemas(limits: ToolLimits) -> dict[str, tuple[str, dict[str, Any]]]:
             _object(
                 {
                     "path": _path("File path, relative to the workspace root."),
-                    "offset": _integer("Line number to start reading from (1-based).", 1),
+                    "offset": _integer("Line number to start reading from (1-based; default 1).", 1),
                     "limit": _integer("Maximum number of lines to read.", 1),
                 },
                 ("path",),
@@ -143,7 +143,7 @@ def tool_schemas(limits: ToolLimits) -> dict[str, tuple[str, dict[str, Any]]]:
         "find": (
             "Find files and directories by glob pattern. A pattern without '/' matches names at any depth "
             "('*.py'); one with '/' matches the path relative to the search directory ('src/**/*.ts'). Returns "
-            "sorted relative paths (directories end with '/'); .git is skipped.",
+            "sorted paths relative to the search directory (directories end with '/'); .git is skipped.",
             _object(
                 {
                     "pattern": _string(
@@ -157,13 +157,16 @@ def tool_schemas(limits: ToolLimits) -> dict[str, tuple[str, dict[str, Any]]]:
         ),
         "grep": (
             "Search file contents for a regular expression (Python syntax) or a literal string. Returns "
-            "'path:line: text' for each matching line ('path-line- text' for context lines); .git, binary "
+            "'path:line: text' for each matching line, path relative to the directory searched ('path-line- text' "
+            "for context lines); .git, binary "
             f"files and files over {size_text(limits.grep_max_file_bytes)} are skipped.",
             _object(
                 {
                     "pattern": _string("Regular expression, or literal text with literal=true.", MAX_PATTERN_CHARS),
                     "path": _path("File or directory to search (default: the workspace root)."),
-                    "glob": _string("Only search files matching this glob, e.g. '*.py'.", MAX_PATTERN_CHARS),
+                    "glob": _string(
+                        "Only search files matching this glob, e.g. '*.py' or 'src/**/*.ts'.", MAX_PATTERN_CHARS
+                    ),
                     "ignoreCase": {"type": "boolean", "description": "Match case-insensitively."},
                     "literal": {"type": "boolean", "description": "Treat pattern as literal text, not a regex."},
                     "context": _integer("Lines of context before and after each match.", 0, MAX_GREP_CONTEXT),

@@ -1000,3 +1000,35 @@ def test_the_tools_import_only_the_standard_library():
             for name in names:
                 top = name.split(".")[0]
                 assert top in sys.stdlib_module_names or top == "__future__", f"{module.name} imports {name}"
+
+
+def test_ls_lists_special_files_that_read_refuses(root):
+    os.mkfifo(root / "pipe")
+    runner = runner_for(root)
+    assert ok(runner, "ls", {}).text == "pipe"
+    assert refused(runner, "read", {"path": "pipe"}) == "pipe is a FIFO; only regular files can be read or written"
+
+
+def test_a_walk_does_not_enter_directories_nested_too_deeply(root):
+    deep = root.joinpath(*["d"] * 70)
+    deep.mkdir(parents=True)
+    (deep / "bottom.txt").write_text("needle")
+    runner = runner_for(root)
+    result = ok(runner, "find", {"pattern": "*.txt"})
+    assert (
+        result.text
+        == 'No files found matching "*.txt"\n\n[Some directories are nested too deeply and were not searched.]'
+    )
+    assert (
+        ok(runner, "grep", {"pattern": "needle", "path": "/".join(["d"] * 60)}).text
+        == "d/d/d/d/d/d/d/d/d/d/bottom.txt:1: needle"
+    )
+
+
+def test_limits_must_be_coherent():
+    with pytest.raises(ValueError, match="exec_timeout_s must not exceed"):
+        ToolLimits(exec_timeout_s=100, exec_max_timeout_s=50)
+    with pytest.raises(ValueError, match="read_max_lines must be positive"):
+        ToolLimits(read_max_lines=0)
+    with pytest.raises(ValueError, match="artifact_max_bytes must be at least result_max_bytes"):
+        ToolLimits(result_max_bytes=1024, artifact_max_bytes=512)
