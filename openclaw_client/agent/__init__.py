@@ -1,0 +1,1 @@
+"""The agent's Django-free parts, shipped in the worker bundle."""
