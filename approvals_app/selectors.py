@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -193,8 +194,10 @@ def delivery_route(*, exclude_conn_id: str | None = None) -> str:
     """``deliveryRoute`` of a two-phase request: ``approval-client`` when an operator connection that may
     decide is live (other than the requester's), else ``none`` (it stays pending until it expires)."""
     rows = live_connections().filter(role=sc.ROLE_OPERATOR)
-    if exclude_conn_id:
-        rows = rows.exclude(conn_id=exclude_conn_id)
+    try:
+        rows = rows.exclude(conn_id=uuid.UUID(exclude_conn_id)) if exclude_conn_id else rows
+    except ValueError:
+        pass  # not a registered connection's id (an in-process caller): nothing to leave out
     for scopes in rows.values_list("scopes", flat=True).iterator():
         if sc.scope_satisfied(scopes or [], sc.APPROVALS):
             return "approval-client"

@@ -111,7 +111,12 @@ class RecordingSocket:
         async def send(text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
             self.frames.append(json.loads(text_data))
 
+        async def base_send(message: dict[str, Any]) -> None:
+            # Events dropped for a slow client (drop_if_slow) go to Daphne's protocol with a marker.
+            self.frames.append(json.loads(message["text"]))
+
         consumer.send = send
+        consumer.base_send = base_send
 
     def events(self) -> list[str]:
         return [frame["event"] for frame in self.frames if frame.get("type") == "event"]

@@ -129,7 +129,7 @@ def test_request_refusals_change_nothing(node):
         "command exceeds exec approval display limit",
         {"reason": "EXEC_APPROVAL_COMMAND_DISPLAY_LIMIT"},
     )
-    # Escaping counts: 2000 control characters show as 10000 characters (\\u{1} each).
+    # Escaping counts: 2000 control characters show as 10000 characters (five each).
     refused(lambda: request(command="\x01" * 2000), InvalidRequest, "command exceeds exec approval display limit")
     refused(lambda: request(approval_id="plugin:x"), InvalidRequest, "approval ids starting with plugin: are reserved")
     refused(lambda: request(host="node", node_id=None), InvalidRequest, "nodeId is required for host=node")
