@@ -8,6 +8,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -279,7 +280,8 @@ def test_allow_always_on_a_full_allowlist_is_refused_and_the_approval_stays_pend
     refused(
         lambda: approvals.exec_approval_resolve(approval_id=approval.pk, decision="allow-always", actor=operator_actor),
         InvalidRequest,
-        "the exec allowlist of agent main is full (1000 entries); remove entries with exec.approvals.set, or allow once",
+        "the exec allowlist of agent main is full (1000 entries); "
+        "remove entries with exec.approvals.set, or allow once",
     )
     assert ExecApproval.objects.get(pk=approval.pk).status == "pending"
 
@@ -345,8 +347,6 @@ def test_cancel_for_run_withdraws_its_pending_approvals_only(
 
 
 def test_a_settled_approval_sets_the_flag_synchronous_waiters_read(django_capture_on_commit_callbacks, operator_actor):
-    from django.core.cache import cache
-
     approval = request()
     assert cache.get(settled_cache_key(approval.pk)) is None
     with django_capture_on_commit_callbacks(execute=True):
