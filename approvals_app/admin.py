@@ -184,8 +184,10 @@ class ExecPolicyForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if "scope" not in self.fields:
+            return  # a viewer's form: the admin shows every field read-only
         instance = self.instance
-        if instance is not None and not instance._state.adding:
+        if not instance._state.adding:
             self.fields["scope"].disabled = True
             self.fields["document_json"].initial = json.dumps(instance.document, indent=2, sort_keys=True)
             self.fields["base_hash"].initial = instance.hash

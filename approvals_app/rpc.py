@@ -11,6 +11,7 @@ from gateway.exceptions import InvalidRequest
 from gateway.registry import registry
 
 from . import selectors
+from .events import ms
 from .models import GATEWAY_SCOPE, ExecApproval
 from .schemas import (
     ApprovalHistoryParams,
@@ -91,8 +92,8 @@ async def exec_approval_request_rpc(ctx: RpcContext, params: ExecApprovalRequest
             "status": "accepted",
             "id": approval.id,
             "deliveryRoute": route,
-            "createdAtMs": selectors.ms(approval.created_at),
-            "expiresAtMs": selectors.ms(approval.expires_at),
+            "createdAtMs": ms(approval.created_at),
+            "expiresAtMs": ms(approval.expires_at),
         }
     settled = await wait_for_settled(approval.id)
     return selectors.request_decided_payload(settled or approval)

@@ -12,8 +12,9 @@ from django.utils import timezone
 
 from devices_app.models import PairedDevice
 from gateway import scopes as sc
+from gateway.cursors import INVALID as INVALID_CURSOR
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
-from gateway.exceptions import NotFound
+from gateway.exceptions import InvalidRequest, NotFound
 from gateway.selectors import live_connections
 from openclaw_client.agent import exec_policy
 from openclaw_client.agent.exec_policy import Policy
@@ -227,7 +228,10 @@ def approval_history(*, limit: int, cursor: str | None) -> dict[str, Any]:
     rows = ExecApproval.objects.filter(resolved_at__isnull=False).order_by("-resolved_at", "-id")
     if cursor:
         at_us, last_id = cursor_decode(cursor, cursor_int, cursor_str)
-        at = EPOCH + timedelta(microseconds=at_us)
+        try:
+            at = EPOCH + timedelta(microseconds=at_us)
+        except OverflowError:  # a forged cursor past year 9999
+            raise InvalidRequest(INVALID_CURSOR) from None
         rows = rows.filter(resolved_at__lte=at).exclude(resolved_at=at, id__gte=last_id)
     page = list(rows[: limit + 1])
     more = len(page) > limit

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 from django.urls import reverse
 from django.utils import timezone
@@ -175,3 +176,30 @@ def test_a_nodes_document_is_added_for_paired_nodes_only(admin_client, node):
     assert ExecApprovalPolicy.objects.get(scope=f"node:{NODE_ID}").updated_by == "user:admin"
     listed = admin_client.get(url(ExecApprovalPolicy, "changelist"))
     assert listed.status_code == 200 and f"node:{NODE_ID}" in listed.content.decode()
+
+
+def test_a_viewer_sees_the_document_read_only(client, django_user_model):
+    policies.exec_policy_set(
+        scope="gateway", file={"version": 1, "defaults": {"security": "deny"}}, base_hash=None, actor=Actor(label="op")
+    )
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(
+        Permission.objects.get(codename="view_execapprovalpolicy"), Permission.objects.get(codename="view_execapproval")
+    )
+    client.force_login(viewer)
+
+    page = client.get(url(ExecApprovalPolicy, "change", "gateway"))
+    denied = client.post(
+        url(ExecApprovalPolicy, "change", "gateway"),
+        {"scope": "gateway", "document_json": json.dumps({"version": 1}), "base_hash": "x"},
+    )
+    deny_action = client.post(
+        url(ExecApproval, "changelist"), {"action": "deny_pending", "_selected_action": [pending().pk], "index": 0}
+    )
+
+    assert page.status_code == 200
+    content = page.content.decode()
+    assert "&quot;security&quot;: &quot;deny&quot;" in content and "<textarea" not in content
+    assert denied.status_code == 403
+    assert ExecApprovalPolicy.objects.get(scope="gateway").document["defaults"] == {"security": "deny"}
+    assert deny_action.status_code in (200, 302) and ExecApproval.objects.get().status == "pending"

@@ -15,6 +15,7 @@ from approvals_app import waiters
 from approvals_app.models import ExecApproval, ExecApprovalPolicy
 from gateway import scopes as sc
 from gateway.context import RpcContext
+from gateway.cursors import cursor_encode
 from gateway.dispatch import run_request
 from gateway.models import AuditLog, GatewayConnection
 from gateway.protocol import RequestFrame
@@ -364,6 +365,11 @@ def test_history_pages_newest_first_with_a_cursor():
         "exec",
     )
     assert refusal(wire(APPROVER, "approval.history", {"cursor": "garbage!"})) == ("INVALID_REQUEST", "invalid cursor")
+    past_year_9999 = cursor_encode(2**62, "x")
+    assert refusal(wire(APPROVER, "approval.history", {"cursor": past_year_9999})) == (
+        "INVALID_REQUEST",
+        "invalid cursor",
+    )
     assert refusal(wire(APPROVER, "approval.history", {"limit": 501}))[1].startswith(
         "invalid approval.history params: at /limit"
     )
