@@ -18,10 +18,11 @@ from django.utils import timezone
 
 from gateway.audit import Actor
 from gateway.background import release_database_connections
+from gateway.exceptions import GatewayError
 from openclaw_client.agent import exec_policy
 from openclaw_client.agent.exec_policy import Which
 
-from .models import ApprovalStatus
+from .models import ApprovalStatus, ExecApproval
 from .selectors import effective_exec_policy
 from .services.approvals import exec_approval_cancel, exec_approval_request, exec_approvals_cancel_for_run
 from .services.waiting import exec_approval_wait
@@ -81,7 +82,29 @@ class ExecGate:
             return ExecDecision(True)
         if verdict.decision == "deny":
             return ExecDecision(False, f"exec denied: {verdict.reason}")
-        approval = exec_approval_request(
+        try:
+            approval = self._ask(call_id, command, cwd, policy, request)
+        except GatewayError as error:
+            # Nothing an operator could be shown (a command past the display limit, a node no longer
+            # paired): the command does not run, and the model is told why.
+            return ExecDecision(False, f"exec not run: {error.message}")
+        release_database_connections()
+        wait_s = (approval.expires_at - timezone.now()).total_seconds() + EXPIRY_MARGIN_S
+        settled = exec_approval_wait(approval.id, timeout_s=wait_s, should_stop=should_stop)
+        if settled.status == ApprovalStatus.PENDING:
+            withdrawn = exec_approval_cancel(approval_id=settled.id, reason=ABORTED_REASON)
+            if withdrawn is not None or should_stop():
+                return ExecDecision(
+                    False, "not run: the turn was stopped while the command waited for approval", True, settled.id
+                )
+            # Decided (or expired) just before the withdrawal: that outcome stands.
+            settled = exec_approval_wait(settled.id, timeout_s=EXPIRY_MARGIN_S, should_stop=lambda: False)
+        return self._outcome(settled, policy, command, cwd)
+
+    def _ask(
+        self, call_id: str, command: str, cwd: str | None, policy: exec_policy.Policy, request: Any
+    ) -> ExecApproval:
+        return exec_approval_request(
             command=command,
             argv=None,
             cwd=cwd,
@@ -98,20 +121,10 @@ class ExecGate:
             ask=policy.ask,
             warning_text=_env_warning(getattr(request, "env_keys", ())),
         )
-        release_database_connections()
-        wait_s = (approval.expires_at - timezone.now()).total_seconds() + EXPIRY_MARGIN_S
-        settled = exec_approval_wait(approval.id, timeout_s=wait_s, should_stop=should_stop)
-        if settled.status == ApprovalStatus.PENDING:
-            withdrawn = exec_approval_cancel(approval_id=settled.id, reason=ABORTED_REASON)
-            if withdrawn is not None or should_stop():
-                return ExecDecision(
-                    False, "not run: the turn was stopped while the command waited for approval", True, settled.id
-                )
-            # Decided (or expired) just before the withdrawal: that outcome stands.
-            settled = exec_approval_wait(settled.id, timeout_s=EXPIRY_MARGIN_S, should_stop=lambda: False)
-        return self._outcome(settled, policy, command, cwd)
 
-    def _outcome(self, approval, policy: exec_policy.Policy, command: str, cwd: str | None) -> ExecDecision:
+    def _outcome(
+        self, approval: ExecApproval, policy: exec_policy.Policy, command: str, cwd: str | None
+    ) -> ExecDecision:
         if approval.status == ApprovalStatus.APPROVED:
             return ExecDecision(True, approval_id=approval.id)
         if approval.status == ApprovalStatus.DENIED:

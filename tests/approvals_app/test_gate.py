@@ -204,3 +204,9 @@ def test_a_node_command_waiting_for_approval_names_the_node(published, node):
     assert (approval.host, approval.node_id, approval.request["nodeId"]) == ("node", NODE_ID, NODE_ID)
     assert ExecApprovalPolicy.objects.filter(scope=node_scope(NODE_ID)).exists()
     assert not ExecApprovalPolicy.objects.filter(scope="gateway").exists()
+
+
+def test_a_command_no_operator_could_be_shown_is_not_run(published):
+    decision = gate().decide("call-1", ExecRequest("echo " + "x" * 9000), should_stop=never)
+    assert decision == ExecDecision(False, "exec not run: command exceeds exec approval display limit")
+    assert not ExecApproval.objects.exists()
