@@ -38,11 +38,13 @@ def approval_list(request: HttpRequest):
     return selectors.approval_list()
 
 
-@router.get("/history", response={200: ApprovalHistoryOut, **error_responses()}, summary="Decided approvals")
+@router.get(
+    "/history", response={200: ApprovalHistoryOut, **error_responses()}, summary="Settled approvals", exclude_unset=True
+)
 def approval_history(request: HttpRequest, query: Query[ApprovalHistoryParams]):
-    """``approval.history``: approvals that left pending (decided, expired, cancelled), newest first; pass
-    ``nextCursor`` back as ``cursor`` for the next page."""
-    return selectors.approval_history(limit=query.limit, cursor=query.cursor)
+    """``approval.history``: approvals that left pending (allowed, denied, expired, cancelled), newest first, as
+    OpenClaw's terminal approval snapshots; pass ``nextCursor`` back as ``cursor`` for the next page."""
+    return selectors.approval_history(limit=query.limit, cursor=query.cursor, kind=query.kind)
 
 
 # --- policy documents (before /{id}: "policy" is not an approval id here) ---------------------------------

@@ -27,9 +27,9 @@ from .selectors import effective_exec_policy
 from .services.approvals import exec_approval_cancel, exec_approval_request, exec_approvals_cancel_for_run
 from .services.waiting import exec_approval_wait
 
-# The reason a pending approval of a turn that stopped waiting is withdrawn with (OpenClaw's word).
+# Why a turn withdraws an approval nobody decided (OpenClaw's reason of a cancelled approval): it stopped
+# waiting, or it ended with one still pending (which only an abort, a lost run or a failure leaves behind).
 ABORTED_REASON = "run-aborted"
-ENDED_REASON = "run-ended"
 # The wait outlives the approval's expiry by this much: the waiter expires it itself at its expiry.
 EXPIRY_MARGIN_S = 1.0
 MAX_ENV_KEYS_SHOWN = 20
@@ -140,7 +140,7 @@ class ExecGate:
 
     def close(self) -> None:
         """The turn ended: withdraw its approvals nobody decided (the consoles drop them)."""
-        exec_approvals_cancel_for_run(self.run_id, ENDED_REASON)
+        exec_approvals_cancel_for_run(self.run_id, ABORTED_REASON)
 
 
 def _env_warning(env_keys: Any) -> str | None:

@@ -125,4 +125,4 @@ def exec_approval_resolve_rpc(ctx: RpcContext, params: ExecApprovalResolveParams
 
 @method("approval.history", params=ApprovalHistoryParams, scope=sc.APPROVALS)
 def approval_history_rpc(ctx: RpcContext, params: ApprovalHistoryParams) -> dict:
-    return selectors.approval_history(limit=params.limit, cursor=params.cursor)
+    return selectors.approval_history(limit=params.limit, cursor=params.cursor, kind=params.kind)

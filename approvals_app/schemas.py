@@ -18,7 +18,7 @@ MAX_ARGV_ITEMS = 1024
 MAX_CWD_CHARS = 4096
 MAX_WARNING_CHARS = 4096
 MAX_TIMEOUT_MS = 24 * 60 * 60 * 1000
-MAX_HISTORY_LIMIT = 500
+MAX_HISTORY_LIMIT = 100
 
 BaseHash = Annotated[str, Field(min_length=1, max_length=200)]
 OptionalId = Annotated[str | None, Field(default=None, max_length=200)]
@@ -85,8 +85,12 @@ class ExecApprovalResolveParams(ResolveBody, ApprovalIdParams):
 
 
 class ApprovalHistoryParams(ClosedModel):
+    """OpenClaw's ``approval.history`` params: a page of at most 100, the previous page's ``nextCursor``,
+    and the approval kind (only ``exec`` approvals exist here)."""
+
     limit: int = Field(default=50, ge=1, le=MAX_HISTORY_LIMIT)
-    cursor: str | None = Field(default=None, min_length=1, max_length=500)
+    cursor: str | None = Field(default=None, min_length=1, max_length=512)
+    kind: Literal["exec", "plugin", "system-agent"] | None = None
 
 
 # --- what they answer (the JSON API's response schemas) ------------------------------------------------
@@ -149,19 +153,43 @@ class ResolveOut(Schema):
     ok: bool
 
 
+class ApprovalPresentationOut(Schema):
+    kind: Literal["exec"]
+    commandText: str
+    commandPreview: str | None = None
+    warningText: str | None = None
+    host: str | None = None
+    nodeId: str | None = None
+    agentId: str | None = None
+    allowedDecisions: list[str]
+
+
+class ApprovalSourceOut(Schema):
+    agentId: str | None = None
+    sessionKey: str | None = None
+
+
+class ApprovalResolverOut(Schema):
+    kind: Literal["device", "channel", "runtime", "system"]
+    id: str | None = None
+
+
 class ApprovalHistoryItemOut(Schema):
+    """A settled approval, as OpenClaw's terminal approval snapshot."""
+
     id: str
-    approvalKind: Literal["exec"]
-    status: str
-    decision: str | None = None
-    resolvedBy: str | None = None
-    terminalReason: str | None = None
-    request: ApprovalRequestOut
+    urlPath: str
     createdAtMs: int
     expiresAtMs: int
-    resolvedAtMs: int | None = None
+    presentation: ApprovalPresentationOut
+    resolvedAtMs: int
+    status: Literal["allowed", "denied", "expired", "cancelled"]
+    decision: Literal["allow-once", "allow-always", "deny"] | None = None
+    reason: str
+    source: ApprovalSourceOut | None = None
+    resolver: ApprovalResolverOut | None = None
 
 
 class ApprovalHistoryOut(Schema):
-    approvals: list[ApprovalHistoryItemOut]
+    items: list[ApprovalHistoryItemOut]
     nextCursor: str | None = None

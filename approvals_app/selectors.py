@@ -6,13 +6,13 @@ import unicodedata
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from devices_app.models import PairedDevice
 from gateway import scopes as sc
-from gateway.cursors import INVALID as INVALID_CURSOR
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
 from gateway.exceptions import InvalidRequest, NotFound
 from gateway.selectors import live_connections
@@ -208,39 +208,87 @@ def delivery_route(*, exclude_conn_id: str | None = None) -> str:
 # --- history ---------------------------------------------------------------------------------------
 
 
-def history_item(approval: ExecApproval) -> dict[str, Any]:
+# OpenClaw's reasons of a cancelled approval; another reason a turn gave is reported as run-aborted.
+CANCELLED_REASONS = ("run-aborted", "gateway-restart")
+HISTORY_STATUS = {
+    ApprovalStatus.APPROVED: "allowed",
+    ApprovalStatus.DENIED: "denied",
+    ApprovalStatus.EXPIRED: "expired",
+    ApprovalStatus.CANCELLED: "cancelled",
+}
+INVALID_HISTORY_CURSOR = "invalid approval.history cursor"
+
+
+def approval_presentation(approval: ExecApproval) -> dict[str, Any]:
+    """What a reviewer is shown of an approval, as OpenClaw's approval ledger keeps it (no cwd or argv)."""
+    request = approval.request
     return {
-        "id": approval.id,
-        "approvalKind": "exec",
-        "status": approval.status,
-        "decision": approval.decision or None,
-        "resolvedBy": approval.resolved_by or None,
-        "terminalReason": approval.terminal_reason or None,
-        "request": approval.request,
-        "createdAtMs": ms(approval.created_at),
-        "expiresAtMs": ms(approval.expires_at),
-        "resolvedAtMs": ms(approval.resolved_at) if approval.resolved_at else None,
+        "kind": "exec",
+        "commandText": request.get("command") or display_text(approval.command),
+        "commandPreview": None,
+        "warningText": request.get("warningText"),
+        "host": request.get("host"),
+        "nodeId": request.get("nodeId"),
+        "agentId": request.get("agentId"),
+        "allowedDecisions": list(request.get("allowedDecisions") or []),
     }
 
 
-def approval_history(*, limit: int, cursor: str | None) -> dict[str, Any]:
-    """Decided approvals, newest first, ``limit`` a page; ``nextCursor`` continues after the last one."""
+def history_item(approval: ExecApproval) -> dict[str, Any]:
+    """One settled approval as OpenClaw's ``approval.history`` item (its terminal approval snapshot)."""
+    item: dict[str, Any] = {
+        "id": approval.id,
+        "urlPath": "/approve/" + quote(approval.id, safe=""),
+        "createdAtMs": ms(approval.created_at),
+        "expiresAtMs": ms(approval.expires_at),
+        "presentation": approval_presentation(approval),
+        "resolvedAtMs": ms(approval.resolved_at) if approval.resolved_at else ms(approval.expires_at),
+        "status": HISTORY_STATUS[approval.status],
+    }
+    source = {
+        key: value for key, value in (("agentId", approval.agent_id), ("sessionKey", approval.session_key)) if value
+    }
+    if source:
+        item["source"] = source
+    if approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):
+        item["decision"] = approval.decision
+        item["reason"] = "user"
+        if approval.resolved_by_device:
+            item["resolver"] = {"kind": "device", "id": approval.resolved_by_device}
+        else:
+            item["resolver"] = {"kind": "runtime", **({"id": approval.resolved_by} if approval.resolved_by else {})}
+    elif approval.status == ApprovalStatus.EXPIRED:
+        item["reason"] = "timeout"
+        item["resolver"] = {"kind": "system"}
+    else:
+        reason = approval.terminal_reason
+        item["reason"] = reason if reason in CANCELLED_REASONS else "run-aborted"
+        item["resolver"] = {"kind": "system"}
+    return item
+
+
+def approval_history(*, limit: int, cursor: str | None, kind: str | None = None) -> dict[str, Any]:
+    """``approval.history``: settled approvals, newest first, ``limit`` a page, OpenClaw's ``{items,
+    nextCursor?}``; ``nextCursor`` continues after the last one. Only exec approvals exist here."""
+    if cursor:
+        try:
+            at_us, last_id = cursor_decode(cursor, cursor_int, cursor_str)
+            at = EPOCH + timedelta(microseconds=at_us)
+        except (InvalidRequest, OverflowError):  # not one of ours, or a forged one past year 9999
+            raise InvalidRequest(INVALID_HISTORY_CURSOR) from None
+    if kind not in (None, "exec"):
+        return {"items": []}
     rows = ExecApproval.objects.filter(resolved_at__isnull=False).order_by("-resolved_at", "-id")
     if cursor:
-        at_us, last_id = cursor_decode(cursor, cursor_int, cursor_str)
-        try:
-            at = EPOCH + timedelta(microseconds=at_us)
-        except OverflowError:  # a forged cursor past year 9999
-            raise InvalidRequest(INVALID_CURSOR) from None
         rows = rows.filter(resolved_at__lte=at).exclude(resolved_at=at, id__gte=last_id)
     page = list(rows[: limit + 1])
     more = len(page) > limit
     page = page[:limit]
-    next_cursor = None
+    history: dict[str, Any] = {"items": [history_item(a) for a in page]}
     if more and page:
         last = page[-1]
-        next_cursor = cursor_encode(_micros(last.resolved_at), last.id)
-    return {"approvals": [history_item(a) for a in page], "nextCursor": next_cursor}
+        history["nextCursor"] = cursor_encode(_micros(last.resolved_at), last.id)
+    return history
 
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -156,10 +156,13 @@ def test_history_pages(client):
         client.post(f"/api/approvals/{approval.pk}/resolve", {"decision": "deny"}, "application/json")
     first = client.get("/api/approvals/history", {"limit": 2}).json()
     second = client.get("/api/approvals/history", {"limit": 2, "cursor": first["nextCursor"]}).json()
-    assert [a["id"] for a in first["approvals"] + second["approvals"]] == [a.pk for a in made][::-1]
-    assert second["nextCursor"] is None
+    assert [a["id"] for a in first["items"] + second["items"]] == [a.pk for a in made][::-1]
+    assert "nextCursor" not in second
+    assert first["items"][0]["resolver"] == {"kind": "runtime", "id": "api:token"}
     before = world()
-    refused(client.get("/api/approvals/history", {"cursor": "x"}), 400, "invalid cursor", before=before)
+    refused(
+        client.get("/api/approvals/history", {"cursor": "x"}), 400, "invalid approval.history cursor", before=before
+    )
     refused(
         client.get("/api/approvals/history", {"limit": 0}),
         400,

@@ -171,7 +171,7 @@ def test_a_retried_step_gets_the_decision_it_had_and_close_withdraws_what_is_lef
     )
     gate().close()
     left.refresh_from_db()
-    assert (left.status, left.terminal_reason) == ("cancelled", "run-ended")
+    assert (left.status, left.terminal_reason) == ("cancelled", "run-aborted")
     # A cancelled approval found again by a retried step is not a permission.
     assert not gate().decide("call-2", ExecRequest("make other"), should_stop=never).allowed
 

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from approvals_app import waiters
 from approvals_app.models import ExecApproval, ExecApprovalPolicy
+from approvals_app.services import approvals as approvals_service
 from gateway import scopes as sc
 from gateway.context import RpcContext
 from gateway.cursors import cursor_encode
@@ -346,31 +347,57 @@ def test_an_explicit_id_already_used_is_refused():
 # --- history -------------------------------------------------------------------------------------------
 
 
-def test_history_pages_newest_first_with_a_cursor():
-    ids = [two_phase(runId="r", toolCallId=f"t{i}")["id"] for i in range(5)]
-    for approval_id in ids:
+def test_history_pages_newest_first_with_a_cursor_in_openclaws_shape():
+    ids = [
+        two_phase(runId="r", toolCallId=f"t{i}", agentId="main", sessionKey="agent:main:main")["id"] for i in range(4)
+    ]
+    for approval_id in ids[:3]:
         wire(APPROVER, "exec.approval.resolve", {"id": approval_id, "decision": "deny"})
-    still_pending = two_phase(runId="r", toolCallId="t-pending")["id"]
+    approvals_service.exec_approvals_cancel_for_run("r", "run-aborted")  # the fourth: withdrawn by its turn
+    still_pending = two_phase(runId="r2", toolCallId="t-pending")["id"]
 
     first = wire(APPROVER, "approval.history", {"limit": 3})["payload"]
     second = wire(APPROVER, "approval.history", {"limit": 3, "cursor": first["nextCursor"]})["payload"]
 
-    assert [a["id"] for a in first["approvals"]] + [a["id"] for a in second["approvals"]] == ids[::-1]
-    assert second["nextCursor"] is None and still_pending not in {a["id"] for a in first["approvals"]}
-    item = first["approvals"][0]
-    assert (item["status"], item["decision"], item["resolvedBy"], item["approvalKind"]) == (
-        "denied",
-        "deny",
-        "device:approver-device",
-        "exec",
+    assert [a["id"] for a in first["items"]] + [a["id"] for a in second["items"]] == ids[::-1]
+    assert "nextCursor" not in second and still_pending not in {a["id"] for a in first["items"]}
+    cancelled, denied = first["items"][0], first["items"][1]
+    row = ExecApproval.objects.get(pk=denied["id"])
+    assert denied == {
+        "id": row.pk,
+        "urlPath": f"/approve/{row.pk}",
+        "createdAtMs": int(row.created_at.timestamp() * 1000),
+        "expiresAtMs": int(row.expires_at.timestamp() * 1000),
+        "presentation": {
+            "kind": "exec",
+            "commandText": "git push",
+            "commandPreview": None,
+            "warningText": None,
+            "host": "gateway",
+            "nodeId": None,
+            "agentId": "main",
+            "allowedDecisions": ["allow-once", "allow-always", "deny"],
+        },
+        "resolvedAtMs": int(row.resolved_at.timestamp() * 1000),
+        "status": "denied",
+        "decision": "deny",
+        "reason": "user",
+        "source": {"agentId": "main", "sessionKey": "agent:main:main"},
+        "resolver": {"kind": "device", "id": "approver-device"},
+    }
+    assert (cancelled["status"], cancelled["reason"], cancelled["resolver"]) == (
+        "cancelled",
+        "run-aborted",
+        {"kind": "system"},
     )
-    assert refusal(wire(APPROVER, "approval.history", {"cursor": "garbage!"})) == ("INVALID_REQUEST", "invalid cursor")
-    past_year_9999 = cursor_encode(2**62, "x")
-    assert refusal(wire(APPROVER, "approval.history", {"cursor": past_year_9999})) == (
-        "INVALID_REQUEST",
-        "invalid cursor",
-    )
-    assert refusal(wire(APPROVER, "approval.history", {"limit": 501}))[1].startswith(
+    assert "decision" not in cancelled
+    assert wire(APPROVER, "approval.history", {"kind": "plugin"})["payload"] == {"items": []}
+    for cursor in ("garbage!", cursor_encode(2**62, "x")):  # not ours; past year 9999
+        assert refusal(wire(APPROVER, "approval.history", {"cursor": cursor})) == (
+            "INVALID_REQUEST",
+            "invalid approval.history cursor",
+        )
+    assert refusal(wire(APPROVER, "approval.history", {"limit": 101}))[1].startswith(
         "invalid approval.history params: at /limit"
     )
 
