@@ -14,6 +14,7 @@ in every gateway process (a process notification, :data:`APPROVAL_SETTLED`), and
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from typing import Any
 
@@ -29,6 +30,8 @@ from .models import ApprovalStatus, ExecApproval
 
 EVENT_EXEC_APPROVAL_REQUESTED = registry.event("exec.approval.requested", scope=sc.APPROVALS)
 EVENT_EXEC_APPROVAL_RESOLVED = registry.event("exec.approval.resolved", scope=sc.APPROVALS)
+
+logger = logging.getLogger(__name__)
 
 APPROVAL_SETTLED = "approvals.settled"
 # How long the settled flag stays: a waiter reads the row itself when it starts, so the flag only has to
@@ -85,7 +88,11 @@ def publish_settled_on_commit(approval: ExecApproval) -> None:
     approval_id, status = approval.id, approval.status
 
     def publish() -> None:
-        cache.set(settled_cache_key(approval_id), status, SETTLED_FLAG_TTL_S)
+        try:
+            cache.set(settled_cache_key(approval_id), status, SETTLED_FLAG_TTL_S)
+        except Exception:
+            # The decision is committed; a waiter that misses the flag reads it within a second anyway.
+            logger.warning("could not flag exec approval %s as settled in the cache", approval_id, exc_info=True)
         batch = PublicationBatch()
         batch.publish(EVENT_EXEC_APPROVAL_RESOLVED, payload, drop_if_slow=True)
         # After the event: a caller woken by it answers after the operators heard of the decision.

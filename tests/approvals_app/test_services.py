@@ -570,3 +570,18 @@ def test_concurrent_document_writes_with_one_base_hash_have_one_winner():
     assert sum(isinstance(r, ExecApprovalPolicy) for r in results) == 1
     assert all(isinstance(r, ExecApprovalPolicy | Conflict) for r in results), results
     assert AuditLog.objects.filter(action="exec.approvals.set").count() == 2
+
+
+def test_a_cache_that_fails_does_not_fail_a_committed_decision(
+    django_capture_on_commit_callbacks, published, operator_actor, monkeypatch
+):
+    approval = request()
+
+    def broken(*args, **kwargs):
+        raise ConnectionError("redis went away")
+
+    monkeypatch.setattr(cache, "set", broken)
+    with django_capture_on_commit_callbacks(execute=True):
+        approvals.exec_approval_resolve(approval_id=approval.pk, decision="deny", actor=operator_actor)
+    assert ExecApproval.objects.get(pk=approval.pk).status == "denied"
+    assert published.names()[-1] == "exec.approval.resolved"
