@@ -92,3 +92,14 @@ def _run_task(fn: Callable[..., Any], args: tuple) -> None:
     finally:
         state.leave_in_process_task(token)
         close_old_connections()
+
+
+def release_database_connections() -> None:
+    """Give this thread's database connections back to the pool (PostgreSQL) before it waits a long time.
+
+    A Celery worker's threads and its pool are the same size: tasks that held their connection while
+    they waited (a node's answer, an operator's decision, a turn) could hold all of them, and the waits'
+    own connection lookups then queue for one until the pool's timeout. Never inside a transaction (it
+    would end it); SQLite's connections are kept (no pool, nothing to run out of)."""
+    if not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
+        close_old_connections()

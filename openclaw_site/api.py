@@ -19,6 +19,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.operation import Operation
 
+from approvals_app.api import router as approvals_router
 from devices_app.api import router as devices_router
 from gateway.api import router as gateway_router
 from gateway.exceptions import (
@@ -65,6 +66,7 @@ api = GatewayAPI(
 api.add_router("/gateway", gateway_router)
 # Devices and nodes kept the paths they had when the gateway core served them.
 api.add_router("/gateway", devices_router)
+api.add_router("/approvals", approvals_router)
 api.add_router("/sessions", sessions_router)
 api.add_router("/workers", workers_router)
 

@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "openclaw_site",
     "gateway",
     "devices_app",
+    "approvals_app",
     "sessions_app",
     "native_harness",
     "workers_app",
@@ -225,6 +226,8 @@ CELERY_BEAT_SCHEDULE = {
     "sessions-sweep": {"task": "sessions.runs_sweep", "schedule": 15.0},
     # Every 15 s: reconcile worker environments with their providers, fail placements whose worker vanished.
     "workers-recovery-sweep": {"task": "workers.recovery_sweep", "schedule": 15.0},
+    # Every 15 s: expire exec approvals nobody decided in time (their waiters also expire them on the spot).
+    "approvals-expire-sweep": {"task": "approvals.expire_sweep", "schedule": 15.0},
 }
 
 # --- Gateway --------------------------------------------------------------------------------
@@ -265,6 +268,13 @@ if OPENCLAW_GATEWAY["PROCESS_STALE_AFTER_MS"] <= OPENCLAW_GATEWAY["PROCESS_HEART
         "OPENCLAW_PROCESS_STALE_AFTER_MS must be longer than OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS "
         "(a live process would be declared dead between two heartbeats)"
     )
+
+# --- Exec approvals -----------------------------------------------------------------------------
+# How long an exec approval waits for an operator when the asker gives no timeoutMs (OpenClaw's
+# DEFAULT_EXEC_APPROVAL_TIMEOUT_MS, 30 minutes); then askFallback decides (docs/exec-approvals.md).
+OPENCLAW_EXEC_APPROVAL_TIMEOUT_MS = env_int(
+    "OPENCLAW_EXEC_APPROVAL_TIMEOUT_MS", 1_800_000, minimum=1000, maximum=24 * 60 * 60 * 1000
+)
 
 # --- Session workspaces -------------------------------------------------------------------------
 # Directories (besides <state dir>/workspace) whose git checkouts sessions.create may make worktrees

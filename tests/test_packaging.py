@@ -21,7 +21,17 @@ def run(*args: str, **kwargs) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, timeout=300, **kwargs)
 
 
-PACKAGED = ("openclaw_client", "openclaw_site", "gateway", "sessions_app", "native_harness", "workers_app", "tests")
+PACKAGED = (
+    "openclaw_client",
+    "openclaw_site",
+    "gateway",
+    "devices_app",
+    "approvals_app",
+    "sessions_app",
+    "native_harness",
+    "workers_app",
+    "tests",
+)
 
 
 def test_the_wheel_installs_the_apps_and_the_openclaw_gateway_script(tmp_path):

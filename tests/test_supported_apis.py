@@ -23,6 +23,7 @@ PROJECT_DIRS = (
     "openclaw_site",
     "gateway",
     "devices_app",
+    "approvals_app",
     "sessions_app",
     "native_harness",
     "workers_app",

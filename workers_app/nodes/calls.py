@@ -11,25 +11,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from django.db import close_old_connections, connections
-
 from gateway import publisher
+from gateway.background import release_database_connections
 from gateway.invoke import NodeCommandFailed, ProgressCallback, invoke_private
 
 # Commands answer quickly unless they move bytes or run a turn; those pass their own timeout.
 COMMAND_TIMEOUT_MS = 30_000
 PROTOCOL_VERSION = 1
-
-
-def release_database_connections() -> None:
-    """Give this thread's database connections back to the pool (PostgreSQL) before it waits on a node.
-
-    A Celery worker's threads and its pool are the same size: tasks that held their connection while
-    they waited (a node's answer, a turn) could hold all of them, and the waits' own connection
-    lookups then queue for one until the pool's timeout. Never inside a transaction (it would end
-    it); SQLite's connections are kept (no pool, nothing to run out of)."""
-    if not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
-        close_old_connections()
 
 
 def run_on_gateway_loop[T](make: Callable[[], Awaitable[T]]) -> T:
