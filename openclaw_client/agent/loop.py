@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .openai_stream import ToolCall
-from .tools import ExecRequest, PreparedCall, ToolCallError, ToolResult, ToolRunner, tool_specs
+from .tools import ExecRequest, PreparedCall, ToolCallError, ToolResult, ToolRunner
 
 DEFAULT_MAX_STEPS = 24
 EXEC_TOOL = "exec"
@@ -115,7 +115,7 @@ class AgentLoop:
 
     def __post_init__(self) -> None:
         if self.runner is not None and not self.tools:
-            self.tools = tool_specs()
+            self.tools = self.runner.tool_specs()
 
     def run(self, messages: list[dict[str, Any]]) -> LoopOutcome:
         """Run the turn on ``messages`` (the model's context, the user's message last; extended in place)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import re
 import threading
 import time
 import uuid
@@ -28,6 +29,9 @@ from gateway import publisher
 from gateway.background import executor_label
 from gateway.invoke import InvokeTarget, invoke_private
 from gateway.selectors import live_process_boot_ids
+from approvals_app.gate import ExecGate
+from openclaw_client.agent.loop import Approval
+from openclaw_client.agent.tools import ExecRequest
 from sessions_app import turns as gateway_turns
 from sessions_app.events import TurnEmitter
 from sessions_app.model_providers import default_model, get_model_provider
@@ -56,7 +60,12 @@ GATEWAY_PROCESS_LOST = (
 HEARTBEAT_INTERVAL_S = 5.0
 POLL_INTERVAL_S = 0.05
 CANCEL_TIMEOUT_MS = 10_000
+APPROVAL_DELIVERY_TIMEOUT_MS = 10_000
 LAUNCH_ENDED = object()
+# A transcript message of a node turn names its step and place (``s3.a``: the assistant message of step 3,
+# ``s3.r2``: the second tool result of that step), which keys it in the transcript.
+MESSAGE_KEY = re.compile(r"s[1-9][0-9]{0,3}\.(a|r[1-9][0-9]{0,2})")
+MESSAGE_ROLES = frozenset({"assistant", "toolResult"})
 
 
 def placed_node(session_pk: int) -> tuple[str, WorkerEnvironment] | None:
@@ -95,7 +104,17 @@ def execute_worker_turn(run_id: str) -> str | None:
         outcome = _offline(provider_name, model)
     else:
         target = InvokeTarget(place.route.channel_name, place.route.conn_id, place.route.commands)
-        outcome = NodeTurn(run, target, place, claim.history, model, provider_name, emitter).run()
+        outcome = NodeTurn(
+            run,
+            target,
+            place,
+            claim.history,
+            model,
+            provider_name,
+            emitter,
+            agent_id=session.agent_id,
+            session_key=session.key,
+        ).run()
         if outcome is None:
             return None  # swept as dead meanwhile; its outcome is already recorded
     finished = runs.run_finish(run_id=run_id, outcome=outcome, emitter=emitter)
@@ -127,10 +146,12 @@ class NodeTurn:
         run: Run,
         target: InvokeTarget,
         place: NodeTurnPlace,
-        history: list[tuple[str, str]],
+        history: list[dict[str, Any]],
         model: str,
         provider_name: str,
         emitter: TurnEmitter,
+        agent_id: str = "main",
+        session_key: str = "",
     ):
         self.record = run
         self.run_id = run.run_id
@@ -145,6 +166,17 @@ class NodeTurn:
         self.cancel = threading.Event()
         self.text = ""
         self.abort_checked_at = 0.0
+        self.beat_at = 0.0
+        self.lost = False
+        self.launch_ended = False
+        self.agent_id = agent_id
+        self.gate = ExecGate(
+            agent_id=agent_id,
+            node_id=place.node_id,
+            session_key=session_key,
+            session_id=run.window_id,
+            run_id=run.run_id,
+        )
 
     def launch_params(self) -> dict[str, Any]:
         return {
@@ -155,9 +187,14 @@ class NodeTurn:
             "runId": self.run_id,
             "bundleHash": self.place.bundle_hash,
             "model": self.model,
-            "messages": [{"role": role, "content": text} for role, text in self.history],
+            "messages": self.history,
             "inference": {"path": INFERENCE_PATH, "token": inference_token(self.run_id, self.node_id)},
             "timeoutMs": turn_timeout_ms(),
+            "agent": {
+                "maxSteps": gateway_turns.max_steps(self.agent_id),
+                "tools": True,
+                "execTimeoutMs": int(settings.OPENCLAW_AGENT["EXEC_TIMEOUT_S"] * 1000),
+            },
         }
 
     async def _launch(self) -> Any:
@@ -199,30 +236,27 @@ class NodeTurn:
         self.emitter.start(int(self.record.started_at.timestamp() * 1000))
         # Progress and the launch's end arrive on one queue: this thread wakes for each, not on a timer.
         future.add_done_callback(lambda _done: self.progress.put(LAUNCH_ENDED))
-        beat_at = self.abort_checked_at = time.monotonic()
-        lost = False
+        self.beat_at = self.abort_checked_at = time.monotonic()
         # A turn that waits on its node gives its database connection back (a short one ends first and
         # keeps it for recording its end, sparing the pool a checkout on its path).
         holds_connection = True
-        while True:
-            try:
-                item = self.progress.get(timeout=POLL_INTERVAL_S)
-            except queue.Empty:
-                item = None
-                if holds_connection:
-                    release_database_connections()
-                    holds_connection = False
-            if item is LAUNCH_ENDED:
-                break
-            if item is not None:
-                self._emit(item)
-            now = time.monotonic()
-            if now - beat_at >= HEARTBEAT_INTERVAL_S:
-                beat_at = now
-                lost = not runs.run_heartbeat(run_id=self.run_id)
-                release_database_connections()
-            if not self.cancel.is_set() and (lost or self._abort_requested(now)):
-                self.cancel.set()
+        try:
+            while True:
+                try:
+                    item = self.progress.get(timeout=POLL_INTERVAL_S)
+                except queue.Empty:
+                    item = None
+                    if holds_connection:
+                        release_database_connections()
+                        holds_connection = False
+                if item is LAUNCH_ENDED:
+                    break
+                if item is not None:
+                    self._emit(item)
+                self._tick()
+        finally:
+            self.gate.close()
+        lost = self.lost
         try:
             result = future.result()
         except NodeCommandFailed as failure:
@@ -246,6 +280,18 @@ class NodeTurn:
         release_database_connections()
         return not alive
 
+    def _tick(self) -> bool:
+        """Heartbeat the run and pass an abort (or the loss of the run) on as a cancel; True once the turn
+        should stop waiting on anything (aborted, lost, or its launch ended)."""
+        now = time.monotonic()
+        if now - self.beat_at >= HEARTBEAT_INTERVAL_S:
+            self.beat_at = now
+            self.lost = not runs.run_heartbeat(run_id=self.run_id)
+            release_database_connections()
+        if not self.cancel.is_set() and (self.lost or self._abort_requested(now)):
+            self.cancel.set()
+        return self.cancel.is_set() or self.launch_ended
+
     def _abort_requested(self, now: float) -> bool:
         """The run's abort flag, read at most every :data:`ABORT_POLL_INTERVAL_S` (as a local turn reads it)."""
         if now - self.abort_checked_at < ABORT_POLL_INTERVAL_S:
@@ -254,10 +300,98 @@ class NodeTurn:
         return runs.abort_requested(self.record)
 
     def _emit(self, data: dict[str, Any]) -> None:
+        """One progress of the launch: a piece of the reply, a step's message, a tool's start, an exec question."""
+        kind = data.get("kind")
         text = data.get("text")
-        if data.get("kind") == "delta" and isinstance(text, str) and text.startswith(self.text) and text != self.text:
+        if kind == "delta" and isinstance(text, str) and text.startswith(self.text) and text != self.text:
             self.emitter.delta(text[len(self.text) :], text)
             self.text = text
+        elif kind == "message":
+            self._record(data)
+        elif kind == "tool" and data.get("phase") == "start":
+            arguments = data.get("args") if isinstance(data.get("args"), dict) else {}
+            self.emitter.tool_started(str(data.get("toolCallId", ""))[:200], str(data.get("name", ""))[:64], arguments)
+        elif kind == "approval":
+            self._answer_exec_question(data)
+
+    def _record(self, data: dict[str, Any]) -> None:
+        """A complete message of the turn joins the transcript now (each step is durable once it happened);
+        one for a run that is no longer this turn's (swept, superseded) is dropped."""
+        key, message = data.get("key"), data.get("message")
+        if not (
+            isinstance(key, str)
+            and MESSAGE_KEY.fullmatch(key)
+            and isinstance(message, dict)
+            and message.get("role") in MESSAGE_ROLES
+            and isinstance(message.get("content"), list)
+        ):
+            logger.warning("node %s sent a malformed message for run %s; dropped", self.node_id, self.run_id)
+            return
+        full_text = data.get("fullText") if isinstance(data.get("fullText"), str) else None
+        self.emitter.new_message()
+        self.text = ""
+        details = message.get("details") if isinstance(message.get("details"), dict) else {}
+        stored = runs.run_record_message(
+            run_id=self.run_id,
+            body=message,
+            message_key=key,
+            full_text=full_text,
+            total_bytes=int(details.get("outputBytes") or 0),
+        )
+        if stored is None:
+            logger.info(
+                "dropped %s of run %s from node %s: the run is no longer running on this placement",
+                key,
+                self.run_id,
+                self.node_id,
+            )
+            return
+        if message.get("role") == "toolResult":
+            self.emitter.tool_finished(str(message.get("toolCallId", "")), str(message.get("toolName", "")), stored)
+
+    def _answer_exec_question(self, data: dict[str, Any]) -> None:
+        """The child asks whether a command may run: the gateway decides (policy, and an operator when the
+        policy asks) and answers through ``worker.approval.v1``; the child waits for it."""
+        call_id = str(data.get("toolCallId", ""))[:200]
+        command, workdir = data.get("command"), data.get("workdir")
+        if not call_id or not isinstance(command, str) or not isinstance(workdir, str):
+            decision = Approval(False, "exec refused: the worker's question was malformed")
+        else:
+            env_keys = data.get("envKeys") if isinstance(data.get("envKeys"), list) else []
+            timeout_s = data.get("timeoutS") if isinstance(data.get("timeoutS"), int | float) else 0.0
+            request = ExecRequest(
+                command=command,
+                workdir=workdir,
+                env_keys=tuple(str(key) for key in env_keys),
+                timeout_s=float(timeout_s),
+            )
+            decision = self.gate.decide(call_id, request, should_stop=self._tick)
+        self._deliver_decision(call_id, decision)
+
+    def _deliver_decision(self, call_id: str, decision: Approval) -> None:
+        params = {
+            "version": PROTOCOL_VERSION,
+            "runId": self.run_id,
+            "toolCallId": call_id,
+            "allowed": decision.allowed,
+            "aborted": decision.aborted,
+            "reason": decision.reason,
+        }
+
+        async def deliver() -> Any:
+            return await invoke_private(
+                self.node_id,
+                "worker.approval.v1",
+                params,
+                timeout_ms=APPROVAL_DELIVERY_TIMEOUT_MS,
+                target=self.target,
+            )
+
+        try:
+            publisher.submit(deliver).result(APPROVAL_DELIVERY_TIMEOUT_MS / 1000 + 5)
+        except NodeCommandFailed as failure:
+            # The launch ends on its own (the node went away, or the run ended meanwhile).
+            logger.warning("exec decision for run %s could not reach node %s: %s", self.run_id, self.node_id, failure)
 
     def _outcome(self, result: Any) -> TurnOutcome:
         if not isinstance(result, dict):
@@ -311,4 +445,4 @@ class NodeTurn:
 
 def turn_timeout_ms() -> int:
     """How long a node may take over one turn (the turn task's own limit)."""
-    return int(settings.CELERY_TASK_SOFT_TIME_LIMIT * 1000)
+    return int(settings.OPENCLAW_AGENT["TURN_TIMEOUT_S"] * 1000)
