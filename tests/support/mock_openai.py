@@ -124,14 +124,22 @@ def malformed(body: str = "data: {not json\n\n") -> Behaviour:
 
 
 def partial_then_drop(
-    text_before: str = "Hello ", *, clean: bool = False, finish_reason: str | None = None
+    text_before: str = "Hello ",
+    *,
+    clean: bool = False,
+    finish_reason: str | None = None,
+    tool_calls: list[dict[str, str]] | None = None,
 ) -> Behaviour:
     """Stream ``text_before`` without [DONE] (and without finish_reason unless given), then end.
 
+    ``tool_calls`` (``[{"id", "name", "arguments"}]``) follow the text, each whole in one fragment.
     ``clean=False``: close the connection in the middle of the chunked body (abrupt drop).
     ``clean=True``: end the HTTP body properly (the server just never said it was done).
     """
-    return Behaviour("partial_then_drop", {"text_before": text_before, "clean": clean, "finish_reason": finish_reason})
+    return Behaviour(
+        "partial_then_drop",
+        {"text_before": text_before, "clean": clean, "finish_reason": finish_reason, "tool_calls": tool_calls or []},
+    )
 
 
 def raw(body: str, status: int = 200, content_type: str = "application/json") -> Behaviour:
@@ -552,6 +560,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_event(completion.chunk({"role": "assistant", "content": ""}))
             if opts["text_before"]:
                 self._send_event(completion.chunk({"content": opts["text_before"]}))
+            for index, call in enumerate(opts["tool_calls"]):
+                fragment = {
+                    "index": index,
+                    "id": call["id"],
+                    "type": "function",
+                    "function": _function(call, call["arguments"]),
+                }
+                self._send_tool_fragment(completion, fragment)
             if opts["finish_reason"]:
                 self._send_event(completion.chunk({}, finish_reason=opts["finish_reason"]))
             if opts["clean"]:
