@@ -9,9 +9,10 @@ It reads JSON-line jobs on stdin and writes JSON-line events on stdout (docs/nod
   "tools"?}`` streams ``POST <url>`` (``{model, messages, stream: true, tools?}``, the turn's bearer token)
   and writes a ``{"type": "delta", "runId", "delta", "text"}`` per piece of the reply, then exactly one
   ``done``: ``{"status": "ok", "text", "stopReason", "toolCalls"?, "usage"?, "model"?}`` (``toolCalls``:
-  ``[{"id", "name", "arguments"}]`` when the model asks for tools, ``stopReason`` then ``"tool_calls"``),
-  ``{"status": "aborted", "text"}`` or ``{"status": "error", "error": {"kind", "message"}}``. ``messages``
-  and ``tools`` are chat-completions messages (``tool_calls``, ``role: "tool"``) and ``tools`` entries.
+  ``[{"id", "name", "arguments"}]`` when the model asks for tools, ``stopReason`` then as the model said,
+  usually ``"tool_calls"``), ``{"status": "aborted", "text"}`` or ``{"status": "error", "error": {"kind",
+  "message"}}``. ``messages`` and ``tools`` are chat-completions messages (``tool_calls``, ``role: "tool"``)
+  and ``tools`` entries.
 - ``{"type": "cancel", "runId"}`` closes that turn's HTTP connection; the turn ends ``aborted``.
 
 The child stays up for the next job (the node keeps it warm) until stdin closes. Stdlib only (it runs

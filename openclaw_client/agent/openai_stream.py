@@ -105,7 +105,10 @@ class StreamState:
     """What one response told so far; see the module docstring."""
 
     def __init__(self) -> None:
-        self.text = ""
+        # Pieces joined when asked for: adding to one string would copy the reply so far at every piece.
+        self._parts: list[str] = []
+        self._joined = 0
+        self._text = ""
         self.refusal: list[str] = []
         self.finish_reason: str | None = None
         self.usage: dict[str, int] | None = None
@@ -117,6 +120,14 @@ class StreamState:
         self._calls: tuple[ToolCall, ...] | None = None
         self._pending: list[str] = []
         self._decode_error = ""
+
+    @property
+    def text(self) -> str:
+        """The content text so far."""
+        if self._joined != len(self._parts):
+            self._text = "".join(self._parts)
+            self._joined = len(self._parts)
+        return self._text
 
     # --- server-sent events ---------------------------------------------------------------------
 
@@ -180,7 +191,7 @@ class StreamState:
         if not isinstance(choices, list) or not choices:
             raise MalformedReply("JSON body has no choices")
         text = self._feed_choice(choices[0], part="message")
-        if self.finish_reason is None and (self.text or self._drafts):
+        if self.finish_reason is None and (self._parts or self._drafts):
             self.finish_reason = "tool_calls" if self._drafts else "stop"
         return text
 
@@ -215,7 +226,7 @@ class StreamState:
         if isinstance(finish_reason, str) and finish_reason:
             self.finish_reason = finish_reason
         if content:
-            self.text += content
+            self._parts.append(content)
             return content
         return ""
 
@@ -327,7 +338,7 @@ class StreamState:
         [DONE]): tool calls cut off before either may have lost arguments.
         """
         calls = self._assembled()
-        if not self.text and not calls:
+        if not self._parts and not calls:
             if self.refusal:
                 raise RefusedReply(f"model refused: {_one_line(''.join(self.refusal), 500)}")
             if self.finish_reason == "content_filter":
