@@ -35,19 +35,20 @@ taken, with ``final`` as the text (default ``"done"``). Call ids are ``call_<ste
 call names its ``"id"``. In ``final``, ``{last_tool_result}`` is the content of the last ``role: "tool"`` message
 after the plan's user message and ``{tool_result:<call id>}`` that of the one answering ``<call id>`` ("" when
 there is none). A call's ``"arguments"`` is an object (sent as its JSON text), or a string sent as it is (to send
-malformed JSON on purpose); any ``"name"`` is sent, known to the caller or not. Options of a step (or of the
-whole plan, as defaults for every step):
+malformed JSON on purpose); any ``"name"`` is sent, known to the caller or not. A step's ``"text"`` is assistant
+content sent before its calls. Options of a step (or of the whole plan, as defaults for every step; ``json`` of
+the plan applies to its final answer too):
 
 - ``"stream_chunks": N`` (default 3): each call's arguments in N pieces, after a first fragment with its id,
   type and name (as OpenAI streams them); ``1`` sends each whole call in one fragment;
 - ``"repeat_ids": true``: every fragment repeats the call's id, type and name;
-- ``"json": true``: a ``chat.completion`` body instead of a stream (also what a request without ``stream: true``
-  gets, for steps and for the final answer);
-- ``"text"``: assistant content sent before the calls;
+- ``"json": true``: a ``chat.completion`` body instead of a stream (also what a request without ``stream: true``,
+  or an ``echo(stream=False)`` behaviour, gets);
 - ``"finish_reason"``: instead of ``"tool_calls"``; ``null`` sends none (the stream still ends with [DONE]).
 
 A plan the mock cannot read is answered with HTTP 400 ``bad TOOL_PLAN: <why>`` (code ``invalid_plan``).
-Scripted behaviours still come first: a plan answers where echo would.
+Scripted behaviours still come first, and hold markers hold a plan's requests too: a plan answers where echo
+would (echo's ``chunk_words`` and ``delay_s`` do not apply to it).
 
 Streamed replies use chunked transfer encoding, so a dropped stream (``partial_then_drop``, ``hang`` ending) is an
 incomplete HTTP body the client can tell apart from a clean end. Waits (delays, hangs) end early when the client
