@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from openclaw_client.agent.openai_stream import Reply, StreamState, ToolCall
-from tests.support.mock_openai import MockOpenAI, error, reply
+from tests.support.mock_openai import MockOpenAI, echo, error, reply
 
 WRITE_ARGS = {"path": "notes/a.txt", "content": "hello tools"}
 PLAN = {
@@ -240,6 +240,14 @@ def test_a_json_body_carries_the_calls_and_the_final_text(mock, how):
 
     final = post(mock, [plan_message(plan), assistant_calls(ToolCall("call_0_0", "a", "{}"))], stream=stream)
     assert final.json()["choices"][0]["message"]["content"] == "ok"
+
+
+def test_an_echo_behaviour_without_streaming_answers_the_plan_with_a_json_body(mock):
+    mock.script(echo(stream=False))
+
+    response = post(mock, [plan_message(PLAN)])
+
+    assert response.json()["choices"][0]["message"]["tool_calls"][0]["id"] == "call_0_0"
 
 
 def test_scripted_behaviours_come_before_the_plan(mock):
