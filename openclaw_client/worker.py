@@ -5,15 +5,19 @@
 It reads JSON-line jobs on stdin and writes JSON-line events on stdout (docs/node-worker-protocol.md,
 ``worker.launch.v1``):
 
-- ``{"type": "turn", "runId", "model", "messages", "inference": {"url", "token"}, "timeoutMs"?, "cwd"?}``
-  streams ``POST <url>`` (``{model, messages, stream: true}``, the turn's bearer token) and writes a
-  ``{"type": "delta", "runId", "delta", "text"}`` per piece of the reply, then exactly one ``done``:
-  ``{"status": "ok", "text", "stopReason", "usage"?, "model"?}``, ``{"status": "aborted", "text"}`` or
-  ``{"status": "error", "error": {"kind", "message"}}``.
+- ``{"type": "turn", "runId", "model", "messages", "inference": {"url", "token"}, "timeoutMs"?, "cwd"?,
+  "tools"?}`` streams ``POST <url>`` (``{model, messages, stream: true, tools?}``, the turn's bearer token)
+  and writes a ``{"type": "delta", "runId", "delta", "text"}`` per piece of the reply, then exactly one
+  ``done``: ``{"status": "ok", "text", "stopReason", "toolCalls"?, "usage"?, "model"?}`` (``toolCalls``:
+  ``[{"id", "name", "arguments"}]`` when the model asks for tools, ``stopReason`` then as the model said,
+  usually ``"tool_calls"``), ``{"status": "aborted", "text"}`` or ``{"status": "error", "error": {"kind",
+  "message"}}``. ``messages`` and ``tools`` are chat-completions messages (``tool_calls``, ``role: "tool"``)
+  and ``tools`` entries.
 - ``{"type": "cancel", "runId"}`` closes that turn's HTTP connection; the turn ends ``aborted``.
 
 The child stays up for the next job (the node keeps it warm) until stdin closes. Stdlib only (it runs
-from the bundle, next to nothing else), and no message it writes contains the turn's token.
+from the bundle, next to nothing else), and no message it writes contains the turn's token. The reply
+is folded by :mod:`openclaw_client.agent.openai_stream`, as the gateway's own provider folds a model's.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from .agent.openai_stream import ErrorReported, RefusedReply, Reply, ReplyError, StreamState
+
 DEFAULT_TIMEOUT_MS = 600_000
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_ERROR_BODY_BYTES = 64 * 1024
@@ -50,18 +56,7 @@ class TurnFailed(Exception):
 
 
 class TurnCancelled(Exception):
-    """The node asked to stop this turn."""
-
-
-@dataclass
-class Reply:
-    """What the stream told so far."""
-
-    text: str = ""
-    stop_reason: str | None = None
-    usage: Any = None
-    model: str | None = None
-    done: bool = False
+    """The node asked to stop this turn (or the gateway aborted its run)."""
 
 
 class EventWriter:
@@ -87,6 +82,7 @@ class TurnJob:
     token: str
     timeout_ms: int
     cwd: str | None
+    tools: list[dict[str, Any]] | None = None
 
 
 def parse_turn(job: dict[str, Any]) -> TurnJob:
@@ -102,6 +98,7 @@ def parse_turn(job: dict[str, Any]) -> TurnJob:
         and type(timeout_ms) is int
         and timeout_ms > 0
         and (job.get("cwd") is None or isinstance(job.get("cwd"), str))
+        and (job.get("tools") is None or _is_list_of_objects(job["tools"]))
     ):
         raise TurnFailed("unknown", "worker received a malformed turn job")
     return TurnJob(
@@ -112,19 +109,34 @@ def parse_turn(job: dict[str, Any]) -> TurnJob:
         token=inference["token"],
         timeout_ms=timeout_ms,
         cwd=job.get("cwd"),
+        tools=job.get("tools"),
     )
 
 
+def _is_list_of_objects(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
+
+
 class Turn:
-    """One turn's model call; :meth:`cancel` may be called from another thread at any time."""
+    """A turn's model calls through the gateway; :meth:`cancel` may be called from another thread at any time.
+
+    :meth:`run` is the job's one call (its ``done`` event); :meth:`ask` is one model call on any messages and
+    tools, for a caller that makes several in one turn. Every call shares the turn's ``timeoutMs``.
+    """
 
     def __init__(self, job: TurnJob, on_delta: Callable[[str, str], None]):
         self.job = job
         self.on_delta = on_delta  # (the new piece, the reply so far)
-        self.reply = Reply()
+        self._state = StreamState()
+        self._deadline = time.monotonic() + job.timeout_ms / 1000
         self._cancelled = threading.Event()
         self._lock = threading.Lock()
         self._connection: http.client.HTTPConnection | None = None
+
+    @property
+    def text(self) -> str:
+        """The text of the current (or last) model call so far."""
+        return self._state.text
 
     def cancel(self) -> None:
         """Stop the turn: shutting the socket down wakes a read blocked on it (closing alone would not)."""
@@ -138,25 +150,33 @@ class Turn:
     def run(self) -> dict[str, Any]:
         """The turn's ``done`` event (without ``type``/``runId``)."""
         try:
-            self._check_cancelled()
-            self._stream()
+            reply = self.ask(self.job.messages, self.job.tools)
         except TurnCancelled:
-            return {"status": "aborted", "text": self.reply.text}
+            return {"status": "aborted", "text": self.text}
         except TurnFailed as failure:
-            if self._cancelled.is_set() or failure.kind == "aborted":  # the gateway aborted the run on its side
-                return {"status": "aborted", "text": self.reply.text}
-            return _error_done(TurnFailed(failure.kind, self._redact(failure.message)))
+            return _error_done(failure)
+        return reply_done(reply)
+
+    def ask(self, messages: list[Any], tools: list[dict[str, Any]] | None = None) -> Reply:
+        """One model call: streams its text to ``on_delta`` and returns the whole reply, tool calls included.
+
+        Raises :class:`TurnCancelled` when the turn was cancelled (or the gateway aborted the run), and
+        :class:`TurnFailed` (whose message never contains the turn's token) when the call failed.
+        """
+        self._state = StreamState()
+        try:
+            self._check_cancelled()
+            self._stream(messages, tools)
+            return self._state.reply()
+        except ReplyError as error:
+            failure = _reply_failure(error)
+        except TurnFailed as failed:
+            failure = failed
         finally:
             self._close()
-        return self._success()
-
-    def _success(self) -> dict[str, Any]:
-        done: dict[str, Any] = {"status": "ok", "text": self.reply.text, "stopReason": self.reply.stop_reason or "stop"}
-        if self.reply.usage is not None:
-            done["usage"] = self.reply.usage
-        if self.reply.model is not None:
-            done["model"] = self.reply.model
-        return done
+        if self._cancelled.is_set() or failure.kind == "aborted":  # the gateway aborted the run on its side
+            raise TurnCancelled
+        raise TurnFailed(failure.kind, self._redact(failure.message))
 
     def _check_cancelled(self) -> None:
         if self._cancelled.is_set():
@@ -173,13 +193,12 @@ class Turn:
 
     # --- the HTTP exchange --------------------------------------------------------------------
 
-    def _stream(self) -> None:
-        deadline = time.monotonic() + self.job.timeout_ms / 1000
+    def _stream(self, messages: list[Any], tools: list[dict[str, Any]] | None) -> None:
         try:
-            response = self._post(deadline)
+            response = self._post(messages, tools)
             if not 200 <= response.status < 300:
                 raise _http_failure(response)
-            self._read_events(response, deadline)
+            self._read_events(response)
         except TimeoutError:
             self._check_cancelled()
             raise TurnFailed("timeout", f"inference request timed out after {self.job.timeout_ms} ms") from None
@@ -190,11 +209,11 @@ class Turn:
             self._check_cancelled()
             raise TurnFailed("connection", f"inference request failed: {_describe(error)}") from None
 
-    def _post(self, deadline: float) -> http.client.HTTPResponse:
+    def _post(self, messages: list[Any], tools: list[dict[str, Any]] | None) -> http.client.HTTPResponse:
         target = urlsplit(self.job.url)
         if target.scheme not in ("http", "https") or not target.hostname:
             raise TurnFailed("unknown", "inference URL must be http:// or https://")
-        remaining = max(0.001, deadline - time.monotonic())
+        remaining = max(0.001, self._deadline - time.monotonic())
         connection: http.client.HTTPConnection
         if target.scheme == "https":
             connection = http.client.HTTPSConnection(
@@ -209,19 +228,23 @@ class Turn:
         path = target.path or "/"
         if target.query:
             path += "?" + target.query
-        body = json.dumps({"model": self.job.model, "messages": self.job.messages, "stream": True}).encode("utf-8")
+        payload: dict[str, Any] = {"model": self.job.model, "messages": messages, "stream": True}
+        if tools:
+            payload["tools"] = tools
         headers = {
             "Authorization": f"Bearer {self.job.token}",
             "Content-Type": "application/json",
             "Accept": "text/event-stream",
         }
-        connection.request("POST", path, body=body, headers=headers)
+        connection.request("POST", path, body=json.dumps(payload).encode("utf-8"), headers=headers)
         return connection.getresponse()
 
-    def _read_events(self, response: http.client.HTTPResponse, deadline: float) -> None:
-        parser = EventStreamParser(self._on_chunk)
-        while not self.reply.done:
-            remaining = deadline - time.monotonic()
+    def _read_events(self, response: http.client.HTTPResponse) -> None:
+        """Fold the event stream until ``[DONE]``; a body that ends first is complete only when the last chunk
+        said why it stopped (the gateway's proxy always ends with [DONE], so anything less was cut short)."""
+        state = self._state
+        while not state.done:
+            remaining = self._deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
             sock = self._connection.sock if self._connection is not None else None
@@ -230,96 +253,36 @@ class Turn:
             line = response.readline(MAX_LINE_BYTES + 1)
             self._check_cancelled()
             if not line:
-                parser.end(self.reply)
+                state.end_of_stream()
+                if state.finish_reason is None:
+                    raise TurnFailed("malformed", "inference stream ended before the reply was complete")
                 return
             if len(line) > MAX_LINE_BYTES:
                 raise TurnFailed("malformed", "inference stream has a line longer than 16 MiB")
-            parser.feed(line.decode("utf-8", "replace").rstrip("\r\n"), self.reply)
-
-    def _on_chunk(self, chunk: Any) -> None:
-        piece = apply_chunk(chunk, self.reply)
-        if piece:
-            self.on_delta(piece, self.reply.text)
+            piece = state.feed_line(line.decode("utf-8", "replace").rstrip("\r\n"))
+            if piece:
+                self.on_delta(piece, state.text)
 
 
-class EventStreamParser:
-    """Server-sent events: ``data:`` lines carry JSON (a chunk, or an error) until ``data: [DONE]``.
-
-    A ``data:`` line is used as soon as the data gathered so far parses; a blank line with data that
-    never parsed, or such data at the end, is a malformed stream.
-    """
-
-    def __init__(self, on_chunk: Callable[[Any], None]):
-        self._on_chunk = on_chunk
-        self._pending: list[str] = []
-
-    def feed(self, line: str, reply: Reply) -> None:
-        if not line:
-            if self._pending:
-                raise TurnFailed("malformed", "inference stream has an event that is not JSON")
-            return
-        if line.startswith(":"):
-            return
-        name, _, value = line.partition(":")
-        if name != "data":
-            if name in ("event", "id", "retry"):
-                return
-            raise TurnFailed("malformed", "inference stream has a line that is not a server-sent event")
-        self._pending.append(value.removeprefix(" "))
-        data = "\n".join(self._pending)
-        if data.strip() == "[DONE]":
-            self._pending.clear()
-            reply.done = True
-            return
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            return
-        self._pending.clear()
-        self._on_chunk(chunk)
-
-    def end(self, reply: Reply) -> None:
-        """The body ended without ``[DONE]``: complete only when the last chunk said why it stopped."""
-        if self._pending:
-            raise TurnFailed("malformed", "inference stream has an event that is not JSON")
-        if reply.stop_reason is None:
-            raise TurnFailed("malformed", "inference stream ended before the reply was complete")
-        reply.done = True
+def reply_done(reply: Reply) -> dict[str, Any]:
+    """A complete reply as the ``done`` event of a turn (without ``type``/``runId``)."""
+    done: dict[str, Any] = {"status": "ok", "text": reply.text, "stopReason": reply.finish_reason}
+    if reply.tool_calls:
+        done["toolCalls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls]
+    if reply.usage is not None:
+        done["usage"] = reply.usage
+    if reply.model is not None:
+        done["model"] = reply.model
+    return done
 
 
-def apply_chunk(chunk: Any, reply: Reply) -> str:
-    """Fold one OpenAI chat-completion chunk (or ``{"error": {kind, message}}``) into ``reply``; returns new text."""
-    if not isinstance(chunk, dict):
-        raise TurnFailed("malformed", "inference stream event is not a JSON object")
-    if chunk.get("error") is not None:
-        raise _reported_failure(chunk["error"])
-    if isinstance(chunk.get("model"), str) and chunk["model"]:
-        reply.model = chunk["model"]
-    if chunk.get("usage") is not None:
-        reply.usage = chunk["usage"]
-    choices = chunk.get("choices")
-    if choices is None:
-        return ""
-    if not isinstance(choices, list):
-        raise TurnFailed("malformed", "inference stream event has choices that are not a list")
-    if not choices:
-        return ""
-    return _apply_choice(choices[0], reply)
-
-
-def _apply_choice(choice: Any, reply: Reply) -> str:
-    if not isinstance(choice, dict) or not isinstance(choice.get("delta") or {}, dict):
-        raise TurnFailed("malformed", "inference stream event has a malformed choice")
-    content = (choice.get("delta") or {}).get("content")
-    if content is not None and not isinstance(content, str):
-        raise TurnFailed("malformed", "inference stream event has content that is not text")
-    finish_reason = choice.get("finish_reason")
-    if isinstance(finish_reason, str) and finish_reason:
-        reply.stop_reason = finish_reason
-    if content:
-        reply.text += content
-        return content
-    return ""
+def _reply_failure(error: ReplyError) -> TurnFailed:
+    """What the reply folder found wrong with the stream, as the turn's failure."""
+    if isinstance(error, ErrorReported):
+        return _reported_failure(error.body["error"])
+    if isinstance(error, RefusedReply):
+        return TurnFailed("refusal", error.message)
+    return TurnFailed("malformed", f"inference stream is malformed: {error}")
 
 
 def _reported_failure(error: Any) -> TurnFailed:

@@ -81,8 +81,14 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-async def completion_stream(grant: InferenceGrant, messages: list[ChatMessage]) -> AsyncGenerator[bytes]:
+async def completion_stream(
+    grant: InferenceGrant, messages: list[ChatMessage], *, tools: list[dict[str, Any]] | None = None
+) -> AsyncGenerator[bytes]:
     """The model's reply to a worker, as SSE chunks, after the grant is checked (:func:`running_run`).
+
+    ``tools`` are offered to the model as the worker sent them. The reply's tool calls, assembled by the
+    provider, come whole in the last chunk (``delta.tool_calls``, with its ``finish_reason``): the worker
+    folds them as it would a model's own stream.
 
     One thread does both, the check and then the provider's call (one hop on every token's path):
     its first item is empty once the grant holds; a grant that does not raises :class:`Conflict`
@@ -115,7 +121,7 @@ async def completion_stream(grant: InferenceGrant, messages: list[ChatMessage]) 
             granted.append(run)
             model = run.session_model or default_model()
             put("accepted", model)
-            for item in get_model_provider().stream(messages, model=model, should_abort=should_abort):
+            for item in get_model_provider().stream(messages, model=model, should_abort=should_abort, tools=tools):
                 put("item", item)
             put("end")
         except Aborted:
@@ -143,7 +149,7 @@ async def completion_stream(grant: InferenceGrant, messages: list[ChatMessage]) 
             if kind == "item" and isinstance(value, Delta):
                 yield _sse(_chunk(completion_id, model, {"content": value.text}, None))
             elif kind == "item" and isinstance(value, Finish):
-                chunk = _chunk(completion_id, value.model or model, {}, value.stop_reason or "stop")
+                chunk = _chunk(completion_id, value.model or model, _calls_delta(value), value.stop_reason or "stop")
                 if value.usage:
                     chunk["usage"] = value.usage
                 yield _sse(chunk)
@@ -156,6 +162,13 @@ async def completion_stream(grant: InferenceGrant, messages: list[ChatMessage]) 
                 return
     finally:
         hung_up.set()  # the provider thread stops at its next check
+
+
+def _calls_delta(finish: Finish) -> dict[str, Any]:
+    """The reply's tool calls as one ``delta.tool_calls`` (each call whole); none: an empty delta."""
+    if not finish.tool_calls:
+        return {}
+    return {"tool_calls": [{"index": index, **call.as_openai()} for index, call in enumerate(finish.tool_calls)]}
 
 
 def _chunk(completion_id: str, model: str, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:

@@ -30,10 +30,10 @@ from gateway.exceptions import (
     internal_error,
 )
 from gateway.protocol import decode_frame, error_path, validation_message
-from sessions_app.model_providers import ChatMessage
+from sessions_app.model_providers import ChatMessage, ToolCall
 
 from .inference import INFERENCE_PATH, InferenceGrant, completion_stream, grant_for
-from .schemas import InferenceRequest
+from .schemas import InferenceMessage, InferenceRequest
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ class ClientGone(Exception):
 async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
     chunks: AsyncGenerator[bytes] | None = None
     try:
-        grant, messages = await _accepted(scope, receive)
-        chunks = completion_stream(grant, messages)
+        grant, body = await _accepted(scope, receive)
+        chunks = completion_stream(grant, [_chat_message(message) for message in body.messages], tools=body.tools)
         await anext(chunks)  # the grant holds: its run is running on its node
     except ClientGone:
         return
@@ -68,8 +68,8 @@ async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
     await _stream_until_hangup(send, receive, chunks)
 
 
-async def _accepted(scope: Scope, receive: Receive) -> tuple[InferenceGrant, list[ChatMessage]]:
-    """The request's grant and messages, or the error that answers it (checked in this order; the
+async def _accepted(scope: Scope, receive: Receive) -> tuple[InferenceGrant, InferenceRequest]:
+    """The request's grant and body, or the error that answers it (checked in this order; the
     grant's run is checked by :func:`completion_stream`)."""
     if scope["method"] != "POST":
         method = scope["method"]
@@ -82,8 +82,20 @@ async def _accepted(scope: Scope, receive: Receive) -> tuple[InferenceGrant, lis
     grant = grant_for(token)
     if grant is None:
         raise _unauthorized("inference token refused", "AUTH_TOKEN_MISMATCH")
-    body = _parsed(await _read_body(receive))
-    return grant, [ChatMessage(role=message.role, content=message.content) for message in body.messages]
+    return grant, _parsed(await _read_body(receive))
+
+
+def _chat_message(message: InferenceMessage) -> ChatMessage:
+    return ChatMessage(
+        role=message.role,
+        content=message.content or "",
+        tool_calls=tuple(
+            ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
+            for call in message.tool_calls or ()
+        ),
+        tool_call_id=message.tool_call_id,
+        name=message.name,
+    )
 
 
 def _bearer_token(scope: Scope) -> str | None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from gateway.protocol import ClosedModel
 from gateway.schemas import OpenSchema
+from openclaw_client.agent.openai_stream import MAX_ARGUMENTS_BYTES, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_TOOL_CALLS
 from sessions_app.schemas import SessionRef
 
 Generation = Annotated[int, Field(ge=0, le=2**53 - 1)]
@@ -247,9 +249,56 @@ class RunnerInventoryParams(ClosedModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
+# The tools a worker may offer the model in one call (each entry's JSON text bounded on its own).
+MAX_INFERENCE_TOOLS = 64
+MAX_TOOL_ENTRY_BYTES = 64 * 1024
+
+
+class InferenceToolFunction(BaseModel):
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    arguments: str = Field(max_length=MAX_ARGUMENTS_BYTES)
+
+
+class InferenceToolCall(BaseModel):
+    """A call an earlier reply made (the bounds are the ones the reply folder holds a model's calls to)."""
+
+    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    type: Literal["function"] = "function"
+    function: InferenceToolFunction
+
+
 class InferenceMessage(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: str = Field(max_length=1_000_000)
+    role: Literal["system", "user", "assistant", "tool"]
+    # null only next to tool_calls (an assistant message of calls only, as the API returns it).
+    content: str | None = Field(max_length=1_000_000)
+    tool_calls: list[InferenceToolCall] | None = Field(default=None, max_length=MAX_TOOL_CALLS)
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
+    name: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_CHARS)
+
+    @model_validator(mode="after")
+    def tool_fields_fit_the_role(self) -> InferenceMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message has tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("a tool message, and only a tool message, has a tool_call_id")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content may be null only next to tool_calls")
+        return self
+
+
+def _tool_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """A chat-completions ``tools`` entry, checked where a provider would refuse it and kept as sent."""
+    function = entry.get("function")
+    if entry.get("type") != "function" or not isinstance(function, dict):
+        raise ValueError('a tool is {"type": "function", "function": {name, description?, parameters?}}')
+    name = function.get("name")
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_CHARS:
+        raise ValueError(f"a tool's function name is a string of 1 to {MAX_NAME_CHARS} characters")
+    if not isinstance(function.get("parameters", {}), dict):
+        raise ValueError("a tool's function parameters are a JSON Schema object")
+    if len(json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode()) > MAX_TOOL_ENTRY_BYTES:
+        raise ValueError(f"a tool is at most {MAX_TOOL_ENTRY_BYTES} bytes of JSON")
+    return entry
 
 
 class InferenceRequest(BaseModel):
@@ -257,4 +306,7 @@ class InferenceRequest(BaseModel):
 
     model: str = Field(default="", max_length=200)
     messages: list[InferenceMessage] = Field(min_length=1, max_length=10_000)
+    tools: list[Annotated[dict[str, Any], AfterValidator(_tool_entry)]] | None = Field(
+        default=None, max_length=MAX_INFERENCE_TOOLS
+    )
     stream: bool = True

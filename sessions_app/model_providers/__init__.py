@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from .base import Aborted, ChatMessage, Delta, Finish, ModelProvider, ModelProviderError, ModelProviderErrorKind
+from .base import (
+    Aborted,
+    ChatMessage,
+    Delta,
+    Finish,
+    ModelProvider,
+    ModelProviderError,
+    ModelProviderErrorKind,
+    ToolCall,
+)
 from .echo import EchoProvider
 from .openai_compat import OpenAICompatConfig, OpenAICompatProvider
 
@@ -19,6 +28,7 @@ __all__ = [
     "ModelProviderErrorKind",
     "OpenAICompatConfig",
     "OpenAICompatProvider",
+    "ToolCall",
     "default_model",
     "get_model_provider",
 ]

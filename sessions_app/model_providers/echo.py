@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from .base import Aborted, ChatMessage, Delta, Finish
 
@@ -32,8 +33,14 @@ class EchoProvider:
     name = "echo"
 
     def stream(
-        self, messages: Sequence[ChatMessage], *, model: str, should_abort: Callable[[], bool]
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        model: str,
+        should_abort: Callable[[], bool],
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> Iterator[Delta | Finish]:
+        """Echo never calls a tool: ``tools`` are accepted and ignored."""
         prompt = next((m.content for m in reversed(messages) if m.role == "user"), "")
         reply = echo_reply(prompt)
         for chunk in split_chunks(reply):

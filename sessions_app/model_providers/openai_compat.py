@@ -24,6 +24,8 @@ from typing import Any
 import certifi
 import httpx
 
+from openclaw_client.agent.openai_stream import ErrorReported, RefusedReply, ReplyError, StreamState
+
 from .base import Aborted, ChatMessage, Delta, Finish, ModelProviderError, ModelProviderErrorKind
 
 
@@ -70,15 +72,23 @@ class OpenAICompatProvider:
         self.config = config
 
     def stream(
-        self, messages: Sequence[ChatMessage], *, model: str, should_abort: Callable[[], bool]
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        model: str,
+        should_abort: Callable[[], bool],
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> Iterator[Delta | Finish]:
         if not self.config.base_url:
             raise ModelProviderError("model provider base URL is not set (OPENCLAW_MODEL_BASE_URL)", kind="unknown")
-        payload = {
+        payload: dict[str, Any] = {
             "model": model,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "messages": [_message_json(m) for m in messages],
             "stream": True,
         }
+        if tools:
+            payload["tools"] = list(tools)
+            payload["tool_choice"] = "auto"
         exchange = _Exchange(self.config, payload=payload, requested_model=model)
         deadline = time.monotonic() + self.config.total_timeout_s
         exchange.start()
@@ -164,6 +174,8 @@ class _Exchange:
             return
         except ModelProviderError as exc:
             outcome = exc
+        except ReplyError as exc:
+            outcome = _reply_error(exc)
         except Exception as exc:
             # A bug in this module or httpx, not a provider failure: keep the traceback, fail the turn.
             logger.exception("model provider call failed unexpectedly")
@@ -181,7 +193,8 @@ class _Exchange:
         headers = {"Accept": "text/event-stream, application/json"}
         if cfg.api_key:
             headers["Authorization"] = f"Bearer {cfg.api_key}"
-        state = _ReplyState(self.requested_model)
+        state = StreamState()
+        headers_received = False
         try:
             with (
                 httpx.Client(timeout=timeout, headers=headers, verify=_ssl_context()) as client,
@@ -189,7 +202,7 @@ class _Exchange:
                     "POST", f"{cfg.base_url}/chat/completions", json=self.payload, extensions={"trace": self._trace}
                 ) as response,
             ):
-                state.headers_received = True
+                headers_received = True
                 if response.status_code >= 400:
                     raise self._http_error(response)
                 if "json" in response.headers.get("content-type", "").lower():
@@ -209,13 +222,13 @@ class _Exchange:
             raise _timed_out(cfg.read_timeout_s) from None
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             self._raise_if_stopped()
-            if not state.headers_received:
+            if not headers_received:
                 raise ModelProviderError(
                     f"model provider closed the connection without a response: {_describe(exc)}", kind="connection"
                 ) from None
             if state.finish_reason is not None:
                 # The reply was complete; only the trailing usage chunk / [DONE] got lost.
-                return state.finish()
+                return self._finish(state)
             raise ModelProviderError(
                 f"model provider connection dropped mid-stream: {_describe(exc)}", kind="connection"
             ) from None
@@ -231,47 +244,19 @@ class _Exchange:
         if self._stop.is_set():
             raise _Stopped()
 
-    def _read_event_stream(self, response: httpx.Response, state: _ReplyState) -> Finish:
-        """Parse Server-Sent Events.
-
-        Each ``data:`` line is dispatched as soon as the accumulated data parses as JSON (servers differ on
-        blank-line separators); a blank line with unparseable data pending, or such data at the end, is malformed.
-        """
-        pending: list[str] = []
-        decode_error = ""
+    def _read_event_stream(self, response: httpx.Response, state: StreamState) -> Finish:
+        """Server-Sent Events, folded by the shared :class:`StreamState` (its docstring has the rules)."""
         for line in response.iter_lines():
             self._raise_if_stopped()
-            if not line:
-                if pending:
-                    raise _malformed(f"invalid JSON in stream event ({decode_error})")
-                continue
-            if line.startswith(":"):
-                continue
-            field, _, value = line.partition(":")
-            if field != "data":
-                if field in ("event", "id", "retry"):
-                    continue
-                raise _malformed(f"unexpected line in event stream: {_one_line(line, 80)}")
-            pending.append(value.removeprefix(" "))
-            data = "\n".join(pending)
-            if data.strip() == "[DONE]":
-                state.done = True
-                pending.clear()
-                break
-            try:
-                chunk = json.loads(data)
-            except json.JSONDecodeError as exc:
-                decode_error = exc.msg
-                continue
-            pending.clear()
-            text = state.feed_chunk(chunk)
+            text = state.feed_line(line)
             if text:
                 self.events.put(Delta(text=text))
-        if pending:
-            raise _malformed(f"invalid JSON in stream event ({decode_error})")
-        return state.finish()
+            if state.done:
+                break
+        state.end_of_stream()
+        return self._finish(state)
 
-    def _read_completion(self, response: httpx.Response, state: _ReplyState) -> Finish:
+    def _read_completion(self, response: httpx.Response, state: StreamState) -> Finish:
         """A plain ``chat.completion`` JSON body (the server ignored ``stream: true``)."""
         body, truncated = self._read_limited(response, MAX_JSON_BODY_BYTES)
         if truncated:
@@ -285,7 +270,18 @@ class _Exchange:
         text = state.feed_completion(completion)
         if text:
             self.events.put(Delta(text=text))
-        return state.finish()
+        return self._finish(state)
+
+    def _finish(self, state: StreamState) -> Finish:
+        """The terminal item, once the body ended cleanly ([DONE], or the server closed the stream properly)."""
+        reply = state.reply()
+        return Finish(
+            stop_reason=reply.finish_reason,
+            usage=reply.usage,
+            response_id=reply.response_id,
+            model=reply.model or self.requested_model,
+            tool_calls=reply.tool_calls,
+        )
 
     def _read_limited(self, response: httpx.Response, limit: int) -> tuple[bytes, bool]:
         data = bytearray()
@@ -311,113 +307,33 @@ class _Exchange:
         )
 
 
-class _ReplyState:
-    """What one response told us so far: content seen, finish reason, usage, id and model."""
+def _message_json(message: ChatMessage) -> dict[str, Any]:
+    """One chat-completions message; a plain one is exactly ``{role, content}``."""
+    body: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        # null, not "": what the API itself returns for a message of calls only, and servers that turn an
+        # empty string into an empty text block refuse it.
+        body["content"] = message.content or None
+        body["tool_calls"] = [call.as_openai() for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        body["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        body["name"] = message.name
+    return body
 
-    def __init__(self, requested_model: str) -> None:
-        self.requested_model = requested_model
-        self.headers_received = False
-        self.done = False
-        self.content_seen = False
-        self.refusal: list[str] = []
-        self.finish_reason: str | None = None
-        self.usage: dict[str, int] | None = None
-        self.response_id: str | None = None
-        self.model: str | None = None
 
-    def feed_chunk(self, chunk: object) -> str:
-        """One ``chat.completion.chunk``; returns its content text ("" when it has none)."""
-        obj = self._note(chunk, what="stream event")
-        choices = obj.get("choices")
-        if choices is None:
-            if "usage" in obj:
-                return ""
-            raise _malformed("stream event has no choices")
-        if not isinstance(choices, list):
-            raise _malformed("stream event choices is not a list")
-        if not choices:
-            return ""  # e.g. the trailing usage chunk of stream_options.include_usage
-        return self._feed_choice(choices[0], part="delta")
-
-    def feed_completion(self, completion: object) -> str:
-        obj = self._note(completion, what="JSON body")
-        choices = obj.get("choices")
-        if not isinstance(choices, list) or not choices:
-            raise _malformed("JSON body has no choices")
-        text = self._feed_choice(choices[0], part="message")
-        if self.finish_reason is None and self.content_seen:
-            self.finish_reason = "stop"
-        return text
-
-    def _note(self, obj: object, *, what: str) -> dict[str, Any]:
-        if not isinstance(obj, dict):
-            raise _malformed(f"{what} is not a JSON object")
-        error = obj.get("error")
-        if error:
-            message, code = _error_fields_from(obj)
-            detail = _one_line(message or json.dumps(error), 1000)
-            raise ModelProviderError(
-                f"model provider reported an error: {detail}",
-                kind=_error_kind(status=None, code=code, message=message or ""),
-            )
-        if isinstance(obj.get("id"), str) and obj["id"] and self.response_id is None:
-            self.response_id = obj["id"]
-        if isinstance(obj.get("model"), str) and obj["model"]:
-            self.model = obj["model"]
-        usage = _usage(obj.get("usage"))
-        if usage is not None:
-            self.usage = usage
-        return obj
-
-    def _feed_choice(self, choice: object, *, part: str) -> str:
-        if not isinstance(choice, dict):
-            raise _malformed("choice is not a JSON object")
-        body = choice.get(part) or {}
-        if not isinstance(body, dict):
-            raise _malformed(f"choice {part} is not a JSON object")
-        content = body.get("content")
-        if content is not None and not isinstance(content, str):
-            raise _malformed(f"{part} content is not a string")
-        refusal = body.get("refusal")
-        if isinstance(refusal, str) and refusal:
-            self.refusal.append(refusal)
-        finish_reason = choice.get("finish_reason")
-        if isinstance(finish_reason, str) and finish_reason:
-            self.finish_reason = finish_reason
-        if content:
-            self.content_seen = True
-            return content
-        return ""
-
-    def finish(self) -> Finish:
-        """The terminal item, once the body ended cleanly ([DONE], or the server closed the stream properly)."""
-        if not self.content_seen:
-            if self.refusal:
-                raise ModelProviderError(f"model refused: {_one_line(''.join(self.refusal), 500)}", kind="refusal")
-            if self.finish_reason == "content_filter":
-                raise ModelProviderError("model provider blocked the reply (content_filter)", kind="refusal")
-            if self.finish_reason is None:
-                raise _malformed("stream ended without content or finish_reason")
-        return Finish(
-            stop_reason=self.finish_reason or "stop",
-            usage=self.usage,
-            response_id=self.response_id,
-            model=self.model or self.requested_model,
+def _reply_error(error: ReplyError) -> ModelProviderError:
+    """A failure the shared reply folder found, in this provider's words."""
+    if isinstance(error, RefusedReply):
+        return ModelProviderError(error.message, kind="refusal")
+    if isinstance(error, ErrorReported):
+        message, code = _error_fields_from(error.body)
+        detail = _one_line(message or json.dumps(error.body.get("error")), 1000)
+        return ModelProviderError(
+            f"model provider reported an error: {detail}",
+            kind=_error_kind(status=None, code=code, message=message or ""),
         )
-
-
-def _usage(raw: object) -> dict[str, int] | None:
-    if not isinstance(raw, dict):
-        return None
-    prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
-    if not isinstance(prompt, int) or not isinstance(completion, int):
-        return None
-    total = raw.get("total_tokens")
-    return {
-        "input": prompt,
-        "output": completion,
-        "totalTokens": total if isinstance(total, int) else prompt + completion,
-    }
+    return _malformed(str(error))  # a MalformedReply: its text is the why
 
 
 def _error_fields(text: str) -> tuple[str | None, str | None]:

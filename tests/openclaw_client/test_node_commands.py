@@ -85,7 +85,8 @@ def bundle(files: dict[str, bytes], version: str = "test-1.0") -> bytes:
 def real_bundle(version: str = "test-1.0") -> bytes:
     """The worker bundle of this checkout's ``openclaw_client`` (as the gateway builds it)."""
     sources = {
-        path.relative_to(ROOT).as_posix(): path.read_bytes() for path in sorted((ROOT / "openclaw_client").glob("*.py"))
+        path.relative_to(ROOT).as_posix(): path.read_bytes()
+        for path in sorted((ROOT / "openclaw_client").rglob("*.py"))
     }
     return bundle(sources, version)
 

@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from openclaw_client.worker import Turn, TurnCancelled, TurnFailed, TurnJob
+from tests.support.mock_openai import MockOpenAI
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "run-token-123"
 
@@ -29,6 +32,35 @@ def chunk(content: str | None = None, finish: str | None = None, **extra) -> str
     delta = {"content": content} if content is not None else {}
     body = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
     return f"data: {json.dumps(body)}\n\n"
+
+
+DONE = "data: [DONE]\n\n"
+TOOL_CALLS = [
+    {"id": "call_a", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.txt"}'}},
+    {"id": "call_b", "type": "function", "function": {"name": "ls", "arguments": "{}"}},
+]
+
+
+def event(body: dict) -> str:
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def calls_event(*calls: dict, **extra) -> str:
+    return event(
+        {"choices": [{"index": 0, "delta": {"tool_calls": list(calls)}, "finish_reason": "tool_calls"}], **extra}
+    )
+
+
+# The gateway's proxy sends the calls whole, in the chunk that says why the reply stopped.
+TOOL_CALLS_STREAM = [
+    chunk("Let me look."),
+    calls_event(
+        *({"index": i, **call} for i, call in enumerate(TOOL_CALLS)),
+        usage={"input": 9, "output": 4, "totalTokens": 13},
+        model="mock-model",
+    ),
+    DONE,
+]
 
 
 # Longer than the node host's progress window (PROGRESS_COALESCE_S), so each delta leaves on its own.
@@ -54,6 +86,8 @@ class InferenceServer:
     hung_up: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
     files: dict[str, bytes] = field(default_factory=dict)
+    # More scripts by name: the events answered to ``POST /v1/<name>``.
+    scripts: dict[str, list[str]] = field(default_factory=dict)
     file_token: str = "device-token"
     gets: list[str] = field(default_factory=list)
     get_delay: float = 0.0
@@ -108,6 +142,11 @@ def _handler(state: InferenceServer) -> type[BaseHTTPRequestHandler]:
                 "truncated": [chunk("a")],
                 "no-done": [chunk("all", "stop")],
                 "garbage-line": ["hello there\n\n"],
+                "tool-calls": TOOL_CALLS_STREAM,
+                "nameless-call": [calls_event({"index": 0, "id": "c"}), DONE],
+                "refusal": [event({"choices": [{"delta": {"refusal": "not this one"}}]}), DONE],
+                "empty": [DONE],
+                **state.scripts,
             }.get(script)
             if script == "stall":
                 return self._stall()
@@ -290,9 +329,17 @@ def test_a_stream_ending_after_the_finish_reason_without_done_is_complete(server
         ("http-500", "http", "inference request failed: HTTP 500: provider exploded"),
         ("http-429", "rate_limit", "inference request failed: HTTP 429: slow down"),
         ("http-502-text", "http", "inference request failed: HTTP 502: <html>bad gateway</html>"),
-        ("malformed", "malformed", "inference stream has an event that is not JSON"),
+        (
+            "malformed",
+            "malformed",
+            "inference stream is malformed: invalid JSON in stream event "
+            "(Expecting property name enclosed in double quotes)",
+        ),
         ("truncated", "malformed", "inference stream ended before the reply was complete"),
-        ("garbage-line", "malformed", "inference stream has a line that is not a server-sent event"),
+        ("garbage-line", "malformed", "inference stream is malformed: unexpected line in event stream: hello there"),
+        ("nameless-call", "malformed", "inference stream is malformed: tool call 0 has no name"),
+        ("refusal", "refusal", "model refused: not this one"),
+        ("empty", "malformed", "inference stream is malformed: stream ended without content or finish_reason"),
     ],
 )
 def test_failures_end_the_turn_with_an_error_kind_and_message(server, worker, script, kind, message):
@@ -388,3 +435,133 @@ def test_a_missing_workspace_directory_is_an_error(server, worker, tmp_path):
         "kind": "unknown",
         "message": "the environment's workspace is not available",
     }
+
+
+# --- tool calls -------------------------------------------------------------------------------
+
+TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {}}}}]
+TOOL_CONTEXT = [
+    {"role": "user", "content": "What is in a.txt?"},
+    {"role": "assistant", "content": "", "tool_calls": [TOOL_CALLS[0]]},
+    {"role": "tool", "tool_call_id": "call_a", "content": "hello"},
+    {"role": "user", "content": "And the listing?"},
+]
+
+
+def test_a_turn_sends_its_tools_and_tool_messages_and_ends_with_the_calls_the_model_made(server, worker):
+    worker.turn("run-1", server.url("tool-calls"), messages=TOOL_CONTEXT, tools=TOOLS)
+
+    deltas, done = worker.until_done()
+
+    assert [delta["delta"] for delta in deltas] == ["Let me look."]
+    assert done == {
+        "type": "done",
+        "runId": "run-1",
+        "status": "ok",
+        "text": "Let me look.",
+        "stopReason": "tool_calls",
+        "toolCalls": [
+            {"id": "call_a", "name": "read", "arguments": '{"path": "a.txt"}'},
+            {"id": "call_b", "name": "ls", "arguments": "{}"},
+        ],
+        "usage": {"input": 9, "output": 4, "totalTokens": 13},
+        "model": "mock-model",
+    }
+    _path, _headers, body = server.requests[0]
+    assert body == {"model": "mock-model", "messages": TOOL_CONTEXT, "stream": True, "tools": TOOLS}
+
+
+def test_an_empty_tools_list_sends_no_tools(server, worker):
+    worker.turn("run-1", server.url("ok"), tools=[])
+
+    assert worker.until_done()[1]["status"] == "ok"
+    assert "tools" not in server.requests[0][2]
+
+
+@pytest.mark.parametrize("tools", ["read", [1], {"type": "function"}], ids=["a string", "not objects", "an object"])
+def test_tools_that_are_not_a_list_of_objects_make_a_malformed_job(server, worker, tools):
+    worker.turn("run-1", server.url("ok"), tools=tools)
+
+    assert worker.until_done()[1]["error"] == {"kind": "unknown", "message": "worker received a malformed turn job"}
+    assert server.requests == []
+
+
+# --- Turn.ask: one model call of many, in this process ---------------------------------------
+
+
+def turn_for(url: str, seen: list[tuple[str, str]] | None = None, *, timeout_ms: int = 10_000) -> Turn:
+    job = TurnJob(run_id="r", model="m", messages=[], url=url, token=TOKEN, timeout_ms=timeout_ms, cwd=None)
+    return Turn(job, on_delta=lambda piece, text: (seen if seen is not None else []).append((piece, text)))
+
+
+def test_ask_runs_a_tool_plan_of_the_mock_model_step_by_step():
+    """What the agent loop does with a Turn: ask, run the calls, answer them, ask again, until a final text."""
+    plan = {
+        "steps": [
+            {"calls": [{"name": "read", "arguments": {"path": "a.txt"}}]},
+            {"calls": [{"name": "ls"}, {"name": "nope", "arguments": "{bad"}], "stream_chunks": 1},
+        ],
+        "final": "a.txt says {tool_result:call_0_0}",
+    }
+    results = {"read": "hello", "ls": "a.txt", "nope": "unknown tool"}
+    seen: list[tuple[str, str]] = []
+    with MockOpenAI() as mock:
+        turn = turn_for(f"{mock.base_url}/chat/completions", seen)
+        messages: list[dict] = [{"role": "user", "content": f"TOOL_PLAN: {json.dumps(plan)}"}]
+        steps = []
+        while (reply := turn.ask(messages, TOOLS)).tool_calls:
+            steps.append([(call.id, call.name, call.arguments) for call in reply.tool_calls])
+            messages.append(
+                {"role": "assistant", "content": reply.text, "tool_calls": [c.as_openai() for c in reply.tool_calls]}
+            )
+            messages += [{"role": "tool", "tool_call_id": c.id, "content": results[c.name]} for c in reply.tool_calls]
+        sent = mock.requests
+
+    assert steps == [
+        [("call_0_0", "read", '{"path": "a.txt"}')],
+        [("call_1_0", "ls", "{}"), ("call_1_1", "nope", "{bad")],
+    ]
+    assert (reply.text, reply.finish_reason) == ("a.txt says hello", "stop")
+    assert turn.text == "a.txt says hello"
+    assert seen[-1] == ("hello", "a.txt says hello")  # deltas carry the text of the current call
+    assert [request["tools"] for request in sent] == [TOOLS] * 3
+    assert sent[2]["messages"] == messages
+
+
+def test_ask_after_a_cancel_calls_no_model(server):
+    turn = turn_for(server.url("ok"))
+    turn.cancel()
+
+    with pytest.raises(TurnCancelled):
+        turn.ask([{"role": "user", "content": "hi"}])
+    assert server.requests == []
+
+
+def test_ask_is_cancelled_when_the_gateway_aborted_the_run(server):
+    seen: list[tuple[str, str]] = []
+    turn = turn_for(server.url("aborted-event"), seen)
+
+    with pytest.raises(TurnCancelled):
+        turn.ask([{"role": "user", "content": "hi"}])
+    assert turn.text == "so far" and seen == [("so far", "so far")]
+
+
+def test_ask_fails_with_the_kind_and_a_message_without_the_token(server):
+    server.scripts["quotes-the-token"] = [event({"error": {"kind": "http", "message": f"bad token {TOKEN}"}}), DONE]
+    turn = turn_for(server.url("quotes-the-token"))
+
+    with pytest.raises(TurnFailed) as info:
+        turn.ask([{"role": "user", "content": "hi"}])
+
+    assert (info.value.kind, info.value.message) == ("http", "bad token [redacted]")
+
+
+def test_every_call_of_a_turn_shares_its_time_limit(server):
+    turn = turn_for(server.url("ok"), timeout_ms=1000)
+    assert turn.ask([{"role": "user", "content": "hi"}]).text == "Hello"
+    time.sleep(1.05)  # the turn's time is up, though this call has not started
+
+    with pytest.raises(TurnFailed) as info:
+        turn.ask([{"role": "user", "content": "hi"}])
+
+    assert (info.value.kind, info.value.message) == ("timeout", "inference request timed out after 1000 ms")

@@ -20,6 +20,36 @@ Hold markers keep a turn running for as long as a test needs: after ``POST /_moc
 once ``POST /_mock/release`` with ``{"marker": "HOLD-A"}`` (or ``{"all": true}``) arrives;
 ``GET /_mock/held`` lists the markers whose requests are waiting now.
 
+Tool-call plans script a whole agent loop from the transcript alone, so they hold across gateway processes,
+retries and restarts (the mock keeps no state for them). When the newest user message contains ``TOOL_PLAN:``
+followed by a JSON object, the echo behaviour (the default) answers from that plan instead of echoing::
+
+    TOOL_PLAN: {"steps": [{"calls": [{"name": "write", "arguments": {"path": "a.txt", "content": "hi"}}]},
+                          {"calls": [{"name": "read", "arguments": {"path": "a.txt"}},
+                                     {"name": "no_such_tool", "arguments": "{not json"}]}],
+                "final": "done: {last_tool_result}"}
+
+The mock counts the assistant messages with ``tool_calls`` that follow that user message in the request's
+``messages`` (each is a step already taken) and answers with the next step's calls, or, once every step is
+taken, with ``final`` as the text (default ``"done"``). Call ids are ``call_<step>_<i>`` (both from 0) unless a
+call names its ``"id"``. In ``final``, ``{last_tool_result}`` is the content of the last ``role: "tool"`` message
+after the plan's user message and ``{tool_result:<call id>}`` that of the one answering ``<call id>`` ("" when
+there is none). A call's ``"arguments"`` is an object (sent as its JSON text), or a string sent as it is (to send
+malformed JSON on purpose); any ``"name"`` is sent, known to the caller or not. A step's ``"text"`` is assistant
+content sent before its calls. Options of a step (or of the whole plan, as defaults for every step; ``json`` of
+the plan applies to its final answer too):
+
+- ``"stream_chunks": N`` (default 3): each call's arguments in N pieces, after a first fragment with its id,
+  type and name (as OpenAI streams them); ``1`` sends each whole call in one fragment;
+- ``"repeat_ids": true``: every fragment repeats the call's id, type and name;
+- ``"json": true``: a ``chat.completion`` body instead of a stream (also what a request without ``stream: true``,
+  or an ``echo(stream=False)`` behaviour, gets);
+- ``"finish_reason"``: instead of ``"tool_calls"``; ``null`` sends none (the stream still ends with [DONE]).
+
+A plan the mock cannot read is answered with HTTP 400 ``bad TOOL_PLAN: <why>`` (code ``invalid_plan``).
+Scripted behaviours still come first, and hold markers hold a plan's requests too: a plan answers where echo
+would (echo's ``chunk_words`` and ``delay_s`` do not apply to it).
+
 Streamed replies use chunked transfer encoding, so a dropped stream (``partial_then_drop``, ``hang`` ending) is an
 incomplete HTTP body the client can tell apart from a clean end. Waits (delays, hangs) end early when the client
 disconnects or the server stops, so ``stop()`` returns promptly and no handler thread outlives its client by more
@@ -46,9 +76,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 REPLY_EXACTLY_MARKER = "Reply exactly:"
+PLAN_MARKER = "TOOL_PLAN:"
+DEFAULT_STREAM_CHUNKS = 3
+DEFAULT_FINAL = "done"
 DEFAULT_MODEL = "mock-model"
 _CHUNK_RE = re.compile(r"\s*\S+\s*")
 _IDLE_POLL_S = 0.05
+_RESULT_PLACEHOLDER_RE = re.compile(r"\{(last_tool_result|tool_result:[^{}]*)\}")
 
 
 @dataclass(frozen=True)
@@ -91,14 +125,22 @@ def malformed(body: str = "data: {not json\n\n") -> Behaviour:
 
 
 def partial_then_drop(
-    text_before: str = "Hello ", *, clean: bool = False, finish_reason: str | None = None
+    text_before: str = "Hello ",
+    *,
+    clean: bool = False,
+    finish_reason: str | None = None,
+    tool_calls: list[dict[str, str]] | None = None,
 ) -> Behaviour:
     """Stream ``text_before`` without [DONE] (and without finish_reason unless given), then end.
 
+    ``tool_calls`` (``[{"id", "name", "arguments"}]``) follow the text, each whole in one fragment.
     ``clean=False``: close the connection in the middle of the chunked body (abrupt drop).
     ``clean=True``: end the HTTP body properly (the server just never said it was done).
     """
-    return Behaviour("partial_then_drop", {"text_before": text_before, "clean": clean, "finish_reason": finish_reason})
+    return Behaviour(
+        "partial_then_drop",
+        {"text_before": text_before, "clean": clean, "finish_reason": finish_reason, "tool_calls": tool_calls or []},
+    )
 
 
 def raw(body: str, status: int = 200, content_type: str = "application/json") -> Behaviour:
@@ -148,6 +190,106 @@ def _pieces(text: str, words_per_piece: int) -> list[str]:
     words = _CHUNK_RE.findall(text) or ([text] if text else [])
     step = max(1, words_per_piece)
     return ["".join(words[i : i + step]) for i in range(0, len(words), step)]
+
+
+class PlanError(ValueError):
+    """A ``TOOL_PLAN`` the mock cannot follow."""
+
+
+@dataclass(frozen=True)
+class PlanAnswer:
+    """What a plan says to answer now: one step's calls, or (``calls`` None) the final text."""
+
+    calls: list[dict[str, Any]] | None
+    text: str
+    step: int
+    options: dict[str, Any]
+
+
+def plan_answer(body: dict[str, Any]) -> PlanAnswer | None:
+    """The answer the newest user message's ``TOOL_PLAN`` gives to this transcript (None: no plan)."""
+    messages = _messages(body)
+    user_at = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), None)
+    if user_at is None:
+        return None
+    text = _content_text(messages[user_at].get("content"))
+    at = text.find(PLAN_MARKER)
+    if at < 0:
+        return None
+    start = at + len(PLAN_MARKER)
+    while start < len(text) and text[start].isspace():
+        start += 1
+    try:
+        plan, _end = json.JSONDecoder().raw_decode(text, start)
+    except ValueError as exc:
+        raise PlanError(f"not JSON ({exc})") from None
+    steps, final, defaults = _checked_plan(plan)
+    after = messages[user_at + 1 :]
+    taken = sum(1 for m in after if m.get("role") == "assistant" and m.get("tool_calls"))
+    if taken < len(steps):
+        step = steps[taken]
+        options = {**defaults, **{k: v for k, v in step.items() if k in _STEP_OPTIONS}}
+        return PlanAnswer(calls=step["calls"], text=step.get("text", ""), step=taken, options=options)
+    return PlanAnswer(calls=None, text=_with_results(final, after), step=taken, options=defaults)
+
+
+_STEP_OPTIONS = ("stream_chunks", "repeat_ids", "json", "finish_reason")
+
+
+def _checked_plan(plan: Any) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
+    if not isinstance(plan, dict):
+        raise PlanError("the plan is not a JSON object")
+    steps = plan.get("steps", [])
+    final = plan.get("final", DEFAULT_FINAL)
+    if not isinstance(steps, list) or not isinstance(final, str):
+        raise PlanError('"steps" must be a list and "final" a string')
+    for number, step in enumerate(steps):
+        if not isinstance(step, dict) or not isinstance(step.get("calls"), list) or not step["calls"]:
+            raise PlanError(f'step {number} needs a non-empty list of "calls"')
+        if not isinstance(step.get("text", ""), str):
+            raise PlanError(f'step {number}: "text" must be a string')
+        _check_options(step, f"step {number}")
+        for call in step["calls"]:
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                raise PlanError(f'step {number}: every call needs a "name"')
+            if not isinstance(call.get("arguments", {}), dict | str) or not isinstance(call.get("id", ""), str):
+                raise PlanError(f'step {number}: "arguments" must be an object or a string, "id" a string')
+    defaults = {k: v for k, v in plan.items() if k in _STEP_OPTIONS}
+    _check_options(defaults, "the plan")
+    return steps, final, defaults
+
+
+def _check_options(options: dict[str, Any], where: str) -> None:
+    chunks = options.get("stream_chunks", DEFAULT_STREAM_CHUNKS)
+    if type(chunks) is not int or chunks < 1:
+        raise PlanError(f'{where}: "stream_chunks" must be a positive integer')
+    if not isinstance(options.get("repeat_ids", False), bool) or not isinstance(options.get("json", False), bool):
+        raise PlanError(f'{where}: "repeat_ids" and "json" must be booleans')
+    if not isinstance(options.get("finish_reason", ""), str | None):
+        raise PlanError(f'{where}: "finish_reason" must be a string or null')
+
+
+def _with_results(final: str, after: list[dict[str, Any]]) -> str:
+    results = [m for m in after if m.get("role") == "tool"]
+    by_id = {m.get("tool_call_id"): _content_text(m.get("content")) for m in results}
+    last = _content_text(results[-1].get("content")) if results else ""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return last if name == "last_tool_result" else by_id.get(name.removeprefix("tool_result:"), "")
+
+    return _RESULT_PLACEHOLDER_RE.sub(value, final)
+
+
+def _arguments_text(call: dict[str, Any]) -> str:
+    arguments = call.get("arguments", {})
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+def _split(text: str, parts: int) -> list[str]:
+    """``text`` in ``parts`` pieces (fewer when it is shorter; one empty piece for no text)."""
+    size = max(1, -(-len(text) // parts))
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
 class MockOpenAI:
@@ -377,6 +519,8 @@ class _Handler(BaseHTTPRequestHandler):
         kind = behaviour.kind
         model = body.get("model") if isinstance(body.get("model"), str) and body.get("model") else DEFAULT_MODEL
         wants_stream = body.get("stream") is True
+        if kind == "echo" and self._serve_plan(body, model=model, stream=opts["stream"] and wants_stream):
+            return
         if kind in ("echo", "reply"):
             if kind == "echo":
                 users = [m for m in _messages(body) if m.get("role") == "user"]
@@ -417,6 +561,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_event(completion.chunk({"role": "assistant", "content": ""}))
             if opts["text_before"]:
                 self._send_event(completion.chunk({"content": opts["text_before"]}))
+            for index, call in enumerate(opts["tool_calls"]):
+                fragment = {
+                    "index": index,
+                    "id": call["id"],
+                    "type": "function",
+                    "function": _function(call, call["arguments"]),
+                }
+                self._send_tool_fragment(completion, fragment)
             if opts["finish_reason"]:
                 self._send_event(completion.chunk({}, finish_reason=opts["finish_reason"]))
             if opts["clean"]:
@@ -424,6 +576,98 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         else:
             raise ValueError(f"unknown behaviour {kind!r}")
+
+    def _serve_plan(self, body: dict[str, Any], *, model: str, stream: bool) -> bool:
+        """Answer from the transcript's ``TOOL_PLAN`` (module docstring); False when there is none."""
+        try:
+            answer = plan_answer(body)
+        except PlanError as exc:
+            self._send_error_json(400, f"bad TOOL_PLAN: {exc}", "invalid_plan")
+            return True
+        if answer is None:
+            return False
+        stream = stream and not answer.options.get("json", False)
+        if answer.calls is None:
+            if stream:
+                self._stream_reply(answer.text, body, model=model, chunk_words=1, delay_s=0.0)
+            else:
+                self._json_reply(answer.text, body, model=model)
+            return True
+        calls = [
+            {
+                "id": call.get("id") or f"call_{answer.step}_{number}",
+                "name": call["name"],
+                "arguments": _arguments_text(call),
+            }
+            for number, call in enumerate(answer.calls)
+        ]
+        finish_reason = answer.options.get("finish_reason", "tool_calls")
+        usage = _usage(body, " ".join([answer.text, *(call["arguments"] for call in calls)]))
+        if stream:
+            self._stream_calls(answer, calls, model=model, finish_reason=finish_reason, usage=usage)
+        else:
+            self._json_calls(answer.text, calls, model=model, finish_reason=finish_reason, usage=usage)
+        return True
+
+    def _stream_calls(
+        self,
+        answer: PlanAnswer,
+        calls: list[dict[str, Any]],
+        *,
+        model: str,
+        finish_reason: str | None,
+        usage: dict[str, int],
+    ) -> None:
+        completion = _Completion(model)
+        chunks = answer.options.get("stream_chunks", DEFAULT_STREAM_CHUNKS)
+        repeat_ids = answer.options.get("repeat_ids", False)
+        self._start_event_stream()
+        self._send_event(completion.chunk({"role": "assistant", "content": None, "refusal": None}))
+        for piece in _pieces(answer.text, 1):
+            self._send_event(completion.chunk({"content": piece}))
+        for index, call in enumerate(calls):
+            head = {"index": index, "id": call["id"], "type": "function"}
+            if chunks == 1:
+                self._send_tool_fragment(completion, {**head, "function": _function(call, call["arguments"])})
+                continue
+            self._send_tool_fragment(completion, {**head, "function": _function(call, "")})
+            for piece in _split(call["arguments"], chunks):
+                if repeat_ids:
+                    fragment = {**head, "function": _function(call, piece)}
+                else:
+                    fragment = {"index": index, "function": {"arguments": piece}}
+                self._send_tool_fragment(completion, fragment)
+        self._send_event(completion.chunk({}, finish_reason=finish_reason, usage=usage))
+        self._write_chunk(b"data: [DONE]\n\n")
+        self._end_event_stream()
+
+    def _send_tool_fragment(self, completion: _Completion, fragment: dict[str, Any]) -> None:
+        self._send_event(completion.chunk({"tool_calls": [fragment]}))
+
+    def _json_calls(
+        self, text: str, calls: list[dict[str, Any]], *, model: str, finish_reason: str | None, usage: dict[str, int]
+    ) -> None:
+        completion = _Completion(model)
+        message = {
+            "role": "assistant",
+            "content": text or None,
+            "refusal": None,
+            "tool_calls": [
+                {"id": call["id"], "type": "function", "function": _function(call, call["arguments"])} for call in calls
+            ],
+        }
+        self._send_json(
+            200,
+            {
+                "id": completion.id,
+                "object": "chat.completion",
+                "created": completion.created,
+                "model": model,
+                "system_fingerprint": "fp_mock",
+                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+                "usage": usage,
+            },
+        )
 
     def _stream_reply(self, text: str, body: dict[str, Any], *, model: str, chunk_words: int, delay_s: float) -> None:
         completion = _Completion(model)
@@ -538,6 +782,10 @@ class _Completion:
         if usage is not None:
             payload["usage"] = usage
         return payload
+
+
+def _function(call: dict[str, Any], arguments: str) -> dict[str, str]:
+    return {"name": call["name"], "arguments": arguments}
 
 
 def _usage(body: dict[str, Any], text: str) -> dict[str, int]:

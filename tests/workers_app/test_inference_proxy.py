@@ -23,11 +23,14 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core import signing
 
+from openclaw_client.agent.openai_stream import StreamState, ToolCall
+from openclaw_client.worker import Turn, TurnJob
 from openclaw_site.asgi import application
 from sessions_app.models import Run, RunStatus, Session
 from sessions_app.services import runs
 from sessions_app.services.runs import TurnOutcome
 from sessions_app.services.sessions import SessionSpec, session_create
+from tests.openclaw_client.test_worker import inference_server
 from tests.support.mock_openai import error, partial_then_drop
 from workers_app import inference
 from workers_app.inference import INFERENCE_PATH, TOKEN_SALT, inference_token
@@ -402,9 +405,9 @@ def _invalid(path: str, message: str) -> dict:
         ),
         pytest.param({}, _invalid("/messages", "must have required property"), id="messages missing"),
         pytest.param(
-            {"messages": [{"role": "tool", "content": "x"}]},
-            _invalid("/messages/0/role", "Input should be 'system', 'user' or 'assistant'"),
-            id="a role outside system, user, assistant",
+            {"messages": [{"role": "developer", "content": "x"}]},
+            _invalid("/messages/0/role", "Input should be 'system', 'user', 'assistant' or 'tool'"),
+            id="a role outside system, user, assistant, tool",
         ),
         pytest.param(
             {"messages": [{"role": "user", "content": 7}]},
@@ -637,3 +640,270 @@ def test_an_unexpected_failure_is_a_generic_500_with_a_reference(mock_model, mon
     assert "SELECT" not in answer.text
     assert error["details"]["errorId"] in caplog.text
     assert mock_model.requests == []
+
+
+# --- tools ---------------------------------------------------------------------------------------
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read",
+            "description": "Read a file.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+            "strict": False,
+        },
+    },
+    {"type": "function", "function": {"name": "ls"}},
+]
+PLAN = {
+    "steps": [{"calls": [{"name": "read", "arguments": {"path": "a.txt"}}, {"name": "ls"}]}],
+    "final": "a.txt holds {tool_result:call_0_0}",
+}
+CALL = {"id": "call_0_0", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.txt"}'}}
+
+
+def plan_message() -> dict[str, Any]:
+    return {"role": "user", "content": f"TOOL_PLAN: {json.dumps(PLAN)}"}
+
+
+def folded(answer: Answer):
+    """The proxy's stream read by the folder the worker child reads it with."""
+    state = StreamState()
+    for line in answer.text.split("\n"):
+        state.feed_line(line)
+    state.end_of_stream()
+    return state.reply()
+
+
+def test_tools_reach_the_provider_and_its_tool_calls_come_back_whole_in_the_last_chunk(mock_model):
+    run = running(placed_session())
+
+    answer = post(inference_token(run.run_id, NODE), {"messages": [plan_message()], "tools": TOOLS})
+
+    assert answer.status == 200, answer.text
+    [sent] = mock_model.requests
+    assert sent["tools"] == TOOLS and sent["tool_choice"] == "auto"
+    events = answer.events()
+    assert events[-1] == "[DONE]"
+    last = events[-2]
+    assert last["choices"][0] == {
+        "index": 0,
+        "delta": {
+            "tool_calls": [
+                {"index": 0, **CALL},
+                {"index": 1, "id": "call_0_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}},
+            ]
+        },
+        "finish_reason": "tool_calls",
+    }
+    assert last["usage"]["totalTokens"] > 0 and last["model"] == "mock-model"
+    assert content_of(events[:-1]) == ""
+    assert folded(answer).tool_calls == (
+        ToolCall("call_0_0", "read", '{"path": "a.txt"}'),
+        ToolCall("call_0_1", "ls", "{}"),
+    )
+
+
+def test_tool_messages_reach_the_provider_as_the_worker_sent_them(mock_model):
+    run = running(placed_session())
+    messages = [
+        {"role": "system", "content": "You have tools."},
+        plan_message(),
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_0_0", "content": "hello world"},
+        {"role": "assistant", "content": "", "tool_calls": [{**CALL, "id": "call_0_1"}]},
+        {"role": "tool", "tool_call_id": "call_0_1", "content": "a.txt", "name": "ls"},
+    ]
+
+    answer = post(inference_token(run.run_id, NODE), {"messages": messages, "tools": TOOLS})
+
+    [sent] = mock_model.requests
+    assert sent["messages"] == [
+        *messages[:4],
+        {"role": "assistant", "content": None, "tool_calls": [{**CALL, "id": "call_0_1"}]},  # "" and null alike
+        messages[5],
+    ]
+    reply = folded(answer)
+    assert (reply.text, reply.tool_calls, reply.finish_reason) == ("a.txt holds hello world", (), "stop")
+
+
+def test_a_request_without_tools_sends_the_provider_none(mock_model):
+    run = running(placed_session())
+
+    post(inference_token(run.run_id, NODE), GOOD_BODY)
+
+    [sent] = mock_model.requests
+    assert set(sent) == {"model", "messages", "stream"}
+
+
+def test_echo_takes_the_tools_and_answers_text(echo_model):
+    run = running(placed_session())
+
+    answer = post(inference_token(run.run_id, NODE), {**GOOD_BODY, "tools": TOOLS})
+
+    assert content_of(answer.events()[:-1]) == "hello there world"
+    assert answer.events()[-2]["choices"][0]["delta"] == {}
+
+
+def test_the_worker_childs_turn_reads_the_proxys_tool_calls(mock_model):
+    """The worker's Turn against exactly what the proxy sent (replayed by a local server)."""
+    run = running(placed_session())
+    answer = post(inference_token(run.run_id, NODE), {"messages": [plan_message()], "tools": TOOLS})
+
+    with inference_server() as server:
+        server.scripts["proxy"] = [answer.text]
+        job = TurnJob(
+            run_id=run.run_id,
+            model="m",
+            messages=[plan_message()],
+            url=server.url("proxy"),
+            token="run-token-123",
+            timeout_ms=10_000,
+            cwd=None,
+            tools=TOOLS,
+        )
+        done = Turn(job, on_delta=lambda piece, text: None).run()
+
+    assert done["status"] == "ok" and done["stopReason"] == "tool_calls"
+    assert done["toolCalls"] == [
+        {"id": "call_0_0", "name": "read", "arguments": '{"path": "a.txt"}'},
+        {"id": "call_0_1", "name": "ls", "arguments": "{}"},
+    ]
+    assert done["usage"] == answer.events()[-2]["usage"]
+
+
+def _message(**fields: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "x"}, fields]}
+
+
+def _tool_call(**function: Any) -> dict[str, Any]:
+    return {"id": "c", "type": "function", "function": {"name": "ls", "arguments": "{}", **function}}
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "message"),
+    [
+        (
+            _message(role="tool", content="x"),
+            "/messages/1",
+            "a tool message, and only a tool message, has a tool_call_id",
+        ),
+        (
+            _message(role="user", content="x", tool_call_id="c"),
+            "/messages/1",
+            "a tool message, and only a tool message, has a tool_call_id",
+        ),
+        (
+            _message(role="user", content="x", tool_calls=[_tool_call()]),
+            "/messages/1",
+            "only an assistant message has tool_calls",
+        ),
+        (_message(role="assistant", content=None), "/messages/1", "content may be null only next to tool_calls"),
+        (
+            _message(role="assistant", content="", tool_calls=[_tool_call()] * 65),
+            "/messages/1/tool_calls",
+            "List should have at most 64 items after validation, not 65",
+        ),
+        (
+            _message(role="assistant", content="", tool_calls=[_tool_call(arguments={"path": "a"})]),
+            "/messages/1/tool_calls/0/function/arguments",
+            "Input should be a valid string",
+        ),
+        (
+            _message(role="assistant", content="", tool_calls=[_tool_call(arguments="x" * (1024 * 1024 + 1))]),
+            "/messages/1/tool_calls/0/function/arguments",
+            "String should have at most 1048576 characters",
+        ),
+        (
+            _message(role="assistant", content="", tool_calls=[_tool_call(name="")]),
+            "/messages/1/tool_calls/0/function/name",
+            "String should have at least 1 character",
+        ),
+        (
+            _message(role="assistant", content="", tool_calls=[_tool_call(name="n" * 129)]),
+            "/messages/1/tool_calls/0/function/name",
+            "String should have at most 128 characters",
+        ),
+        (
+            _message(role="assistant", content="", tool_calls=[{**_tool_call(), "id": "i" * 257}]),
+            "/messages/1/tool_calls/0/id",
+            "String should have at most 256 characters",
+        ),
+        (
+            _message(role="assistant", content="", tool_calls=[{**_tool_call(), "type": "custom"}]),
+            "/messages/1/tool_calls/0/type",
+            "Input should be 'function'",
+        ),
+        (
+            _message(role="tool", content="x", tool_call_id="i" * 257),
+            "/messages/1/tool_call_id",
+            "String should have at most 256 characters",
+        ),
+        (
+            {**GOOD_BODY, "tools": [TOOLS[1]] * 65},
+            "/tools",
+            "List should have at most 64 items after validation, not 65",
+        ),
+        ({**GOOD_BODY, "tools": {"read": TOOLS[0]}}, "/tools", "Input should be a valid list"),
+        ({**GOOD_BODY, "tools": ["read"]}, "/tools/0", "Input should be a valid dictionary"),
+        (
+            {**GOOD_BODY, "tools": [{"type": "custom", "custom": {"name": "x"}}]},
+            "/tools/0",
+            'a tool is {"type": "function", "function": {name, description?, parameters?}}',
+        ),
+        (
+            {**GOOD_BODY, "tools": [{"type": "function", "function": {"name": ""}}]},
+            "/tools/0",
+            "a tool's function name is a string of 1 to 128 characters",
+        ),
+        (
+            {**GOOD_BODY, "tools": [{"type": "function", "function": {"name": "ls", "parameters": []}}]},
+            "/tools/0",
+            "a tool's function parameters are a JSON Schema object",
+        ),
+        (
+            {**GOOD_BODY, "tools": [{"type": "function", "function": {"name": "ls", "description": "d" * 65_536}}]},
+            "/tools/0",
+            "a tool is at most 65536 bytes of JSON",
+        ),
+    ],
+    ids=[
+        "a tool message without its call id",
+        "a call id on a user message",
+        "tool calls on a user message",
+        "null content without tool calls",
+        "65 tool calls",
+        "arguments that are not text",
+        "arguments over a MiB",
+        "an empty call name",
+        "a call name over 128 characters",
+        "a call id over 256 characters",
+        "a call that is not a function",
+        "a tool_call_id over 256 characters",
+        "65 tools",
+        "tools not a list",
+        "a tool that is not an object",
+        "a tool that is not a function",
+        "a tool without a name",
+        "parameters that are not an object",
+        "a tool over 64 KiB",
+    ],
+)
+def test_tools_or_tool_messages_outside_the_schema_are_400_and_call_no_model(mock_model, body, path, message):
+    run = running(placed_session())
+
+    answer = post(inference_token(run.run_id, NODE), body)
+
+    assert (answer.status, answer.json()) == (400, _invalid(path, message))
+    assert mock_model.requests == []
+
+
+def test_a_tool_of_just_64_kib_is_taken(echo_model):
+    run = running(placed_session())
+    tool = {"type": "function", "function": {"name": "ls", "description": ""}}
+    tool["function"]["description"] = "d" * (65_536 - len(json.dumps(tool, separators=(",", ":"))))
+
+    answer = post(inference_token(run.run_id, NODE), {**GOOD_BODY, "tools": [tool] * 64})
+
+    assert answer.status == 200, answer.text
