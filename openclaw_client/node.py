@@ -886,7 +886,10 @@ def _chat_message(message: Any) -> bool:
     return (
         isinstance(message, dict)
         and message.get("role") in CHAT_ROLES
-        and (message.get("content") is None or isinstance(message.get("content"), str))
+        and (
+            isinstance(message.get("content"), str)
+            or (message.get("role") == "assistant" and message.get("content") is None)
+        )
         and isinstance(message.get("tool_calls", []), list)
         and (message.get("tool_call_id") is None or isinstance(message.get("tool_call_id"), str))
     )

@@ -6,14 +6,18 @@ It reads JSON-line jobs on stdin and writes JSON-line events on stdout (docs/nod
 ``worker.launch.v1``):
 
 - ``{"type": "turn", "runId", "model", "messages", "inference": {"url", "token"}, "timeoutMs"?, "cwd"?,
-  "tools"?}`` streams ``POST <url>`` (``{model, messages, stream: true, tools?}``, the turn's bearer token)
-  and writes a ``{"type": "delta", "runId", "delta", "text"}`` per piece of the reply, then exactly one
-  ``done``: ``{"status": "ok", "text", "stopReason", "toolCalls"?, "usage"?, "model"?}`` (``toolCalls``:
-  ``[{"id", "name", "arguments"}]`` when the model asks for tools, ``stopReason`` then as the model said,
-  usually ``"tool_calls"``), ``{"status": "aborted", "text"}`` or ``{"status": "error", "error": {"kind",
-  "message"}}``. ``messages`` and ``tools`` are chat-completions messages (``tool_calls``, ``role: "tool"``)
-  and ``tools`` entries.
-- ``{"type": "cancel", "runId"}`` closes that turn's HTTP connection; the turn ends ``aborted``.
+  "agent"?: {"maxSteps", "tools", "execTimeoutS"?, "execSlots"?: {"dir", "count"}}}`` runs the turn as an agent
+  loop (:class:`AgentTurn`): each model call streams ``POST <url>`` (``{model, messages, stream: true,
+  tools?}``, the turn's bearer token; ``messages`` are chat-completions messages, tool calls and results
+  included), and when the model asks for tools they run in ``cwd`` (only with ``agent.tools``). It writes a
+  ``{"type": "delta", "runId", "delta", "text"}`` per piece of each step's text, a ``message`` per complete
+  transcript message, a ``tool`` at each tool's start and an ``approval`` question before each ``exec``,
+  then exactly one ``done``: ``{"status": "ok", "text", "stopReason", "usage"?, "model"?}``, ``{"status":
+  "aborted", "text"}`` or ``{"status": "error", "error": {"kind", "message"}}``.
+- ``{"type": "approval", "runId", "toolCallId", "allowed", "aborted"?, "reason"?}`` answers the running
+  turn's question on an ``exec``.
+- ``{"type": "cancel", "runId"}`` stops that turn (its model call, a running command's process group, a
+  wait for an answer); the turn ends ``aborted``.
 
 The child stays up for the next job (the node keeps it warm) until stdin closes. Stdlib only (it runs
 from the bundle, next to nothing else), and no message it writes contains the turn's token. The reply
@@ -34,12 +38,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from .agent.loop import AgentLoop, Approval, LoopAborted, ModelReply, StepLimitReached
 from .agent.openai_stream import ErrorReported, RefusedReply, Reply, ReplyError, StreamState
+from .agent.tools import ExecRequest, ExecSlots, ToolLimits, ToolResult, ToolRunner, Workspace
 
 DEFAULT_TIMEOUT_MS = 600_000
+DEFAULT_MAX_STEPS = 24
+APPROVAL_POLL_S = 0.1
+TOOL_JOIN_POLL_S = 0.1
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_ERROR_BODY_BYTES = 64 * 1024
 ERROR_DETAIL_CHARS = 300
@@ -73,6 +83,17 @@ class EventWriter:
             self._stream.flush()
 
 
+@dataclass(frozen=True)
+class AgentSpec:
+    """How the turn runs as an agent loop: its step limit, whether it has tools, and their bounds on this host."""
+
+    max_steps: int = DEFAULT_MAX_STEPS
+    tools: bool = False
+    exec_timeout_s: float | None = None
+    exec_slots_dir: str | None = None
+    exec_slots: int = 1
+
+
 @dataclass
 class TurnJob:
     run_id: str
@@ -82,7 +103,7 @@ class TurnJob:
     token: str
     timeout_ms: int
     cwd: str | None
-    tools: list[dict[str, Any]] | None = None
+    agent: AgentSpec | None = None
 
 
 def parse_turn(job: dict[str, Any]) -> TurnJob:
@@ -98,7 +119,7 @@ def parse_turn(job: dict[str, Any]) -> TurnJob:
         and type(timeout_ms) is int
         and timeout_ms > 0
         and (job.get("cwd") is None or isinstance(job.get("cwd"), str))
-        and (job.get("tools") is None or _is_list_of_objects(job["tools"]))
+        and (job.get("agent") is None or isinstance(job.get("agent"), dict))
     ):
         raise TurnFailed("unknown", "worker received a malformed turn job")
     return TurnJob(
@@ -109,19 +130,39 @@ def parse_turn(job: dict[str, Any]) -> TurnJob:
         token=inference["token"],
         timeout_ms=timeout_ms,
         cwd=job.get("cwd"),
-        tools=job.get("tools"),
+        agent=_agent_spec(job["agent"]) if job.get("agent") is not None else None,
     )
 
 
-def _is_list_of_objects(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
+def _agent_spec(raw: dict[str, Any]) -> AgentSpec:
+    slots = raw.get("execSlots") or {}
+    max_steps, tools = raw.get("maxSteps", DEFAULT_MAX_STEPS), raw.get("tools", False)
+    exec_timeout = raw.get("execTimeoutS")
+    if not (
+        type(max_steps) is int
+        and max_steps > 0
+        and isinstance(tools, bool)
+        and (exec_timeout is None or (isinstance(exec_timeout, int | float) and exec_timeout > 0))
+        and isinstance(slots, dict)
+        and (slots.get("dir") is None or isinstance(slots.get("dir"), str))
+        and type(slots.get("count", 1)) is int
+        and slots.get("count", 1) > 0
+    ):
+        raise TurnFailed("unknown", "worker received a malformed turn job (agent)")
+    return AgentSpec(
+        max_steps=max_steps,
+        tools=tools,
+        exec_timeout_s=float(exec_timeout) if exec_timeout is not None else None,
+        exec_slots_dir=slots.get("dir"),
+        exec_slots=slots.get("count", 1),
+    )
 
 
 class Turn:
     """A turn's model calls through the gateway; :meth:`cancel` may be called from another thread at any time.
 
-    :meth:`run` is the job's one call (its ``done`` event); :meth:`ask` is one model call on any messages and
-    tools, for a caller that makes several in one turn. Every call shares the turn's ``timeoutMs``.
+    :meth:`ask` is one model call on any messages and tools (the agent loop makes one per step); every call
+    shares the turn's ``timeoutMs``.
     """
 
     def __init__(self, job: TurnJob, on_delta: Callable[[str, str], None]):
@@ -146,16 +187,6 @@ class Turn:
         if connection is not None and connection.sock is not None:
             with contextlib.suppress(OSError):
                 connection.sock.shutdown(socket.SHUT_RDWR)
-
-    def run(self) -> dict[str, Any]:
-        """The turn's ``done`` event (without ``type``/``runId``)."""
-        try:
-            reply = self.ask(self.job.messages, self.job.tools)
-        except TurnCancelled:
-            return {"status": "aborted", "text": self.text}
-        except TurnFailed as failure:
-            return _error_done(failure)
-        return reply_done(reply)
 
     def ask(self, messages: list[Any], tools: list[dict[str, Any]] | None = None) -> Reply:
         """One model call: streams its text to ``on_delta`` and returns the whole reply, tool calls included.
@@ -264,18 +295,6 @@ class Turn:
                 self.on_delta(piece, state.text)
 
 
-def reply_done(reply: Reply) -> dict[str, Any]:
-    """A complete reply as the ``done`` event of a turn (without ``type``/``runId``)."""
-    done: dict[str, Any] = {"status": "ok", "text": reply.text, "stopReason": reply.finish_reason}
-    if reply.tool_calls:
-        done["toolCalls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls]
-    if reply.usage is not None:
-        done["usage"] = reply.usage
-    if reply.model is not None:
-        done["model"] = reply.model
-    return done
-
-
 def _reply_failure(error: ReplyError) -> TurnFailed:
     """What the reply folder found wrong with the stream, as the turn's failure."""
     if isinstance(error, ErrorReported):
@@ -340,6 +359,175 @@ def _describe(error: BaseException) -> str:
     return _one_line(f"{type(error).__name__}: {detail}" if detail else type(error).__name__)
 
 
+# --- the agent loop ---------------------------------------------------------------------------------
+
+
+class AgentTurn:
+    """A turn as an agent loop in this child: the model asked through the gateway, the tools run here.
+
+    The loop's hooks write what the gateway keeps and shows as events on stdout: each step's complete
+    messages (``{"type": "message", "key", "message", "fullText"?}``), a tool's start
+    (``{"type": "tool", "phase": "start", …}``), and a question on an ``exec`` (``{"type": "approval",
+    "toolCallId", "command", "workdir", "envKeys", "timeoutS"}``), whose answer arrives on stdin
+    (:meth:`answer`) while the turn waits. :meth:`cancel` (another thread) stops the model call, a running
+    command (its whole process group) and a wait for an answer.
+    """
+
+    def __init__(self, job: TurnJob, writer: EventWriter):
+        self.job = job
+        self.agent = job.agent or AgentSpec()
+        self.writer = writer
+        self.model = Turn(job, on_delta=self._delta)
+        self.cancelled = threading.Event()
+        self.text = ""  # the current step's text (an aborted turn keeps it)
+        self.step = 0
+        self.results = 0
+        self._answers: dict[str, queue.SimpleQueue[dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self.model.cancel()
+
+    def answer(self, message: dict[str, Any]) -> None:
+        """The gateway's decision on an exec this turn asked about."""
+        call_id = message.get("toolCallId")
+        with self._lock:
+            waiting = self._answers.get(call_id) if isinstance(call_id, str) else None
+        if waiting is not None:
+            waiting.put(message)
+
+    def run(self) -> dict[str, Any]:
+        """The turn's ``done`` event (without ``type``/``runId``)."""
+        loop = AgentLoop(self, self._tool_runner(), max_steps=self.agent.max_steps)
+        try:
+            outcome = loop.run(list(self.job.messages))
+        except (TurnCancelled, LoopAborted):
+            return {"status": "aborted", "text": self.text}
+        except StepLimitReached as limit:
+            return _error_done(TurnFailed("step_limit", str(limit)))
+        except TurnFailed as failure:
+            return _error_done(failure)
+        done: dict[str, Any] = {"status": "ok", "text": outcome.text, "stopReason": outcome.stop_reason}
+        if outcome.usage is not None:
+            done["usage"] = outcome.usage
+        if outcome.model is not None:
+            done["model"] = outcome.model
+        return done
+
+    def _tool_runner(self) -> ToolRunner | None:
+        if not self.agent.tools or not self.job.cwd:
+            return None
+        defaults = ToolLimits()
+        exec_timeout = self.agent.exec_timeout_s or defaults.exec_timeout_s
+        limits = ToolLimits(
+            exec_timeout_s=exec_timeout, exec_max_timeout_s=max(exec_timeout, defaults.exec_max_timeout_s)
+        )
+        slots = ExecSlots(Path(self.agent.exec_slots_dir), self.agent.exec_slots) if self.agent.exec_slots_dir else None
+        try:
+            return ToolRunner(Workspace(self.job.cwd), limits=limits, exec_slots=slots)
+        except OSError:
+            return None  # no workspace here: the model is offered no tools
+
+    # --- the loop's hooks -----------------------------------------------------------------------
+
+    def model_step(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], step: int) -> ModelReply:
+        self.step, self.results, self.text = step, 0, ""
+        reply = self.model.ask(messages, tools or None)
+        return ModelReply(
+            text=reply.text,
+            tool_calls=reply.tool_calls,
+            stop_reason=reply.finish_reason,
+            usage=reply.usage,
+            model=reply.model,
+        )
+
+    def record_message(self, message: dict[str, Any], full_text: str | None) -> dict[str, Any]:
+        if message.get("role") == "toolResult":
+            self.results += 1
+            key = f"s{self.step}.r{self.results}"
+        else:
+            key = f"s{self.step}.a"
+        event: dict[str, Any] = {"type": "message", "runId": self.job.run_id, "key": key, "message": message}
+        if full_text is not None:
+            event["fullText"] = full_text
+        self.writer.write(event)
+        return message
+
+    def tool_started(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
+        self.writer.write(
+            {
+                "type": "tool",
+                "runId": self.job.run_id,
+                "phase": "start",
+                "toolCallId": call_id,
+                "name": name,
+                "args": arguments,
+            }
+        )
+
+    def tool_finished(self, call_id: str, name: str, message: dict[str, Any]) -> None:
+        """Nothing to add: the gateway shows the result from the step's message."""
+
+    def approve_exec(self, call_id: str, request: ExecRequest) -> Approval:
+        answers: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        with self._lock:
+            self._answers[call_id] = answers
+        try:
+            self.writer.write(
+                {
+                    "type": "approval",
+                    "runId": self.job.run_id,
+                    "toolCallId": call_id,
+                    "command": request.command,
+                    "workdir": request.workdir,
+                    "envKeys": list(request.env_keys),
+                    "timeoutS": request.timeout_s,
+                }
+            )
+            while not self.cancelled.is_set():
+                try:
+                    answer = answers.get(timeout=APPROVAL_POLL_S)
+                except queue.Empty:
+                    continue
+                return Approval(
+                    allowed=answer.get("allowed") is True,
+                    reason=str(answer.get("reason") or ""),
+                    aborted=answer.get("aborted") is True,
+                )
+            return Approval(False, "not run: the turn was aborted", aborted=True)
+        finally:
+            with self._lock:
+                self._answers.pop(call_id, None)
+
+    def wait_for(self, work: Callable[[], ToolResult], cancel: threading.Event) -> ToolResult:
+        outcome: list[ToolResult | BaseException] = []
+
+        def run() -> None:
+            try:
+                outcome.append(work())
+            except BaseException as error:  # surfaced on the turn's thread below
+                outcome.append(error)
+
+        tool = threading.Thread(target=run, name="worker-tool", daemon=True)
+        tool.start()
+        while tool.is_alive():
+            tool.join(TOOL_JOIN_POLL_S)
+            if self.cancelled.is_set():
+                cancel.set()
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def should_abort(self) -> bool:
+        return self.cancelled.is_set()
+
+    def _delta(self, delta: str, text: str) -> None:
+        self.text = text
+        self.writer.write({"type": "delta", "runId": self.job.run_id, "delta": delta, "text": text})
+
+
 # --- the job loop ---------------------------------------------------------------------------------
 
 
@@ -350,7 +538,7 @@ class Worker:
         self._writer = writer
         self._jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._lock = threading.Lock()
-        self._current: Turn | None = None
+        self._current: AgentTurn | None = None
         self._queued: set[str] = set()
         self._cancelled_early: set[str] = set()
         self._stopping = False
@@ -370,6 +558,8 @@ class Worker:
             self._jobs.put(job)
         elif job.get("type") == "cancel":
             self.cancel(job["runId"])
+        elif job.get("type") == "approval":
+            self.answer(job)
         else:
             print(f"worker: ignoring a job of type {job.get('type')!r}", file=sys.stderr, flush=True)
 
@@ -381,6 +571,13 @@ class Worker:
                 turn.cancel()
             elif run_id in self._queued:
                 self._cancelled_early.add(run_id)
+
+    def answer(self, message: dict[str, Any]) -> None:
+        """The gateway's answer to a question of the running turn; one for a turn that ended is dropped."""
+        with self._lock:
+            turn = self._current
+            if turn is not None and turn.job.run_id == message["runId"]:
+                turn.answer(message)
 
     def stop(self) -> None:
         """Stdin closed: abort the running turn and any waiting one, and let the process end."""
@@ -403,9 +600,9 @@ class Worker:
     def _run_one(self, job: dict[str, Any]) -> dict[str, Any]:
         run_id = job["runId"]
         refusal: dict[str, Any] = {}
-        turn: Turn | None
+        turn: AgentTurn | None
         try:
-            turn = Turn(parse_turn(job), on_delta=lambda delta, text: self._delta(run_id, delta, text))
+            turn = AgentTurn(parse_turn(job), self._writer)
         except TurnFailed as failure:
             turn = None
             refusal = _error_done(failure)
@@ -427,9 +624,6 @@ class Worker:
         finally:
             with self._lock:
                 self._current = None
-
-    def _delta(self, run_id: str, delta: str, text: str) -> None:
-        self._writer.write({"type": "delta", "runId": run_id, "delta": delta, "text": text})
 
 
 def _error_done(failure: TurnFailed) -> dict[str, Any]:

@@ -201,7 +201,7 @@ def test_the_node_declares_every_worker_command_and_an_inventory_the_gateway_acc
         return host.client.options.commands, host.inventory()
 
     commands, inventory = run(tmp_path, server, scenario, capacity=3)
-    assert commands == list(NODE_HOST_COMMANDS) and len(commands) == 8
+    assert commands == list(NODE_HOST_COMMANDS) and len(commands) == 9
     assert inventory == {
         "protocolFeatures": ["node-worker-supervisor-v6"],
         "workerHost": {
@@ -789,7 +789,7 @@ def test_a_launch_needs_its_bundle_and_its_workspace(tmp_path, server):
     )
     assert (bad_messages.code, bad_messages.message) == (
         "INVALID_REQUEST",
-        "worker.launch.v1: messages must be a list of {role, content} strings",
+        "worker.launch.v1: messages must be a list of chat messages ({role, content, tool_calls?, tool_call_id?})",
     )
 
 

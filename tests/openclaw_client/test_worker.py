@@ -448,41 +448,130 @@ TOOL_CONTEXT = [
 ]
 
 
-def test_a_turn_sends_its_tools_and_tool_messages_and_ends_with_the_calls_the_model_made(server, worker):
-    worker.turn("run-1", server.url("tool-calls"), messages=TOOL_CONTEXT, tools=TOOLS)
-
-    deltas, done = worker.until_done()
-
-    assert [delta["delta"] for delta in deltas] == ["Let me look."]
-    assert done == {
-        "type": "done",
-        "runId": "run-1",
-        "status": "ok",
-        "text": "Let me look.",
-        "stopReason": "tool_calls",
-        "toolCalls": [
-            {"id": "call_a", "name": "read", "arguments": '{"path": "a.txt"}'},
-            {"id": "call_b", "name": "ls", "arguments": "{}"},
-        ],
-        "usage": {"input": 9, "output": 4, "totalTokens": 13},
-        "model": "mock-model",
+def plan_job(tmp_path, plan: dict, **agent) -> dict:
+    """A turn job running the mock model's tool plan as an agent loop in ``tmp_path``."""
+    return {
+        "messages": [{"role": "user", "content": f"TOOL_PLAN: {json.dumps(plan)}"}],
+        "cwd": str(tmp_path),
+        "agent": {"maxSteps": 8, "tools": True, **agent},
     }
-    _path, _headers, body = server.requests[0]
-    assert body == {"model": "mock-model", "messages": TOOL_CONTEXT, "stream": True, "tools": TOOLS}
 
 
-def test_an_empty_tools_list_sends_no_tools(server, worker):
-    worker.turn("run-1", server.url("ok"), tools=[])
+def test_a_turn_is_an_agent_loop_whose_tools_run_in_its_workspace(worker, tmp_path):
+    (tmp_path / "a.txt").write_text("hello from the node\n")
+    plan = {
+        "steps": [{"text": "Let me look.", "calls": [{"name": "read", "arguments": {"path": "a.txt"}}]}],
+        "final": "a.txt says: {last_tool_result}",
+    }
+    with MockOpenAI() as mock:
+        worker.turn("run-1", f"{mock.base_url}/chat/completions", **plan_job(tmp_path, plan))
+        events, done = worker.until_done()
+        sent = mock.requests
 
-    assert worker.until_done()[1]["status"] == "ok"
-    assert "tools" not in server.requests[0][2]
+    kinds = [(event["type"], event.get("key") or event.get("phase")) for event in events if event["type"] != "delta"]
+    assert kinds == [("message", "s1.a"), ("tool", "start"), ("message", "s1.r1")]
+    assistant = next(event["message"] for event in events if event.get("key") == "s1.a")
+    result = next(event["message"] for event in events if event.get("key") == "s1.r1")
+    assert assistant["content"][1] == {
+        "type": "toolCall",
+        "id": "call_0_0",
+        "name": "read",
+        "arguments": {"path": "a.txt"},
+    }
+    assert result["role"] == "toolResult" and result["toolCallId"] == "call_0_0" and not result["isError"]
+    assert "hello from the node" in result["content"][0]["text"]
+    assert done["status"] == "ok" and done["text"].startswith("a.txt says: ") and "hello from the node" in done["text"]
+    assert {tool["function"]["name"] for tool in sent[0]["tools"]} >= {"read", "write", "edit", "exec"}
+    assert sent[1]["messages"][-1]["role"] == "tool"
 
 
-@pytest.mark.parametrize("tools", ["read", [1], {"type": "function"}], ids=["a string", "not objects", "an object"])
-def test_tools_that_are_not_a_list_of_objects_make_a_malformed_job(server, worker, tools):
-    worker.turn("run-1", server.url("ok"), tools=tools)
+def test_without_agent_tools_the_model_is_offered_none(worker, tmp_path):
+    with MockOpenAI() as mock:
+        worker.turn("run-1", f"{mock.base_url}/chat/completions", cwd=str(tmp_path))
+        _events, done = worker.until_done()
+        sent = mock.requests
 
-    assert worker.until_done()[1]["error"] == {"kind": "unknown", "message": "worker received a malformed turn job"}
+    assert done["status"] == "ok"
+    assert "tools" not in sent[0]
+
+
+def test_an_exec_waits_for_the_gateways_answer(worker, tmp_path):
+    plan = {"steps": [{"calls": [{"name": "exec", "arguments": {"command": "echo ran > proof"}}]}], "final": "done"}
+    with MockOpenAI() as mock:
+        worker.turn("run-1", f"{mock.base_url}/chat/completions", **plan_job(tmp_path, plan))
+        question = next(event for event in iter(worker.next, None) if event["type"] == "approval")
+        assert question["command"] == "echo ran > proof" and question["workdir"] == str(tmp_path.resolve())
+        assert not (tmp_path / "proof").exists()  # nothing runs before the answer
+        worker.send({"type": "approval", "runId": "run-1", "toolCallId": question["toolCallId"], "allowed": True})
+        _events, done = worker.until_done()
+
+    assert done["status"] == "ok"
+    assert (tmp_path / "proof").read_text() == "ran\n"
+
+
+def test_a_denied_exec_is_the_tools_error_and_the_turn_goes_on(worker, tmp_path):
+    plan = {"steps": [{"calls": [{"name": "exec", "arguments": {"command": "echo ran > proof"}}]}], "final": "ok"}
+    with MockOpenAI() as mock:
+        worker.turn("run-1", f"{mock.base_url}/chat/completions", **plan_job(tmp_path, plan))
+        question = next(event for event in iter(worker.next, None) if event["type"] == "approval")
+        answer = {"type": "approval", "runId": "run-1", "toolCallId": question["toolCallId"], "allowed": False}
+        worker.send({**answer, "reason": "exec denied by an operator"})
+        events, done = worker.until_done()
+
+    result = next(event["message"] for event in events if event.get("key") == "s1.r1")
+    assert result["isError"] and "denied by an operator" in result["content"][0]["text"]
+    assert done["status"] == "ok" and not (tmp_path / "proof").exists()
+
+
+def test_a_cancel_while_an_exec_waits_for_its_answer_aborts_the_turn(worker, tmp_path):
+    plan = {"steps": [{"calls": [{"name": "exec", "arguments": {"command": "echo ran > proof"}}]}], "final": "x"}
+    with MockOpenAI() as mock:
+        worker.turn("run-1", f"{mock.base_url}/chat/completions", **plan_job(tmp_path, plan))
+        next(event for event in iter(worker.next, None) if event["type"] == "approval")
+        worker.send({"type": "cancel", "runId": "run-1"})
+        events, done = worker.until_done()
+
+    assert done["status"] == "aborted" and not (tmp_path / "proof").exists()
+    result = next(event["message"] for event in events if event.get("key") == "s1.r1")
+    assert result["details"].get("aborted") is True
+
+
+def test_a_cancel_kills_a_running_command(worker, tmp_path):
+    plan = {
+        "steps": [{"calls": [{"name": "exec", "arguments": {"command": "echo $$ > pid; sleep 60; touch late"}}]}],
+        "final": "x",
+    }
+    with MockOpenAI() as mock:
+        worker.turn("run-1", f"{mock.base_url}/chat/completions", **plan_job(tmp_path, plan))
+        question = next(event for event in iter(worker.next, None) if event["type"] == "approval")
+        worker.send({"type": "approval", "runId": "run-1", "toolCallId": question["toolCallId"], "allowed": True})
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker.send({"type": "cancel", "runId": "run-1"})
+        _events, done = worker.until_done()
+
+    assert done["status"] == "aborted"
+    shell = int((tmp_path / "pid").read_text())
+    assert not Path(f"/proc/{shell}").exists() or "Z" in Path(f"/proc/{shell}/stat").read_text().split()[2]
+    assert not (tmp_path / "late").exists()
+
+
+def test_the_step_limit_ends_the_turn_with_an_error(worker, tmp_path):
+    plan = {"steps": [{"calls": [{"name": "ls"}]}] * 5, "final": "never"}
+    with MockOpenAI() as mock:
+        worker.turn("run-1", f"{mock.base_url}/chat/completions", **plan_job(tmp_path, plan, maxSteps=2))
+        _events, done = worker.until_done()
+
+    assert done["status"] == "error" and done["error"]["kind"] == "step_limit"
+    assert "after 2 model steps" in done["error"]["message"]
+
+
+@pytest.mark.parametrize("agent", ["tools", {"maxSteps": 0}, {"tools": "yes"}, {"execSlots": {"count": 0}}])
+def test_a_malformed_agent_spec_makes_a_malformed_job(server, worker, agent):
+    worker.turn("run-1", server.url("ok"), agent=agent)
+
+    assert worker.until_done()[1]["error"]["message"].startswith("worker received a malformed turn job")
     assert server.requests == []
 
 

@@ -111,14 +111,18 @@ def test_one_turn_at_a_time_per_session_and_the_next_is_dispatched(_no_dispatch)
     runs.run_submit(session_key=session.key, message="two", idempotency_key="r2")
     assert _no_dispatch == ["r1", "r2"]
     claim = runs.run_claim(run_id="r1", executor="test")
-    assert claim is not None and claim.history == [("user", "one")]
+    assert claim is not None and claim.history == [{"role": "user", "content": "one"}]
     assert runs.run_claim(run_id="r2", executor="test") is None  # session busy
     assert runs.run_claim(run_id="r1", executor="test") is None  # already running
     finished = runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="ok", text="ONE"))
     assert finished.status == "ok"
     assert _no_dispatch[-1] == "r2"
     second = runs.run_claim(run_id="r2", executor="test")
-    assert second.history == [("user", "one"), ("assistant", "ONE"), ("user", "two")]
+    assert second.history == [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "ONE"},
+        {"role": "user", "content": "two"},
+    ]
     # A finish for a run that is no longer running writes nothing.
     assert runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="ok", text="again")) is None
     assert TranscriptEvent.objects.count() == 3
@@ -208,7 +212,7 @@ class _FailingProvider:
     def __init__(self, error: Exception):
         self.error = error
 
-    def stream(self, messages, *, model, should_abort):
+    def stream(self, messages, *, model, should_abort, tools=None):
         raise self.error
         yield  # pragma: no cover - makes this a generator
 

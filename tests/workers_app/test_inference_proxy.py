@@ -761,16 +761,15 @@ def test_the_worker_childs_turn_reads_the_proxys_tool_calls(mock_model):
             token="run-token-123",
             timeout_ms=10_000,
             cwd=None,
-            tools=TOOLS,
         )
-        done = Turn(job, on_delta=lambda piece, text: None).run()
+        reply = Turn(job, on_delta=lambda piece, text: None).ask([plan_message()], TOOLS)
 
-    assert done["status"] == "ok" and done["stopReason"] == "tool_calls"
-    assert done["toolCalls"] == [
-        {"id": "call_0_0", "name": "read", "arguments": '{"path": "a.txt"}'},
-        {"id": "call_0_1", "name": "ls", "arguments": "{}"},
+    assert reply.finish_reason == "tool_calls"
+    assert [(call.id, call.name, call.arguments) for call in reply.tool_calls] == [
+        ("call_0_0", "read", '{"path": "a.txt"}'),
+        ("call_0_1", "ls", "{}"),
     ]
-    assert done["usage"] == answer.events()[-2]["usage"]
+    assert reply.usage == answer.events()[-2]["usage"]
 
 
 def _message(**fields: Any) -> dict[str, Any]:

@@ -25,11 +25,11 @@ from typing import Any
 from django.conf import settings
 from django.db.models import QuerySet, Subquery
 
+from approvals_app.gate import ExecGate
 from gateway import publisher
 from gateway.background import executor_label
 from gateway.invoke import InvokeTarget, invoke_private
 from gateway.selectors import live_process_boot_ids
-from approvals_app.gate import ExecGate
 from openclaw_client.agent.loop import Approval
 from openclaw_client.agent.tools import ExecRequest
 from sessions_app import turns as gateway_turns
