@@ -15,14 +15,11 @@ from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
 from sessions_app.models import Run
 from tests.e2e.test_seed_004_paired_node_worker_lifecycle import (
     Wire,
-    model_env,
     node_id_of,
-    publish_workspace,
     wait_connected,
 )
 from tests.support import mock_openai as mock
-from tests.support.clients import call_once, operator, paired_node
-from tests.support.processes import start_node_host
+from tests.support.clients import operator, paired_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -30,22 +27,6 @@ HOST = {
     "protocolFeatures": ["node-worker-supervisor-v6"],
     "workerHost": {"enabled": True, "capacity": {"total": 1, "available": 1}, "capturedExecPolicy": True},
 }
-
-
-@pytest.fixture
-def placed(gateway_factory, mock_openai, tmp_path):
-    """A gateway, a paired node host process, and a worktree session dispatched to it."""
-    workspace_root = tmp_path / "allowed"
-    workspace_root.mkdir()
-    published = publish_workspace(workspace_root)
-    gateway = gateway_factory(extra_env=model_env(mock_openai, workspace_root))
-    node_host = start_node_host(gateway, capacity=1, capacity_wait_ms=500)
-    call_once(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
-    try:
-        yield gateway, node_host, published
-    finally:
-        mock_openai.release()
-        node_host.stop()
 
 
 async def dispatched(gateway, node_host, published: Path, suffix: str):
