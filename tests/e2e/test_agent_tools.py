@@ -334,3 +334,34 @@ async def _exists(path: Path) -> None:
 
 async def _gone(pid: int) -> None:
     assert not await asyncio.to_thread(_running, pid), f"process {pid} still runs"
+
+
+def test_a_malformed_tool_call_is_answered_to_the_model_and_shown_in_the_transcript(gateway_factory, mock_openai, root):
+    gateway = gateway_factory(extra_env=model_env(mock_openai, root))
+
+    async def scenario():
+        admin = await connected(gateway)
+        try:
+            message = plan(
+                [
+                    {"name": "teleport", "arguments": {"to": "mars"}},
+                    {"name": "write", "arguments": '{"path": "a.txt", "content": '},
+                    {"name": "write", "arguments": {"path": "a.txt"}},
+                ],
+                final="carried on",
+            )
+            waited = await admin.wait(await admin.send("main", message, "malformed-1"))
+            assert waited["status"] == "ok", waited
+            messages = await admin.history("main")
+            calls = messages[1]["content"]
+            assert calls[1]["arguments"] == {"raw": '{"path": "a.txt", "content": '}
+            results = tool_results(messages)
+            assert [r["isError"] for r in results] == [True, True, True]
+            assert 'unknown tool "teleport"' in message_text(results[0])
+            assert "not valid JSON" in message_text(results[1]) or "invalid" in message_text(results[1]).lower()
+            assert '"content"' in message_text(results[2])
+            assert message_text(messages[-1]) == "carried on"
+        finally:
+            await admin.client.close()
+
+    asyncio.run(scenario())

@@ -158,3 +158,39 @@ def test_an_abort_kills_the_command_on_the_node(placed):
             await client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_node_session_is_confined_to_its_workspace_and_its_commands_see_no_secret(placed):
+    gateway, node_host, published = placed
+
+    async def scenario():
+        client, wire, key = await dispatched(gateway, node_host, published, "confined")
+        try:
+            await set_node_policy(client, node_id_of_host(node_host), {"security": "full", "ask": "off"})
+            await client.request(
+                "exec.approvals.set", {"file": {"version": 1, "agents": {AGENT: {"security": "full", "ask": "off"}}}}
+            )
+            message = plan(
+                [
+                    {"name": "read", "arguments": {"path": "../../identity/device.json"}},
+                    {
+                        "name": "read",
+                        "arguments": {"path": str(Path(node_host.state_dir) / "identity" / "device.json")},
+                    },
+                    {"name": "ls", "arguments": {"path": ".."}},
+                    {"name": "exec", "arguments": {"command": "env", "workdir": "../.."}},
+                ],
+                [{"name": "exec", "arguments": {"command": "env"}}],
+            )
+            waited = await wire.wait_for_turn(await send(wire, key, message, "node-confined-1"))
+            assert waited["status"] == "ok", waited
+            results = tool_results(await wire.history(key))
+            assert [r["isError"] for r in results] == [True, True, True, True, False]
+            assert all("outside the workspace" in message_text(r) for r in results[:4])
+            environment = message_text(results[4])
+            for secret in (gateway.token, "sk-test", "OPENCLAW_GATEWAY_TOKEN", "privateKey"):
+                assert secret not in environment
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
