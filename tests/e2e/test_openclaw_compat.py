@@ -40,8 +40,12 @@ def openclaw_call(server, method: str, params: dict | None = None, token: str | 
         text=True,
         timeout=120,
     )
-    start = result.stdout.find("{")
-    return result.returncode, json.loads(result.stdout[start:]) if start >= 0 else None, result
+    # The CLI may print notices before the JSON (an object, or an array for list methods).
+    starts = [index for index in (result.stdout.find("{"), result.stdout.find("[")) if index >= 0]
+    if not starts:
+        return result.returncode, None, result
+    payload, _end = json.JSONDecoder().raw_decode(result.stdout[min(starts) :])
+    return result.returncode, payload, result
 
 
 def start_openclaw_node(server, home: str) -> subprocess.Popen:
@@ -155,3 +159,42 @@ def test_openclaw_cli_drives_a_chat_turn(gateway):
     ]
     code, listed, _ = openclaw_call(gateway, "sessions.list", {"label": "from the cli"})
     assert code == 0 and [s["key"] for s in listed["sessions"]] == ["agent:main:openclaw-cli"]
+
+
+def test_openclaw_cli_lists_and_resolves_an_exec_approval_and_edits_the_policy(model_gateway):
+    workspace = Path(model_gateway.state_dir) / "workspace"
+    plan = {"steps": [{"calls": [{"name": "exec", "arguments": {"command": "echo from-openclaw > proof"}}]}]}
+    code, ack, _ = openclaw_call(
+        model_gateway,
+        "chat.send",
+        {
+            "sessionKey": "main",
+            "message": f"TOOL_PLAN: {json.dumps({**plan, 'final': 'ok'})}",
+            "idempotencyKey": "oc-x",
+        },
+    )
+    assert code == 0 and ack["status"] == "started"
+
+    pending: list = []
+
+    def listed() -> bool:
+        code, approvals, _ = openclaw_call(model_gateway, "exec.approval.list")
+        pending[:] = approvals if code == 0 and isinstance(approvals, list) else []
+        return bool(pending)
+
+    wait_until(listed)
+    assert pending[0]["request"]["command"] == "echo from-openclaw > proof"
+    code, resolved, _ = openclaw_call(
+        model_gateway, "exec.approval.resolve", {"id": pending[0]["id"], "decision": "allow-once"}
+    )
+    assert code == 0 and resolved == {"ok": True}
+    code, waited, _ = openclaw_call(model_gateway, "agent.wait", {"runId": "oc-x", "timeoutMs": 20000})
+    assert code == 0 and waited["status"] == "ok"
+    assert (workspace / "proof").read_text() == "from-openclaw\n"
+
+    code, policy, _ = openclaw_call(model_gateway, "exec.approvals.get")
+    assert code == 0 and policy["resolvedDefaults"]["ask"] == "on-miss"
+    document = {"version": 1, "agents": {"main": {"security": "allowlist", "allowlist": [{"pattern": "git"}]}}}
+    params = {"file": document, **({"baseHash": policy["hash"]} if policy["exists"] else {})}
+    code, written, _ = openclaw_call(model_gateway, "exec.approvals.set", params)
+    assert code == 0 and written["file"]["agents"]["main"]["allowlist"][0]["pattern"] == "git"
