@@ -17,6 +17,8 @@ from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from approvals_app.gate import ABORTED_REASON as RUN_ABORTED
+from approvals_app.services import exec_approvals_cancel_for_run
 from gateway import background, sql_reads, state
 from gateway.audit import Actor, audit
 from gateway.exceptions import Busy, Conflict, InvalidRequest
@@ -451,6 +453,8 @@ def runs_recover(*, stale_before, reason: str, executors: list[str] | None = Non
             )
             if not updated:
                 continue
+            # What the dead turn waited on is withdrawn with it (consoles drop the card; nobody decides in vain).
+            transaction.on_commit(lambda run_id=run_id: exec_approvals_cancel_for_run(run_id, RUN_ABORTED))
             run.refresh_from_db()
             session.status = "failed"
             session.save(update_fields=["status", "updated_at"])

@@ -365,3 +365,42 @@ def test_a_malformed_tool_call_is_answered_to_the_model_and_shown_in_the_transcr
             await admin.client.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.redis
+def test_a_gateway_restart_while_a_turn_waits_loses_and_duplicates_no_approval(gateway_factory, mock_openai, root):
+    """The turn runs in the Celery worker; the gateway process that announced the approval dies; another one
+    serves the operator, who finds the same single approval and decides it; the turn goes on."""
+    env = model_env(mock_openai, root)
+    first = gateway_factory(extra_env=env)
+    workspace = Path(first.state_dir) / "workspace"
+
+    async def ask() -> tuple[str, str]:
+        approver = await connected(first, scopes=APPROVALS)
+        try:
+            run_id = await approver.send(
+                "main", plan([{"name": "exec", "arguments": {"command": "echo kept > proof"}}]), "restart-1"
+            )
+            requested = await next_event(approver.client, "exec.approval.requested")
+            return run_id, requested["id"]
+        finally:
+            await approver.client.close()
+
+    run_id, approval_id = asyncio.run(ask())
+    first.process.kill()  # the gateway process only: its Celery worker keeps the turn
+    first.process.wait()
+    second = gateway_factory(extra_env={**env, "OPENCLAW_STATE_DIR": first.state_dir}, worker=False)
+
+    async def decide() -> dict[str, Any]:
+        approver = await connected(second, scopes=APPROVALS)
+        try:
+            pending = await approver.client.request("exec.approval.list", {})
+            assert [item["id"] for item in pending] == [approval_id]
+            await approver.client.request("exec.approval.resolve", {"id": approval_id, "decision": "allow-once"})
+            return await approver.wait(run_id)
+        finally:
+            await approver.client.close()
+
+    waited = asyncio.run(decide())
+    assert waited["status"] == "ok", waited
+    assert (workspace / "proof").read_text() == "kept\n"

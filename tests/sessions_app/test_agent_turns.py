@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from approvals_app.services import exec_policy_set
+from approvals_app.services import exec_approval_request, exec_policy_set
 from gateway.audit import Actor
 from sessions_app import selectors, turns
 from sessions_app.model_providers import ToolCall
@@ -179,3 +179,27 @@ def test_without_a_workspace_the_model_is_offered_no_tools(monkeypatch, tmp_path
     runs.run_submit(session_key=session.key, message="hi", idempotency_key="r1")
     assert turns.execute_turn("r1") == "ok"
     assert provider.tools == [None]
+
+
+def test_a_run_failed_as_dead_withdraws_the_approvals_it_waited_on(django_capture_on_commit_callbacks):
+    session = make()
+    runs.run_submit(session_key=session.key, message="hi", idempotency_key="r1")
+    runs.run_claim(run_id="r1", executor="gateway:gone")
+    approval = exec_approval_request(
+        command="make deploy",
+        argv=None,
+        cwd="/w",
+        host="gateway",
+        node_id=None,
+        agent_id="main",
+        session_key=session.key,
+        session_id=session.session_id,
+        run_id="r1",
+        tool_call_id="c1",
+        timeout_ms=None,
+        requested_by=Actor(label="run:r1", scopes=()),
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        assert runs.runs_recover(stale_before=None, executors=["gateway:gone"], reason="gone") == ["r1"]
+    approval.refresh_from_db()
+    assert (approval.status, approval.terminal_reason) == ("cancelled", "run-aborted")
