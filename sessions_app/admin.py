@@ -32,7 +32,7 @@ from gateway.audit import Actor
 from gateway.exceptions import Conflict
 
 from .model_providers.base import ModelProviderErrorKind
-from .models import Run, RunStatus, Session, SessionWindow, TranscriptEvent
+from .models import Run, RunStatus, Session, SessionWindow, ToolArtifact, TranscriptEvent
 from .services import initialization, runs, sessions
 from .tasks import STALE_RUN_AFTER
 
@@ -384,3 +384,47 @@ class RunAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             skip_reason=_not_active_reason,
             act=abort,
         )
+
+
+@admin.register(ToolArtifact)
+class ToolArtifactAdmin(ReadOnlyAdmin):
+    """The whole outputs of tool calls whose transcript copy was truncated (``details.artifactId``)."""
+
+    list_display = (
+        "id",
+        "session_key",
+        "run_link",
+        "tool_name",
+        "tool_call_id",
+        "size_bytes",
+        "total_bytes",
+        "created_at",
+    )
+    list_filter = ("tool_name",)
+    search_fields = ("=id", "=run__run_id", "session_key", "tool_call_id")
+    list_select_related = ("run",)
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    fields = (
+        "id",
+        "session_key",
+        "run",
+        "message_key",
+        "tool_call_id",
+        "tool_name",
+        "size_bytes",
+        "total_bytes",
+        "created_at",
+        "output",
+    )
+    readonly_fields = fields
+    raw_id_fields = ("run",)
+
+    @admin.display(description="run")
+    def run_link(self, obj: ToolArtifact) -> str:
+        url = reverse("admin:sessions_app_run_change", args=[obj.run_id])
+        return format_html('<a href="{}">{}</a>', url, short_id(obj.run_id))
+
+    @admin.display(description="output")
+    def output(self, obj: ToolArtifact) -> str:
+        return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.content)

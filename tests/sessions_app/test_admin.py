@@ -16,7 +16,7 @@ from django.utils.html import escape
 
 from gateway.admin.common import audit_history_url
 from gateway.models import AuditLog
-from sessions_app.models import Run, RunStatus, Session, SessionWindow, TranscriptEvent
+from sessions_app.models import Run, RunStatus, Session, SessionWindow, ToolArtifact, TranscriptEvent
 from sessions_app.services import runs, sessions
 from sessions_app.services.runs import abort_key, abort_requested
 
@@ -355,3 +355,27 @@ def test_the_session_page_links_its_audit_history(admin_client):
 
     assert escape(history_url) in page
     assert [(row.action, row.target_id) for row in listed.context["cl"].result_list] == [("session.reset", session.key)]
+
+
+def test_a_tool_artifact_is_shown_whole_escaped_and_read_only(admin_client):
+    session = make()
+    run = running(session, "r1")
+    artifact = ToolArtifact.objects.create(
+        run=run,
+        session_key=session.key,
+        message_key="s1.r1",
+        tool_call_id="c1",
+        tool_name="exec",
+        content="<script>alert(1)</script>\n" + "x" * 5000,
+        size_bytes=5026,
+        total_bytes=9000,
+    )
+
+    changelist = admin_client.get(admin_url(ToolArtifact, "changelist"))
+    change = admin_client.get(admin_url(ToolArtifact, "change", artifact.pk))
+
+    assert changelist.status_code == 200 and artifact.id in changelist.content.decode()
+    page = change.content.decode()
+    assert change.status_code == 200 and change.context["has_change_permission"] is False
+    assert escape("<script>alert(1)</script>") in page and "<script>alert(1)</script>" not in page
+    assert "x" * 5000 in page
