@@ -69,6 +69,9 @@ class ExecGate:
         # Bare command names are looked up on this host's PATH for a turn run here. A node's PATH is not
         # known to the gateway: a bare name matches only bare-name entries there (never a path pattern).
         self.which: Which = which or (_nowhere if self.node_id else shutil.which)
+        # Whether this turn asked operators anything: a turn that never did has nothing to withdraw (and
+        # reads nothing when it ends, so a waiting node turn keeps no database connection for it).
+        self.asked = False
 
     def decide(self, call_id: str, request: Any, *, should_stop: Callable[[], bool]) -> ExecDecision:
         """The decision on ``request`` (an ``ExecRequest``: ``command``, a shell command line, run in
@@ -104,6 +107,7 @@ class ExecGate:
     def _ask(
         self, call_id: str, command: str, cwd: str | None, policy: exec_policy.Policy, request: Any
     ) -> ExecApproval:
+        self.asked = True
         return exec_approval_request(
             command=command,
             argv=None,
@@ -140,7 +144,8 @@ class ExecGate:
 
     def close(self) -> None:
         """The turn ended: withdraw its approvals nobody decided (the consoles drop them)."""
-        exec_approvals_cancel_for_run(self.run_id, ABORTED_REASON)
+        if self.asked:
+            exec_approvals_cancel_for_run(self.run_id, ABORTED_REASON)
 
 
 def _env_warning(env_keys: Any) -> str | None:

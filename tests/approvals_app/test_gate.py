@@ -153,7 +153,8 @@ def test_a_retried_step_gets_the_decision_it_had_and_close_withdraws_what_is_lef
     )
     approvals.exec_approval_resolve(approval_id=first.pk, decision="allow-once", actor=OPERATOR)
     started = time.monotonic()
-    assert gate().decide("call-1", ExecRequest("make deploy"), should_stop=never).allowed
+    retried = gate()
+    assert retried.decide("call-1", ExecRequest("make deploy"), should_stop=never).allowed
     assert time.monotonic() - started < 0.5
     left = approvals.exec_approval_request(
         command="make other",
@@ -169,11 +170,16 @@ def test_a_retried_step_gets_the_decision_it_had_and_close_withdraws_what_is_lef
         timeout_ms=None,
         requested_by=Actor(label="run:run-1", scopes=()),
     )
-    gate().close()
+    retried.close()  # the turn that asked withdraws everything of its run still pending
     left.refresh_from_db()
     assert (left.status, left.terminal_reason) == ("cancelled", "run-aborted")
     # A cancelled approval found again by a retried step is not a permission.
     assert not gate().decide("call-2", ExecRequest("make other"), should_stop=never).allowed
+
+
+def test_a_turn_that_asked_nothing_reads_nothing_when_it_ends(django_assert_num_queries):
+    with django_assert_num_queries(0):
+        gate().close()
 
 
 def test_a_node_command_is_judged_by_both_documents_without_the_gateways_path(published, node):
