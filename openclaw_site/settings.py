@@ -334,6 +334,9 @@ OPENCLAW_AGENT = {
 }
 if OPENCLAW_AGENT["EXEC_TIMEOUT_S"] > OPENCLAW_AGENT["EXEC_MAX_TIMEOUT_S"]:
     raise SettingsError("OPENCLAW_TOOLS_EXEC_TIMEOUT_S must not exceed OPENCLAW_TOOLS_EXEC_MAX_TIMEOUT_S")
+if OPENCLAW_EXEC_APPROVAL_TIMEOUT_MS >= OPENCLAW_AGENT["TURN_TIMEOUT_S"] * 1000:
+    # A turn waiting for a decision would be killed by its own time limit before the approval expires.
+    raise SettingsError("OPENCLAW_EXEC_APPROVAL_TIMEOUT_MS must be shorter than OPENCLAW_TURN_TIMEOUT_S")
 
 # --- Misc -----------------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

@@ -35,6 +35,19 @@ READS = re.compile(r'(?:env_[a-z_]+|os\.environ\.get|getenv)\(\s*"([A-Z][A-Z0-9_
             {"OPENCLAW_PROCESS_STALE_AFTER_MS": "1000", "OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS": "2000"},
             "OPENCLAW_PROCESS_STALE_AFTER_MS must be longer than OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS",
         ),
+        ({"OPENCLAW_AGENT_MAX_STEPS": "0"}, "OPENCLAW_AGENT_MAX_STEPS must be at least 1, not 0"),
+        (
+            {"OPENCLAW_AGENT_MAX_STEPS_BY_AGENT": '{"main": "many"}'},
+            "OPENCLAW_AGENT_MAX_STEPS_BY_AGENT: the value of 'main' must be an integer, not \"many\"",
+        ),
+        (
+            {"OPENCLAW_TOOLS_EXEC_TIMEOUT_S": "600", "OPENCLAW_TOOLS_EXEC_MAX_TIMEOUT_S": "60"},
+            "OPENCLAW_TOOLS_EXEC_TIMEOUT_S must not exceed OPENCLAW_TOOLS_EXEC_MAX_TIMEOUT_S",
+        ),
+        (
+            {"OPENCLAW_TURN_TIMEOUT_S": "60", "OPENCLAW_EXEC_APPROVAL_TIMEOUT_MS": "60000"},
+            "OPENCLAW_EXEC_APPROVAL_TIMEOUT_MS must be shorter than OPENCLAW_TURN_TIMEOUT_S",
+        ),
     ],
 )
 def test_a_bad_setting_stops_the_start_with_one_line_naming_it(tmp_path, env, message):
