@@ -42,14 +42,13 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from .agent.loop import AgentLoop, Approval, LoopAborted, ModelReply, StepLimitReached
+from .agent.loop import AgentLoop, Approval, LoopAborted, ModelReply, StepLimitReached, run_watched
 from .agent.openai_stream import ErrorReported, RefusedReply, Reply, ReplyError, StreamState
 from .agent.tools import ExecRequest, ExecSlots, ToolLimits, ToolResult, ToolRunner, Workspace
 
 DEFAULT_TIMEOUT_MS = 600_000
 DEFAULT_MAX_STEPS = 24
 APPROVAL_POLL_S = 0.1
-TOOL_JOIN_POLL_S = 0.1
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_ERROR_BODY_BYTES = 64 * 1024
 ERROR_DETAIL_CHARS = 300
@@ -501,24 +500,7 @@ class AgentTurn:
                 self._answers.pop(call_id, None)
 
     def wait_for(self, work: Callable[[], ToolResult], cancel: threading.Event) -> ToolResult:
-        outcome: list[ToolResult | BaseException] = []
-
-        def run() -> None:
-            try:
-                outcome.append(work())
-            except BaseException as error:  # surfaced on the turn's thread below
-                outcome.append(error)
-
-        tool = threading.Thread(target=run, name="worker-tool", daemon=True)
-        tool.start()
-        while tool.is_alive():
-            tool.join(TOOL_JOIN_POLL_S)
-            if self.cancelled.is_set():
-                cancel.set()
-        result = outcome[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        return run_watched(work, cancel, self.cancelled.is_set)
 
     def should_abort(self) -> bool:
         return self.cancelled.is_set()

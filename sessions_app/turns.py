@@ -30,6 +30,7 @@ from openclaw_client.agent.loop import (
     LoopAborted,
     ModelReply,
     StepLimitReached,
+    run_watched,
 )
 from openclaw_client.agent.tools import ExecRequest, ExecSlots, ToolLimits, ToolResult, ToolRunner, Workspace
 
@@ -45,7 +46,6 @@ logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 5.0
 ABORT_POLL_INTERVAL_S = 0.1
-TOOL_THREAD_NAME = "openclaw-tool"
 
 
 class RunLost(Exception):
@@ -193,25 +193,7 @@ class GatewayTurnHooks:
         return self.gate.decide(call_id, request, should_stop=self.probe)
 
     def wait_for(self, work: Callable[[], ToolResult], cancel: threading.Event) -> ToolResult:
-        """The tool runs on a thread of its own; this thread heartbeats the run and passes an abort on."""
-        outcome: list[ToolResult | BaseException] = []
-
-        def run() -> None:
-            try:
-                outcome.append(work())
-            except BaseException as error:  # surfaced on the turn's thread below
-                outcome.append(error)
-
-        worker = threading.Thread(target=run, name=TOOL_THREAD_NAME, daemon=True)
-        worker.start()
-        while worker.is_alive():
-            worker.join(ABORT_POLL_INTERVAL_S)
-            if self.probe():
-                cancel.set()
-        result = outcome[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        return run_watched(work, cancel, self.probe)
 
     def should_abort(self) -> bool:
         return self.probe()

@@ -173,6 +173,35 @@ class AgentLoop:
             messages.append(openai_tool_message(call.id, message_text(stored)))
 
 
+TOOL_POLL_INTERVAL_S = 0.1
+
+
+def run_watched(
+    work: Callable[[], ToolResult], cancel: threading.Event, stop_requested: Callable[[], bool]
+) -> ToolResult:
+    """Run a tool on a thread of its own while the calling thread keeps the turn alive: it asks
+    ``stop_requested`` every 100 ms (an abort, a heartbeat) and sets ``cancel`` once it says stop, then waits
+    for the tool to end (a cancelled command ends at once: its process group is killed)."""
+    outcome: list[ToolResult | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as error:  # raised again on the turn's thread below
+            outcome.append(error)
+
+    worker = threading.Thread(target=run, name="openclaw-tool", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(TOOL_POLL_INTERVAL_S)
+        if not cancel.is_set() and stop_requested():
+            cancel.set()
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
 # --- message shapes -----------------------------------------------------------------------------------
 
 
