@@ -70,8 +70,8 @@ def exec_details(exit_code: int = 0, duration_ms: int = 12, **more) -> dict:
 
 
 def cards(page: str) -> list[str]:
-    """Each tool card of the page, as HTML."""
-    return re.findall(r'<div class="tool-card">(.*?)\n</div>', page, re.S)
+    """Each tool card of the page, as HTML (up to the next card or the end of its message)."""
+    return [chunk.split("</article>", 1)[0] for chunk in page.split('<div class="tool-card">')[1:]]
 
 
 def test_a_tool_call_is_a_card_in_its_assistant_message_with_its_result_attached(operator_client):
