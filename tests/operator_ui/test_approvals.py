@@ -428,3 +428,21 @@ def test_the_sessions_topic_passes_a_turns_tool_steps_on_and_not_its_other_agent
 
     assert frame == {"event": "agent", "payload": start}
     assert quiet
+
+
+def test_markup_in_an_approvals_command_or_directory_is_shown_never_run(staff_client):
+    session = make("agent:main:asks")
+    run_id = running_turn(session)
+    evil = "echo '<script>alert(1)</script>'"
+    tool_use(run_id, 1, ("c1", "exec", {"command": evil}))
+    approval = ask(evil, cwd="/srv/<b>work</b>", run_id=run_id, tool_call_id="c1")
+
+    listed = text_of(staff_client.get(reverse("ui:approvals")))
+    inline = text_of(staff_client.get(session_url(session)))
+    decided = text_of(decide(staff_client, approval.pk, "deny"))
+
+    for page in (listed, inline, decided):
+        assert "<script>alert" not in page and "<b>work" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in listed and "/srv/&lt;b&gt;work&lt;/b&gt;" in listed
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in inline
+    assert "Denied: echo &#x27;&lt;script&gt;alert(1)&lt;/script&gt;&#x27;" in decided
