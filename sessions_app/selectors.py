@@ -487,7 +487,7 @@ def run_wait_payload(run: Run) -> dict:
 
 
 def tool_artifact_get(artifact_id: str) -> ToolArtifact | None:
-    """A tool's whole output, while its session exists (one query; an artifact outlives nothing else)."""
+    """A tool's whole output, while the session it was recorded in exists (one query)."""
     return (
         ToolArtifact.objects.filter(pk=artifact_id)
         .filter(Exists(Session.objects.filter(key=OuterRef("session_key"))))
