@@ -131,6 +131,11 @@ def pending_approval_require(approval_id: str) -> ExecApproval:
     return approval
 
 
+def settled_approvals(*, limit: int) -> list[ExecApproval]:
+    """The newest decided, expired or cancelled approvals (``exec_approval_history_idx``)."""
+    return list(ExecApproval.objects.filter(resolved_at__isnull=False).order_by("-resolved_at", "-id")[:limit])
+
+
 def approval_list_item(approval: ExecApproval) -> dict[str, Any]:
     """One entry of ``exec.approval.list`` (OpenClaw's shape)."""
     return {

@@ -1,12 +1,14 @@
 """Live updates for the console's pages, over a WebSocket that a logged-in Django user opens.
 
 Transport only: the consumer joins the gateway's ``sessions`` subscription group (the same events an
-operator client subscribed with ``sessions.subscribe`` receives) and passes ``sessions.changed`` and
-``chat`` on as ``{"event", "payload"}`` frames. It acts on nothing it receives.
+operator client subscribed with ``sessions.subscribe`` receives) and passes ``sessions.changed``, ``chat``
+and the ``agent`` events of stream ``tool`` (a tool call starting, its result) on as ``{"event",
+"payload"}`` frames. It acts on nothing it receives.
 
-A page asks for its topics in the query string (``?topics=pairing``; none means ``sessions``). The
-``pairing`` topic, for staff users only, joins the gateway's broadcast group and passes on the
-``device.pair.*`` and ``node.pair.*`` events (what an operator client with ``operator.pairing`` gets).
+A page asks for its topics in the query string (``?topics=pairing,approvals``; none means ``sessions``).
+Two topics join the gateway's broadcast group, for staff users only: ``pairing`` passes on the
+``device.pair.*`` and ``node.pair.*`` events (what an operator client with ``operator.pairing`` gets),
+``approvals`` the ``exec.approval.requested|resolved`` events (what one with ``operator.approvals`` gets).
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from gateway.broadcast import EVENT_MESSAGE_TYPE
 from gateway.events import BROADCAST_GROUP, subscription_group
 
 SESSIONS_GROUP = subscription_group("sessions")
-FORWARDED_EVENTS = frozenset({"sessions.changed", "chat"})
+FORWARDED_EVENTS = frozenset({"sessions.changed", "chat", "agent"})
 PAIRING_EVENTS = frozenset(
     {"device.pair.requested", "device.pair.resolved", "node.pair.requested", "node.pair.resolved"}
 )
+APPROVAL_EVENTS = frozenset({"exec.approval.requested", "exec.approval.resolved"})
+# Of a turn's ``agent`` events, the page needs the tool steps only (its text comes with ``chat``).
+AGENT_STREAMS = frozenset({"tool"})
 # Closed before accept: the browser sees a failed connection; the code names why in the server's log.
 CLOSE_NOT_LOGGED_IN = 4401
 
@@ -46,13 +51,17 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_NOT_LOGGED_IN)
             return
         topics = _topics(self.scope)
-        groups, forwarded = [], set()
+        groups: list[str] = []
+        forwarded: set[str] = set()
         if "sessions" in topics:
             groups.append(SESSIONS_GROUP)
             forwarded |= FORWARDED_EVENTS
         if "pairing" in topics and user.is_staff:
-            groups.append(BROADCAST_GROUP)
             forwarded |= PAIRING_EVENTS
+        if "approvals" in topics and user.is_staff:
+            forwarded |= APPROVAL_EVENTS
+        if forwarded & (PAIRING_EVENTS | APPROVAL_EVENTS):
+            groups.append(BROADCAST_GROUP)
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)
         self.groups_joined, self.forwarded = tuple(groups), frozenset(forwarded)
@@ -76,5 +85,7 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
     async def _forward(self, message: dict[str, Any]) -> None:
         # A direct copy goes to the RPC connection that asked for the work; subscribers get their own.
         if message.get("direct") or message.get("event") not in self.forwarded:
+            return
+        if message["event"] == "agent" and (message.get("payload") or {}).get("stream") not in AGENT_STREAMS:
             return
         await self.send(text_data=json.dumps({"event": message["event"], "payload": message.get("payload")}))

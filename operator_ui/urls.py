@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
-from . import pairing_views, views
+from . import approval_views, pairing_views, views
 
 app_name = "ui"
 
@@ -19,6 +19,10 @@ urlpatterns = [
     path("sessions/<path:key>/reclaim", views.session_reclaim, name="session-reclaim"),
     path("sessions/<path:key>/fork", views.session_fork, name="session-fork"),
     path("sessions/<path:key>/", views.session_detail, name="session"),
+    path("artifacts/<str:artifact_id>/", views.artifact, name="artifact"),
+    path("approvals/", approval_views.approvals, name="approvals"),
+    # Any approval id (an RPC caller may choose one with a slash in it); the decision is the last segment.
+    path("approvals/<path:approval_id>/<str:decision>", approval_views.approval_decide, name="approval-decide"),
     path("runs/", views.runs_list, name="runs"),
     path("environments/", views.environments, name="environments"),
     path("nodes/", views.nodes, name="nodes"),

@@ -4,6 +4,7 @@ shows the service's own error message and changes nothing."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -13,9 +14,11 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET, require_POST
 from pydantic import ValidationError
 
+from approvals_app import selectors as approval_selectors
 from devices_app import selectors as device_selectors
 from devices_app.services import pairing
 from gateway import scopes
@@ -32,6 +35,8 @@ from workers_app import operations
 from workers_app import selectors as worker_selectors
 from workers_app.profiles import profiles_all
 from workers_app.services import reclaim
+
+from .transcript import build as build_transcript
 
 PAGE_SIZE = 50
 _login_form = auth_views.LoginView.as_view(template_name="operator_ui/login.html")
@@ -81,13 +86,19 @@ def session_detail(request: HttpRequest, key: str) -> HttpResponse:
     environment = worker_selectors.environment_for(placement)
     recent = session_selectors.recent_runs(session, limit=20)
     history = session_selectors.chat_history(session, limit=200)
+    # Approvals are staff business (the approvals page): others are shown the calls, not the questions.
+    pending = list(approval_selectors.pending_approvals().filter(session_key=session.key)) if _staff(request) else []
+    transcript = build_transcript(
+        history["messages"], run_statuses={run.run_id: run.status for run in recent}, pending_approvals=pending
+    )
     return render(
         request,
         "operator_ui/session.html",
         {
             "placement_history": worker_selectors.placement_history(session, limit=20),
             "dispatch_stages": worker_selectors.dispatch_stages(placement),
-            "transcript": _transcript(history["messages"]),
+            "transcript": transcript.items,
+            "unmatched_approvals": transcript.unmatched_approvals,
             "draft": request.session.pop(_draft_key(session.key), ""),
             "dispatch_nodes": worker_selectors.session_host_nodes(),
             # Cloud profiles are an admin's choice on the wire too (operator.admin).
@@ -137,6 +148,25 @@ def session_send(request: HttpRequest, key: str) -> HttpResponse:
     except (ValidationError, GatewayError) as refused:
         messages.error(request, _refusal(refused))
     return redirect(reverse("ui:session", kwargs={"key": canonical}))
+
+
+def _staff(request: HttpRequest) -> bool:
+    return request.user.is_active and request.user.is_staff
+
+
+@require_GET
+@login_required(login_url="ui:login")
+def artifact(request: HttpRequest, artifact_id: str) -> HttpResponse:
+    """A tool's whole output (the transcript holds a truncated copy), as plain text the browser shows and
+    never runs: ``nosniff``, and no HTML content type whatever the output looks like."""
+    found = session_selectors.tool_artifact_get(artifact_id)
+    if found is None:
+        raise Http404("no such artifact")
+    response = HttpResponse(found.content, content_type="text/plain; charset=utf-8")
+    response["X-Content-Type-Options"] = "nosniff"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{found.tool_name}-{found.tool_call_id}")[:120] or "output"
+    response["Content-Disposition"] = content_disposition_header(False, f"{name}.txt")
+    return response
 
 
 def _canonical(key: str) -> str:
@@ -347,11 +377,6 @@ def session_reclaim(request: HttpRequest, key: str) -> HttpResponse:
 
 def _draft_key(session_key: str) -> str:
     return f"ui:draft:{session_key}"
-
-
-def _transcript(messages: list[dict]) -> list[dict]:
-    """The transcript's messages with the entry id a fork names (templates cannot read ``__openclaw``)."""
-    return [{"message": message, "entry_id": message.get("__openclaw", {}).get("id", "")} for message in messages]
 
 
 @require_POST

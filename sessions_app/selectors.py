@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from gateway import sql_reads
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
@@ -17,7 +17,7 @@ from gateway.exceptions import InvalidRequest, NotFound
 
 from . import keys
 from .model_providers import default_model
-from .models import Run, Session, SessionWindow, TranscriptEvent
+from .models import Run, Session, SessionWindow, ToolArtifact, TranscriptEvent
 from .ports import placements
 from .schemas import RunsListParams, SessionRowOut, SessionsListParams
 
@@ -484,3 +484,12 @@ def run_wait_payload(run: Run) -> dict:
     else:
         payload["error"] = run.error
     return payload
+
+
+def tool_artifact_get(artifact_id: str) -> ToolArtifact | None:
+    """A tool's whole output, while the session it was recorded in exists (one query)."""
+    return (
+        ToolArtifact.objects.filter(pk=artifact_id)
+        .filter(Exists(Session.objects.filter(key=OuterRef("session_key"))))
+        .first()
+    )

@@ -5,10 +5,16 @@
   var body = document.body;
   var sessionKey = body.dataset.sessionKey || null;
   var liveRegions = Array.prototype.slice.call(document.querySelectorAll("[data-live-region]"));
+  // A staff user's header counts the pending exec approvals: every page of theirs follows those events.
+  var approvalsBadge = document.querySelector('[data-live-region="approvals-badge"]');
+  var APPROVAL_EVENTS = ["exec.approval.requested", "exec.approval.resolved"];
+  var pageRegions = liveRegions.filter(function (region) { return region !== approvalsBadge; });
   // A page other than the sessions' names its socket topics and the events that refresh its parts.
-  var liveTopics = body.dataset.liveTopics || "";
+  var topics = (body.dataset.liveTopics || (sessionKey || pageRegions.length ? "sessions" : ""))
+    .split(",").filter(Boolean);
+  if (approvalsBadge && topics.indexOf("approvals") === -1) topics.push("approvals");
   var liveEvents = (body.dataset.liveEvents || "").split(" ").filter(Boolean);
-  if (!sessionKey && liveRegions.length === 0) return;
+  if (topics.length === 0) return;
 
   var refreshTimer = null;
   function refreshRegions() {
@@ -44,6 +50,13 @@
     }, 150);
   }
 
+  function clearStreaming() {
+    var streaming = document.getElementById("streaming-reply");
+    if (!streaming) return;
+    streaming.querySelector(".text").textContent = "";
+    streaming.hidden = true;
+  }
+
   function showDelta(payload) {
     var streaming = document.getElementById("streaming-reply");
     if (!streaming) return;
@@ -67,9 +80,15 @@
         body.dataset.streamingRun = "";
         refreshRegions();
       }
+    } else if (frame.event === "agent") {
+      if (payload.sessionKey !== sessionKey || payload.stream !== "tool") return;
+      // A tool call starts a new step: the text streamed so far is in the transcript now (its assistant
+      // message), and the next step's text must not run on from it.
+      if (payload.data && payload.data.phase === "start") clearStreaming();
+      refreshRegions();
     } else if (frame.event === "sessions.changed") {
       if (!sessionKey || payload.sessionKey === sessionKey) refreshRegions();
-    } else if (liveEvents.indexOf(frame.event) !== -1) {
+    } else if (liveEvents.indexOf(frame.event) !== -1 || APPROVAL_EVENTS.indexOf(frame.event) !== -1) {
       refreshRegions();
     }
   }
@@ -78,7 +97,7 @@
   var opened = false;
   function connect() {
     var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
-    var query = liveTopics ? "?topics=" + encodeURIComponent(liveTopics) : "";
+    var query = "?topics=" + encodeURIComponent(topics.join(","));
     var socket = new WebSocket(scheme + window.location.host + "/ui/live/" + query);
     socket.onopen = function () {
       // What happened before the socket opened (a turn that ended meanwhile) comes with one refresh.
