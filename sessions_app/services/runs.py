@@ -289,7 +289,8 @@ def run_record_message(
         run, session = locked
         if run.status != RunStatus.RUNNING or run.window_id != session.session_id:
             return None
-        stored = dict(body)
+        # Which turn the message belongs to (as the turn's final assistant message says too).
+        stored = {**body, "runId": run_id}
         if full_text is not None and body.get("role") == "toolResult":
             size = len(full_text.encode("utf-8"))
             artifact, _ = ToolArtifact.objects.get_or_create(
