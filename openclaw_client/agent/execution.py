@@ -146,6 +146,17 @@ def _has_exited(pid: int) -> bool:
         return True
 
 
+EXITED = object()
+
+
+def _exit_descriptor(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits (Linux's pidfd), or None where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 def run_command(
     request: ExecRequest, env: dict[str, str], limits: ToolLimits, cancel: threading.Event | None
 ) -> CommandOutcome:
@@ -178,8 +189,12 @@ def run_command(
     outcome = CommandOutcome(capture)
     deadline = started + request.timeout_s
     kill_at: float | None = None
+    exit_fd = _exit_descriptor(process.pid)
     with selectors.DefaultSelector() as selector:
         selector.register(pipe, selectors.EVENT_READ)
+        if exit_fd is not None:
+            # The shell's exit wakes the wait at once (a quick command does not sit out a poll interval).
+            selector.register(exit_fd, selectors.EVENT_READ, EXITED)
         try:
             while not _has_exited(process.pid):
                 _read_ready(selector, capture, POLL_INTERVAL_S)
@@ -197,6 +212,9 @@ def run_command(
         finally:
             _signal_group(process.pid, signal.SIGKILL)
             outcome.exit_code = process.wait()
+            if exit_fd is not None:
+                selector.unregister(exit_fd)
+                os.close(exit_fd)
         drain_until = time.monotonic() + DRAIN_AFTER_EXIT_S
         while selector.get_map() and time.monotonic() < drain_until:
             _read_ready(selector, capture, max(drain_until - time.monotonic(), 0))
@@ -213,6 +231,8 @@ def _read_ready(selector: selectors.BaseSelector, capture: OutputCapture, timeou
         time.sleep(timeout)
         return
     for key, _events in selector.select(timeout):
+        if key.data is EXITED:
+            continue  # the loop sees the exit itself (without reaping the shell)
         while True:
             try:
                 data = os.read(key.fd, _READ_CHUNK)
