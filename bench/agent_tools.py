@@ -67,7 +67,7 @@ from bench.node_workers import (  # noqa: E402
     start_paired_node_host,
 )
 from bench.sessions_bench import Deployment, machine_cpu_seconds  # noqa: E402
-from openclaw_client.client import ClientOptions, GatewayClient, GatewayError  # noqa: E402
+from openclaw_client.client import ClientOptions, GatewayClient  # noqa: E402
 from openclaw_client.identity import DeviceIdentity  # noqa: E402
 from tests.support.clients import ALL_SCOPES  # noqa: E402
 from tests.support.processes import MockOpenAIProcess, NodeHostProcess, start_mock_openai  # noqa: E402
@@ -83,14 +83,13 @@ EXEC_TRUE_CALL = {"name": "exec", "arguments": {"command": "true"}}
 STAMP_COMMAND = "date +%s%N"
 FINAL = "done"
 PLACES = ("local", "node")
+PARTS = ("steps", "approvals", "exec")
 # Issue 22's goals: what a tool step may add over the model call.
 GOALS_MS = {"local": 5.0, "node": 15.0}
 WAIT_TIMEOUT_MS = 60_000
 REQUEST_TIMEOUT_S = 90.0
 DISPATCH_TIMEOUT_S = 300.0
 EVENT_TIMEOUT_S = 60.0
-RESET_RETRIES = 50
-RESET_RETRY_S = 0.02
 STAMP = re.compile(r"\b(\d{18,20})\b")
 
 
@@ -187,17 +186,6 @@ class Wire:
         if result["placement"]["state"] != "active":
             raise RuntimeError(f"dispatch of {key} ended {result['placement']['state']}: {result['placement']}")
 
-    async def reset(self, key: str) -> None:
-        """A fresh transcript (not timed): every measured turn starts from the same context."""
-        for attempt in range(RESET_RETRIES):
-            try:
-                await self.request("sessions.reset", {"key": key})
-                return
-            except GatewayError:
-                if attempt == RESET_RETRIES - 1:
-                    raise
-                await asyncio.sleep(RESET_RETRY_S)  # the previous run is still being wrapped up
-
     async def send(self, key: str, message: str, tag: str) -> tuple[float, str]:
         """``chat.send``; (perf_counter when it was called, the run id)."""
         started = time.perf_counter()
@@ -229,7 +217,7 @@ class Wire:
             raise RuntimeError(f"no tool result in the transcript of {key}")
         return results[-1]
 
-    async def set_policies(self, node_id: str, agent: dict[str, Any]) -> None:
+    async def set_policies(self, node_id: str | None, agent: dict[str, Any]) -> None:
         """The agent's policy in the gateway's document and in the node's."""
         file = {"version": 1, "agents": {AGENT_ID: agent}}
         current = await self.request("exec.approvals.get", {})
@@ -237,6 +225,8 @@ class Wire:
         if current["exists"]:
             params["baseHash"] = current["hash"]
         await self.request("exec.approvals.set", params)
+        if node_id is None:
+            return
         current = await self.request("exec.approvals.node.get", {"nodeId": node_id})
         params = {"nodeId": node_id, "file": file}
         if current["exists"]:
@@ -319,14 +309,13 @@ async def run_series(
     read_duration: bool = False,
 ) -> dict[int, Series]:
     """``warmup`` + ``rounds`` rounds; each round runs, for every N (in an order that turns every round), an N-step
-    turn and a plain turn, which goes first on every other round. Each turn starts from a reset transcript."""
+    turn and a plain turn, which goes first on every other round."""
     series = {n: Series(n) for n in counts}
     for round_no in range(warmup + rounds):
         shift = round_no % len(counts)
         for n in counts[shift:] + counts[:shift]:
             pair: dict[str, TurnSample] = {}
             for kind in ("plain", "turn") if round_no % 2 == 0 else ("turn", "plain"):
-                await wire.reset(key)
                 steps = n if kind == "turn" else 0
                 pair[kind] = await wire.turn(key, plan_message(call, steps), f"{tag}-{n}-{round_no}-{kind}")
                 if kind == "turn" and (read_duration or round_no < warmup):
@@ -427,32 +416,21 @@ def model_time(mock: MockOpenAIProcess, *, per_kind: int) -> dict[str, Any]:
 # --- 3: the approval round trip ------------------------------------------------------------------------
 
 
-@dataclass
-class ApprovalSamples:
-    to_requested: list[float] = field(default_factory=list)  # chat.send → exec.approval.requested received
-    to_resolve_sent: list[float] = field(default_factory=list)  # event received → resolve sent
-    resolve_answered: list[float] = field(default_factory=list)  # resolve sent → its answer
-    to_command: list[float] = field(default_factory=list)  # resolve sent → the command printed its clock
-    command_to_end: list[float] = field(default_factory=list)  # the command's clock → agent.wait answered
-    turn: list[float] = field(default_factory=list)  # chat.send → agent.wait answered, decision included
-    duration_ms: list[float] = field(default_factory=list)  # the stamped command's own durationMs
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "n": len(self.turn),
-            "commandDurationMs": duration_summary(self.duration_ms),
-            "toRequested": summarize(self.to_requested),
-            "toResolveSent": summarize(self.to_resolve_sent),
-            "resolveAnswered": summarize(self.resolve_answered),
-            "toCommandStarted": summarize(self.to_command),
-            "commandToEnd": summarize(self.command_to_end),
-            "turn": summarize(self.turn),
-        }
+# What each approval round measures (seconds), in the order of the turn:
+APPROVAL_FIGURES = (
+    "toRequested",  # chat.send → exec.approval.requested received by the approver
+    "toResolveSent",  # the event received → exec.approval.resolve sent
+    "resolveAnswered",  # resolve sent → its answer
+    "toCommand",  # resolve sent → the clock the command printed
+    "toRecorded",  # resolve sent → the decision's resolvedAtMs (the gateway's clock, whole ms)
+    "recordedToCommand",  # resolvedAtMs → the clock the command printed
+    "commandToEnd",  # the clock the command printed → agent.wait answered
+    "turn",  # chat.send → agent.wait answered, the decision included
+)
 
 
-async def approval_round(wire: Wire, approver: Wire, key: str, tag: str) -> dict[str, float]:
+async def approval_round(wire: Wire, approver: Wire, key: str, tag: str) -> dict[str, Any]:
     """One turn whose exec asks; the approver decides ``allow-once`` as soon as the question arrives."""
-    await wire.reset(key)
     started, run_id = await wire.send(
         key, plan_message({"name": "exec", "arguments": {"command": STAMP_COMMAND}}, 1), tag
     )
@@ -483,6 +461,9 @@ async def approval_round(wire: Wire, approver: Wire, key: str, tag: str) -> dict
         raise RuntimeError(f"the stamped command of {tag} did not run: {json.dumps(result)[:400]}")
     command_s = (int(found.group(1)) - sent_ns) / 1e9
     return {
+        "approvalId": payload["id"],
+        "sentNs": sent_ns,
+        "stampNs": int(found.group(1)),
         "durationMs": float(result["details"]["durationMs"]),
         "toRequested": arrived - started,
         "toResolveSent": sent - arrived,
@@ -493,20 +474,37 @@ async def approval_round(wire: Wire, approver: Wire, key: str, tag: str) -> dict
     }
 
 
+async def resolved_at_ms(client: Wire, ids: set[str]) -> dict[str, int]:
+    """``resolvedAtMs`` of these approvals, from ``approval.history`` (newest first, paged)."""
+    found: dict[str, int] = {}
+    cursor = None
+    while ids - found.keys():
+        params: dict[str, Any] = {"limit": 100, **({"cursor": cursor} if cursor else {})}
+        page = await client.request("approval.history", params)
+        found.update({item["id"]: int(item["resolvedAtMs"]) for item in page["items"] if item["id"] in ids})
+        cursor = page.get("nextCursor")
+        if not cursor:
+            break
+    return found
+
+
 async def run_approvals(wire: Wire, approver: Wire, key: str, *, count: int, warmup: int, tag: str) -> dict:
-    samples = ApprovalSamples()
+    rounds = []
     for n in range(warmup + count):
         measured = await approval_round(wire, approver, key, f"{tag}-{n}")
-        if n < warmup:
-            continue
-        samples.to_requested.append(measured["toRequested"])
-        samples.to_resolve_sent.append(measured["toResolveSent"])
-        samples.resolve_answered.append(measured["resolveAnswered"])
-        samples.to_command.append(measured["toCommand"])
-        samples.command_to_end.append(measured["commandToEnd"])
-        samples.turn.append(measured["turn"])
-        samples.duration_ms.append(measured["durationMs"])
-    return samples.summary()
+        if n >= warmup:
+            rounds.append(measured)
+    recorded = await resolved_at_ms(approver, {r["approvalId"] for r in rounds})
+    for r in rounds:
+        at_ms = recorded.get(r["approvalId"])
+        if at_ms is not None:
+            r["toRecorded"] = (at_ms - r["sentNs"] / 1e6) / 1000
+            r["recordedToCommand"] = (r["stampNs"] / 1e6 - at_ms) / 1000
+    return {
+        "n": len(rounds),
+        "commandDurationMs": duration_summary([r["durationMs"] for r in rounds]),
+        **{name: summarize([r[name] for r in rounds if name in r]) for name in APPROVAL_FIGURES},
+    }
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -516,8 +514,8 @@ async def run_approvals(wire: Wire, approver: Wire, key: str, *, count: int, war
 class Rig:
     deployment: Deployment
     mock: MockOpenAIProcess
-    node_host: NodeHostProcess
-    node_id: str
+    node_host: NodeHostProcess | None  # None: no node part (``--places local``)
+    node_id: str | None
     checkout: Path
 
 
@@ -543,12 +541,13 @@ async def measure(rig: Rig, args: argparse.Namespace) -> dict[str, Any]:
     approver = await Wire(deployment.url, deployment.token, scopes=APPROVER_SCOPES).connect()
     try:
         keys = {"local": await wire.create_session(rig.checkout, "local")}
-        keys["node"] = await wire.create_session(rig.checkout, "node")
-        progress("dispatching the node session to the node")
-        await wire.dispatch(keys["node"], rig.node_id)
+        if rig.node_id is not None:
+            keys["node"] = await wire.create_session(rig.checkout, "node")
+            progress("dispatching the node session to the node")
+            await wire.dispatch(keys["node"], rig.node_id)
         result: dict[str, Any] = {"steps": {}, "approvals": {}, "exec": {}, "model": {}}
         mock_reset(rig.mock)
-        for place in args.places:
+        for place in args.places if "steps" in args.parts else ():
             progress(
                 f"{place}: {args.warmup} + {args.turns} rounds of read-step turns (N = "
                 f"{', '.join(map(str, args.steps))}) against plain turns"
@@ -560,15 +559,16 @@ async def measure(rig: Rig, args: argparse.Namespace) -> dict[str, Any]:
             model = await asyncio.to_thread(model_time, rig.mock, per_kind=args.replays)
             result["model"][f"{place}:read"] = model
             result["steps"][place] = with_model_time(series, model, "read", place)
-        for place in args.places:
+        for place in args.places if "approvals" in args.parts else ():
             progress(f"{place}: {args.warmup} + {args.approvals} exec approvals (default policy: ask), allow-once")
             result["approvals"][place] = await run_approvals(
                 wire, approver, keys[place], count=args.approvals, warmup=args.warmup, tag=f"{place}-ask"
             )
         mock_reset(rig.mock)
-        progress("exec policy full/off for the agent, on the gateway and on the node")
-        await wire.set_policies(rig.node_id, {"security": "full", "ask": "off"})
-        for place in args.places:
+        if "exec" in args.parts:
+            progress("exec policy full/off for the agent, on the gateway and on the node")
+            await wire.set_policies(rig.node_id, {"security": "full", "ask": "off"})
+        for place in args.places if "exec" in args.parts else ():
             progress(f"{place}: {args.warmup} + {args.turns} rounds of exec-true turns against plain turns")
             series = await run_series(
                 wire,
@@ -620,14 +620,20 @@ def run(args: argparse.Namespace, cleanups: contextlib.ExitStack) -> dict[str, A
     progress("starting the mock OpenAI server")
     mock = start_mock_openai()
     cleanups.callback(lambda: _guarded(mock.stop, "stopping the mock OpenAI server"))
-    deployment = Deployment(
-        args, name="gateway", suffix="_tools", extra_env=model_env(mock.base_url, workspaces), bootstrap=True
-    )
+    # Every turn's model context is its own messages only (its user message, then its steps), however long the
+    # session's transcript has grown: turns of every round compare alike. (Not sessions.reset between turns: a reset
+    # of a session placed on a node gets the placement failed by the next recovery sweep; see bench/README.md.)
+    extra_env = {**model_env(mock.base_url, workspaces), "OPENCLAW_MODEL_CONTEXT_MESSAGES": str(args.context_messages)}
+    report["contextMessages"] = args.context_messages
+    deployment = Deployment(args, name="gateway", suffix="_tools", extra_env=extra_env, bootstrap=True)
     cleanups.callback(lambda: deployment.close(failed=not report.get("complete")))
     deployment.start()
-    progress("starting the node host and approving its pairing")
-    node_host, node_id = start_paired_node_host(deployment, scratch)
-    cleanups.callback(lambda: _stop_node_host(node_host, failed=not report.get("complete")))
+    node_host: NodeHostProcess | None = None
+    node_id: str | None = None
+    if "node" in args.places:
+        progress("starting the node host and approving its pairing")
+        node_host, node_id = start_paired_node_host(deployment, scratch)
+        cleanups.callback(lambda: _stop_node_host(node_host, failed=not report.get("complete")))
     checkout = publish_tiny_checkout(workspaces)
     facts = asyncio.run(gateway_facts(deployment.url, deployment.token))
     report["loadBefore"] = os.getloadavg()[0]
@@ -637,8 +643,9 @@ def run(args: argparse.Namespace, cleanups: contextlib.ExitStack) -> dict[str, A
     report["loadAfter"] = os.getloadavg()[0]
     report["machineBusyPercent"] = 100 * (busy_after - busy) / (total_after - total) if total_after > total else 0.0
     report["memory"] = deployment.memory()
-    report["nodeHostTracebacks"] = node_host.log().count("Traceback")
-    _stop_node_host(node_host, failed=False)
+    if node_host is not None:
+        report["nodeHostTracebacks"] = node_host.log().count("Traceback")
+        _stop_node_host(node_host, failed=False)
     deployment.stop()
     report["logs"] = deployment.logs
     report["environment"] = {
@@ -658,7 +665,9 @@ def run(args: argparse.Namespace, cleanups: contextlib.ExitStack) -> dict[str, A
         "stateDir": deployment.launch.state_dir if deployment.launch else None,
         "scratchDir": str(scratch),
         "pids": [
-            pid for pid in (deployment.gateway_pid, deployment.worker_pid, node_host.process.pid, mock.pid) if pid
+            pid
+            for pid in (deployment.gateway_pid, deployment.worker_pid, node_host and node_host.process.pid, mock.pid)
+            if pid
         ],
     }
     report["complete"] = True
@@ -711,13 +720,19 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
         "OpenClaw tool-loop benchmark (issue 22)",
         *environment_lines(env),
         f"  task mode      {task_mode}",
-        f"  node host      python -m openclaw_client.node, capacity {NODE_CAPACITY}, "
-        f"capacity wait {NODE_CAPACITY_WAIT_MS} ms, same machine",
+        "  node host      "
+        + (
+            f"python -m openclaw_client.node, capacity {NODE_CAPACITY}, capacity wait {NODE_CAPACITY_WAIT_MS} ms, "
+            "same machine"
+            if "nodeHostTracebacks" in report
+            else "none (--places local)"
+        ),
         f"  model          tests/support/mock_openai.py at {env['mockUrl']} (TOOL_PLAN, answers at once)",
         f"  command        {report['command']}",
         f"  machine load   1-min load average {report['loadBefore']:.2f} before, {report['loadAfter']:.2f} after; "
         f"all cores {report['machineBusyPercent']:.0f} % busy during the measurements",
-        "  every figure below: chat.send → agent.wait on one operator connection, each turn on a reset transcript",
+        "  every figure below: chat.send → agent.wait on one operator connection; the model is sent "
+        f"the newest {report['contextMessages']} transcript message(s) (OPENCLAW_MODEL_CONTEXT_MESSAGES)",
     ]
     steps = report.get("steps") or {}
     if steps:
@@ -763,13 +778,20 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
         for place, a in approvals.items():
             lines.append(
                 f"{place:<7}{a['n']:>4}{_pair(a['toRequested'], 17)}{_pair(a['toResolveSent'], 17)}"
-                f"{_pair(a['resolveAnswered'], 17)}{_pair(a['toCommandStarted'], 19)}{_pair(a['commandToEnd'], 17)}"
+                f"{_pair(a['resolveAnswered'], 17)}{_pair(a['toCommand'], 19)}{_pair(a['commandToEnd'], 17)}"
                 f"{_pair(a['turn'], 17)}{_durations(a['commandDurationMs']):>28}"
             )
         lines.append(
             "     resolve→cmd start: from just before exec.approval.resolve is sent to the clock the command printed "
-            "(same host); it includes starting sh and date"
+            "(same host; starting sh and date included), of which"
         )
+        for place, a in approvals.items():
+            lines.append(
+                f"       {place}: resolve sent → decision recorded (resolvedAtMs, whole ms) p50 "
+                f"{fmt_ms(a['toRecorded'].get('p50')).strip()}, recorded → command's clock p50 "
+                f"{fmt_ms(a['recordedToCommand'].get('p50')).strip()} / p99 "
+                f"{fmt_ms(a['recordedToCommand'].get('p99')).strip()}"
+            )
     executed = report.get("exec") or {}
     if executed:
         lines += [
@@ -785,7 +807,7 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
             "",
             f"gateway RSS {memory['gatewayRssMiB']:.1f} MiB (idle {memory['gatewayIdleRssMiB']:.1f})"
             + (f", worker {memory['workerRssMiB']:.1f} MiB" if memory.get("workerRssMiB") else "")
-            + f"; node host Tracebacks: {report.get('nodeHostTracebacks')}",
+            + f"; node host Tracebacks: {report.get('nodeHostTracebacks', '-')}",
             f"gateway stop: exit code {logs.get('gatewayExitCode')}, {logs.get('gatewayErrorRecords', 0)} ERROR records"
             + (
                 f"; worker exit code {logs.get('workerExitCode')}, {logs.get('workerErrorRecords', 0)} ERROR records"
@@ -803,6 +825,10 @@ def _command(argv: list[str]) -> str:
     with contextlib.suppress(ValueError):
         python = python.relative_to(ROOT)
     return shlex.join([str(python), "bench/agent_tools.py", *argv])
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def _counts(text: str) -> list[int]:
@@ -828,20 +854,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=_counts, default=[1, 4, 16], help="the N of the no-op series (1,4,16)")
     parser.add_argument("--approvals", type=int, default=40, help="measured approval round trips per place")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured rounds before each series")
-    parser.add_argument("--replays", type=int, default=40, help="model requests replayed per kind and step")
     parser.add_argument(
-        "--places", type=lambda text: [p for p in text.split(",") if p], default=list(PLACES), help="local,node"
+        "--context-messages",
+        type=int,
+        default=1,
+        help="the gateway's OPENCLAW_MODEL_CONTEXT_MESSAGES (1: each turn's own messages only)",
+    )
+    parser.add_argument("--replays", type=int, default=40, help="model requests replayed per kind and step")
+    parser.add_argument("--places", type=_names, default=list(PLACES), help="local,node (both)")
+    parser.add_argument(
+        "--parts", type=_names, default=list(PARTS), help="which figures: steps (1-2), approvals (3), exec (4)"
     )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--keep-state", action="store_true", help="keep the state dir, logs, checkout and node state")
     args = parser.parse_args(argv)
-    for name in ("turns", "approvals", "replays"):
+    for name in ("turns", "approvals", "replays", "context_messages"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.warmup < 0:
         parser.error("--warmup must not be negative")
     if not args.places or any(place not in PLACES for place in args.places):
         parser.error("--places takes local, node or both")
+    if not args.parts or any(part not in PARTS for part in args.parts):
+        parser.error("--parts takes steps, approvals, exec (comma-separated)")
     args.command = _command(argv)
     return args
 

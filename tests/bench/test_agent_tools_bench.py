@@ -85,7 +85,7 @@ def test_the_script_prints_every_figure_with_tiny_counts_on_the_embedded_profile
         assert figures["steps"][place]["2"]["pairs"] == 2
         assert figures["steps"][place]["2"]["perStep"]["p50"] is not None
         assert figures["approvals"][place]["n"] == 2
-        assert figures["approvals"][place]["toCommandStarted"]["p50"] > 0
+        assert figures["approvals"][place]["toCommand"]["p50"] > 0
         assert figures["exec"][place]["durationMs"]["n"] == 2
         assert isinstance(figures["exec"][place]["goalMet"], bool)
     assert figures["logs"]["gatewayExitCode"] == 0
