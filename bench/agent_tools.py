@@ -801,6 +801,12 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
         ]
         for place, s in executed.items():
             lines.append(_step_row(place, "1", s) + f"{_durations(s.get('durationMs') or {}):>25}")
+        for place, s in executed.items():
+            t = s["timeline"]
+            lines.append(
+                f"     {place}: tool start→result event p50 {fmt_ms(t['tool'].get('p50')).strip()} ms (the policy "
+                "decision, the command, its result recorded)"
+            )
     memory, logs = report.get("memory") or {}, report.get("logs") or {}
     if memory:
         lines += [
