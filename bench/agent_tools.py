@@ -290,11 +290,12 @@ class Series:
 
 
 def duration_summary(ms: list[float]) -> dict[str, Any]:
-    """n, p50, p99 and max of the exec tool's own ``durationMs`` values (whole milliseconds)."""
+    """n, p50, p99 and max of the exec tool's own ``durationMs`` values (whole milliseconds), and how many took
+    50 ms or more (``run_command``'s poll interval: a command that ends between two polls waits for the next)."""
     if not ms:
         return {"n": 0}
     cuts = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else ms * 99
-    return {"n": len(ms), "p50": cuts[49], "p99": cuts[98], "max": max(ms)}
+    return {"n": len(ms), "p50": cuts[49], "p99": cuts[98], "max": max(ms), "atLeast50": sum(v >= 50 for v in ms)}
 
 
 async def run_series(
@@ -686,7 +687,9 @@ def _pair(stats: dict[str, Any], width: int = 16) -> str:
 
 
 def _durations(d: dict[str, Any]) -> str:
-    return f"{d['p50']:.0f} / {d['p99']:.0f} / {d['max']:.0f}" if d.get("n") else "-"
+    if not d.get("n"):
+        return "-"
+    return f"{d['p50']:.0f} / {d['p99']:.0f} / {d['max']:.0f} ({d['atLeast50']}/{d['n']} ≥ 50)"
 
 
 def _met(summary: dict[str, Any]) -> str:
@@ -773,13 +776,13 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
             f"3. approval round trip: `exec {STAMP_COMMAND}` asked by the default policy, resolved allow-once by a "
             "second connection (operator.approvals) as soon as exec.approval.requested arrives (ms, p50 / p99)",
             f"{'place':<7}{'n':>4}{'send→requested':>17}{'event→resolve':>17}{'resolve rt':>17}"
-            f"{'resolve→cmd start':>19}{'cmd→turn end':>17}{'whole turn':>17}{'cmd durationMs p50/p99/max':>28}",
+            f"{'resolve→cmd start':>19}{'cmd→turn end':>17}{'whole turn':>17}{'cmd durationMs p50/p99/max':>36}",
         ]
         for place, a in approvals.items():
             lines.append(
                 f"{place:<7}{a['n']:>4}{_pair(a['toRequested'], 17)}{_pair(a['toResolveSent'], 17)}"
                 f"{_pair(a['resolveAnswered'], 17)}{_pair(a['toCommand'], 19)}{_pair(a['commandToEnd'], 17)}"
-                f"{_pair(a['turn'], 17)}{_durations(a['commandDurationMs']):>28}"
+                f"{_pair(a['turn'], 17)}{_durations(a['commandDurationMs']):>36}"
             )
         lines.append(
             "     resolve→cmd start: from just before exec.approval.resolve is sent to the clock the command printed "
@@ -797,10 +800,10 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
         lines += [
             "",
             "4. `exec true`, policy full/off for the agent and on the node: one exec step against a plain turn (ms)",
-            STEP_HEADER + f"{'durationMs p50 / p99 / max':>30}",
+            STEP_HEADER + f"{'durationMs p50 / p99 / max':>35}",
         ]
         for place, s in executed.items():
-            lines.append(_step_row(place, "1", s) + f"{_durations(s.get('durationMs') or {}):>25}")
+            lines.append(_step_row(place, "1", s) + f"{_durations(s.get('durationMs') or {}):>37}")
         for place, s in executed.items():
             t = s["timeline"]
             lines.append(
