@@ -114,8 +114,18 @@ class Deployment:
     :meth:`close` stops and removes everything it started and may be called more than once.
     """
 
-    def __init__(self, args: argparse.Namespace, *, name: str, suffix: str, extra_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        *,
+        name: str,
+        suffix: str,
+        extra_env: dict[str, str] | None = None,
+        bootstrap: bool = False,
+    ):
         self.name = name
+        # ``manage.py bootstrap`` (as ``./dev run``: migrations, token, admin login) instead of ``migrate``.
+        self.bootstrap = bootstrap
         self.redis_url: str | None = args.redis_url
         self.keep_state: bool = args.keep_state
         self.postgres = ScratchPostgres(args.database_url, suffix) if is_postgres_url(args.database_url) else None
@@ -141,8 +151,12 @@ class Deployment:
             redis_prefix=self.redis_prefix.prefix if self.redis_prefix else None,
             extra_env=self.extra_env,
         )
-        progress(f"{self.name}: migrating a fresh database")
-        self.launch.migrate()
+        if self.bootstrap:
+            progress(f"{self.name}: manage.py bootstrap (as ./dev run): migrations, token, admin login")
+            self.launch.manage("bootstrap", timeout=300)
+        else:
+            progress(f"{self.name}: migrating a fresh database")
+            self.launch.migrate()
         # Task mode "celery" (REDIS_URL set, OPENCLAW_TASK_MODE not): turns run in a worker the launcher starts.
         progress(f"{self.name}: starting the gateway" + (" and its Celery worker" if self.redis_url else ""))
         self.gateway = self.launch.start(worker=True, worker_concurrency=WORKER_CONCURRENCY, timeout=STARTUP_TIMEOUT_S)
