@@ -21,6 +21,10 @@ from ..selectors import approval_get, approval_not_found
 from .approvals import exec_approval_expire
 
 FLAG_POLL_S = 0.05
+# An operator who answers at once (a console open on the approval, an automation) should not wait out a long
+# poll: the flag is looked at this often for the first seconds of a wait, then every FLAG_POLL_S.
+QUICK_FLAG_POLL_S = 0.005
+QUICK_WINDOW_S = 5.0
 DB_READ_INTERVAL_S = 1.0
 
 
@@ -28,7 +32,8 @@ def exec_approval_wait(approval_id: str, *, timeout_s: float, should_stop: Calla
     """The approval once it is settled, or once it expired (this marks it expired if the sweep has not), or
     as it is when ``should_stop()`` turns true or ``timeout_s`` passes (still pending: the caller decides —
     a turn that stops cancels it). Raises NotFound for an unknown id."""
-    deadline = time.monotonic() + max(0.0, timeout_s)
+    started = time.monotonic()
+    deadline = started + max(0.0, timeout_s)
     approval = _read(approval_id)
     next_read = time.monotonic() + DB_READ_INTERVAL_S
     while True:
@@ -38,7 +43,7 @@ def exec_approval_wait(approval_id: str, *, timeout_s: float, should_stop: Calla
             return exec_approval_expire(approval_id=approval_id) or _read(approval_id)
         if should_stop() or time.monotonic() >= deadline:
             return approval
-        time.sleep(FLAG_POLL_S)
+        time.sleep(QUICK_FLAG_POLL_S if time.monotonic() - started < QUICK_WINDOW_S else FLAG_POLL_S)
         now = time.monotonic()
         if settled_flag(approval_id) is not None or now >= next_read:
             approval = _read(approval_id)

@@ -162,6 +162,10 @@ class AgentLoop:
         cancel = threading.Event()
         runner = self.runner
         assert runner is not None
+        if prepared.name != EXEC_TOOL:
+            # The file tools are bounded in what they read and write (tools.ToolLimits): they run on the turn's
+            # own thread. Only a command may run for minutes while the turn must keep heartbeating and hear an abort.
+            return runner.run(prepared, cancel=cancel)
         return self.hooks.wait_for(lambda: runner.run(prepared, cancel=cancel), cancel)
 
     def _abort_remaining(self, calls: tuple[ToolCall, ...], messages: list[dict[str, Any]]) -> None:

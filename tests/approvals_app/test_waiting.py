@@ -1,4 +1,4 @@
-"""Waiting for a decision: from synchronous code (a turn: the cache flag every 50 ms, the database at most every
+"""Waiting for a decision: from synchronous code (a turn: the cache flag every 5 ms at first, then every 50 ms, the database at most every
 second, no connection held between reads) and on the event loop (waitDecision: woken by the settled
 notification, a periodic re-read otherwise); both return on a decision, at the expiry (expiring it), and the
 synchronous one when its caller stops. The decision is durable: a wait that starts after it still gets it."""
@@ -91,7 +91,7 @@ def test_a_sync_wait_returns_soon_after_a_decision_through_the_cache_flag(publis
     took = time.monotonic() - started
     answer.join()
     assert (settled.status, settled.decision) == ("denied", "deny")
-    # Woken by the flag (checked every 50 ms), not the once-a-second read: one read to start, one after it.
+    # Woken by the flag (checked every few ms), not the once-a-second read: one read to start, one after it.
     assert 0.3 <= took < 0.9
     assert len(reads) == 2
     assert len(releases) == len(reads)
