@@ -876,6 +876,7 @@ class Launch:
     max_steps: int
     tools: bool
     exec_timeout_s: float | None
+    exec_policy: dict[str, Any] | None
 
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -903,6 +904,9 @@ def _launch_params(params: Params) -> Launch:
     tools = agent.raw.get("tools", False)
     if not isinstance(tools, bool):
         raise agent.invalid("tools", "a boolean")
+    exec_policy = agent.raw.get("execPolicy")
+    if exec_policy is not None and not isinstance(exec_policy, dict):
+        raise agent.invalid("execPolicy", "an object (the effective exec policy)")
     exec_timeout_ms = None
     if agent.has("execTimeoutMs"):
         exec_timeout_ms = agent.integer("execTimeoutMs", minimum=1000, maximum=MAX_TURN_TIMEOUT_MS)
@@ -929,6 +933,7 @@ def _launch_params(params: Params) -> Launch:
         max_steps=agent.integer("maxSteps", minimum=1, maximum=MAX_AGENT_STEPS) if agent.has("maxSteps") else 24,
         tools=tools,
         exec_timeout_s=exec_timeout_ms / 1000 if exec_timeout_ms is not None else None,
+        exec_policy=exec_policy,
     )
 
 
@@ -1271,6 +1276,7 @@ class NodeHost:
                 "maxSteps": launch.max_steps,
                 "tools": launch.tools,
                 "execTimeoutS": launch.exec_timeout_s,
+                "execPolicy": launch.exec_policy,
                 "execSlots": {"dir": str(self.exec_slots_dir), "count": self.config.exec_concurrency},
             },
         }

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from .agent.exec_policy import Policy, PolicyDocumentError, evaluate
 from .agent.loop import AgentLoop, Approval, LoopAborted, ModelReply, StepLimitReached, run_watched
 from .agent.openai_stream import ErrorReported, RefusedReply, Reply, ReplyError, StreamState
 from .agent.tools import ExecRequest, ExecSlots, ToolLimits, ToolResult, ToolRunner, Workspace
@@ -91,6 +92,8 @@ class AgentSpec:
     exec_timeout_s: float | None = None
     exec_slots_dir: str | None = None
     exec_slots: int = 1
+    # The effective exec policy the gateway sent (None: every command is put to the gateway).
+    exec_policy: Policy | None = None
 
 
 @dataclass
@@ -149,12 +152,24 @@ def _agent_spec(raw: dict[str, Any]) -> AgentSpec:
     ):
         raise TurnFailed("unknown", "worker received a malformed turn job (agent)")
     return AgentSpec(
+        exec_policy=_exec_policy(raw.get("execPolicy")),
         max_steps=max_steps,
         tools=tools,
         exec_timeout_s=float(exec_timeout) if exec_timeout is not None else None,
         exec_slots_dir=slots.get("dir"),
         exec_slots=slots.get("count", 1),
     )
+
+
+def _exec_policy(raw: Any) -> Policy | None:
+    """The launch's exec policy; one this child cannot read leaves every decision to the gateway."""
+    if raw is None:
+        return None
+    try:
+        return Policy.from_snapshot(raw)
+    except PolicyDocumentError:
+        print("worker: the launch's exec policy is unreadable; the gateway decides every command", file=sys.stderr)
+        return None
 
 
 class Turn:
@@ -469,6 +484,17 @@ class AgentTurn:
         """Nothing to add: the gateway shows the result from the step's message."""
 
     def approve_exec(self, call_id: str, request: ExecRequest) -> Approval:
+        policy = self.agent.exec_policy
+        if policy is not None:
+            # Bare command names resolve on this host's PATH (the one the command itself runs with).
+            verdict = evaluate(policy, request.command, request.workdir)
+            if verdict.decision == "allow":
+                return Approval(True)
+            if verdict.decision == "deny":
+                return Approval(False, f"exec denied: {verdict.reason}")
+        return self._ask_gateway(call_id, request)
+
+    def _ask_gateway(self, call_id: str, request: ExecRequest) -> Approval:
         answers: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         with self._lock:
             self._answers[call_id] = answers

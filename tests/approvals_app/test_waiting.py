@@ -1,7 +1,8 @@
-"""Waiting for a decision: from synchronous code (a turn: the cache flag every 5 ms at first, then every 50 ms, the database at most every
-second, no connection held between reads) and on the event loop (waitDecision: woken by the settled
-notification, a periodic re-read otherwise); both return on a decision, at the expiry (expiring it), and the
-synchronous one when its caller stops. The decision is durable: a wait that starts after it still gets it."""
+"""Waiting for a decision: from synchronous code (a turn: the cache flag every 5 ms at first, then every
+50 ms, the database at most every second, no connection held between reads) and on the event loop
+(waitDecision: woken by the settled notification, a periodic re-read otherwise); both return on a decision,
+at the expiry (expiring it), and the synchronous one when its caller stops. The decision is durable: a wait
+that starts after it still gets it."""
 
 from __future__ import annotations
 

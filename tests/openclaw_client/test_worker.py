@@ -509,6 +509,55 @@ def test_an_exec_waits_for_the_gateways_answer(worker, tmp_path):
     assert (tmp_path / "proof").read_text() == "ran\n"
 
 
+def policy_snapshot(**fields) -> dict:
+    return {
+        "version": 1,
+        "security": "allowlist",
+        "ask": "on-miss",
+        "askFallback": "deny",
+        "autoAllowSkills": False,
+        "allowlist": [],
+        **fields,
+    }
+
+
+@pytest.mark.parametrize(
+    ("policy", "runs"),
+    [
+        (policy_snapshot(security="full", ask="off"), True),
+        (policy_snapshot(allowlist=[{"id": "e1", "pattern": "touch"}]), True),
+        (policy_snapshot(security="deny"), False),
+        (policy_snapshot(ask="off"), False),
+    ],
+    ids=["full", "allowlisted", "deny", "a miss with ask off"],
+)
+def test_what_the_launchs_policy_decides_is_decided_here_without_asking(worker, tmp_path, policy, runs):
+    plan = {"steps": [{"calls": [{"name": "exec", "arguments": {"command": "touch proof"}}]}], "final": "ok"}
+    with MockOpenAI() as mock:
+        worker.turn("run-1", f"{mock.base_url}/chat/completions", **plan_job(tmp_path, plan, execPolicy=policy))
+        events, done = worker.until_done()
+
+    assert done["status"] == "ok"
+    assert not [event for event in events if event["type"] == "approval"]
+    assert (tmp_path / "proof").exists() is runs
+    result = next(event["message"] for event in events if event.get("key") == "s1.r1")
+    assert result["isError"] is not runs
+    if not runs:
+        assert result["content"][0]["text"].startswith("exec denied:")
+
+
+def test_what_the_launchs_policy_asks_about_is_put_to_the_gateway(worker, tmp_path):
+    plan = {"steps": [{"calls": [{"name": "exec", "arguments": {"command": "echo ran > proof"}}]}], "final": "ok"}
+    policy = policy_snapshot(allowlist=[{"id": "e1", "pattern": "git"}])
+    with MockOpenAI() as mock:
+        worker.turn("run-1", f"{mock.base_url}/chat/completions", **plan_job(tmp_path, plan, execPolicy=policy))
+        question = next(event for event in iter(worker.next, None) if event["type"] == "approval")
+        worker.send({"type": "approval", "runId": "run-1", "toolCallId": question["toolCallId"], "allowed": True})
+        _events, done = worker.until_done()
+
+    assert done["status"] == "ok" and (tmp_path / "proof").exists()
+
+
 def test_a_denied_exec_is_the_tools_error_and_the_turn_goes_on(worker, tmp_path):
     plan = {"steps": [{"calls": [{"name": "exec", "arguments": {"command": "echo ran > proof"}}]}], "final": "ok"}
     with MockOpenAI() as mock:

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db.models import QuerySet, Subquery
 
 from approvals_app.gate import ExecGate
+from approvals_app.selectors import effective_exec_policy
 from gateway import publisher
 from gateway.background import executor_label
 from gateway.invoke import InvokeTarget, invoke_private
@@ -166,6 +167,7 @@ class NodeTurn:
         self.cancel = threading.Event()
         self.text = ""
         self.abort_checked_at = 0.0
+        self.exec_policy: dict[str, Any] | None = None
         self.beat_at = 0.0
         self.lost = False
         self.launch_ended = False
@@ -194,6 +196,9 @@ class NodeTurn:
                 "maxSteps": gateway_turns.max_steps(self.agent_id),
                 "tools": True,
                 "execTimeoutMs": int(settings.OPENCLAW_AGENT["EXEC_TIMEOUT_S"] * 1000),
+                # What the node may decide on its own: a command the policy allows or denies outright runs (or
+                # is refused) there at once; one it asks about is put to the gateway (the exec gate).
+                "execPolicy": self.exec_policy,
             },
         }
 
@@ -231,6 +236,8 @@ class NodeTurn:
         return launch.result()
 
     def run(self) -> TurnOutcome | None:
+        # Read here, on the turn's thread: the launch is built on the event loop, which reads no database.
+        self.exec_policy = effective_exec_policy(self.agent_id, self.node_id).snapshot()
         future = publisher.submit(self._launch)
         # After the launch: its publication would otherwise be ahead of the launch on the loop.
         self.emitter.start(int(self.record.started_at.timestamp() * 1000))
