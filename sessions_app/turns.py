@@ -178,6 +178,8 @@ class GatewayTurnHooks:
             message_key=key,
             full_text=full_text,
             total_bytes=int(message.get("details", {}).get("outputBytes") or 0),
+            # This loop claimed the run (a compare-and-set no other runner won) and numbers its own steps.
+            first_time=True,
         )
         if stored is None:
             raise RunLost()

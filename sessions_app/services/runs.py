@@ -272,7 +272,13 @@ ARTIFACT_NOTE = "[the whole output ({total} bytes) is kept as artifact {artifact
 
 
 def run_record_message(
-    *, run_id: str, body: dict, message_key: str, full_text: str | None = None, total_bytes: int = 0
+    *,
+    run_id: str,
+    body: dict,
+    message_key: str,
+    full_text: str | None = None,
+    total_bytes: int = 0,
+    first_time: bool = False,
 ) -> dict | None:
     """Append one complete message of a running turn (an assistant message asking for tools, or a tool's
     result) to its transcript, as the turn goes: each step is durable once it happened.
@@ -281,6 +287,8 @@ def run_record_message(
     changes nothing. ``full_text``: the whole output of a tool whose message carries a truncated copy; it is
     kept as a :class:`ToolArtifact` and the message says where. Returns the body as stored, or None when the
     run is no longer running (aborted and ended, swept as dead) or its session was reset: nothing is written.
+    ``first_time``: the caller proves the key was never recorded (the loop that claimed the run numbers its own
+    steps), so it is not looked up first; the unique constraint still refuses a repeat.
     """
     with transaction.atomic():
         locked = _lock_run(run_id)
@@ -309,7 +317,11 @@ def run_record_message(
             stored["content"] = [*body.get("content", []), {"type": "text", "text": f"\n{note}"}]
             stored["details"] = {**body.get("details", {}), "artifactId": artifact.id}
         event = transcript_append(
-            window=run.window, type="message", body=stored, idempotency_key=f"{run_id}:{message_key}"
+            window=run.window,
+            type="message",
+            body=stored,
+            idempotency_key=f"{run_id}:{message_key}",
+            first_time=first_time,
         )
     return event.body
 
