@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "sessions_app",
     "native_harness",
     "workers_app",
+    "operations_app",
     "operator_ui",
 ]
 
