@@ -25,6 +25,7 @@ from openclaw_client.identity import (
     verify_signature,
 )
 
+from . import metrics
 from .conf import gateway_setting
 from .exceptions import InvalidRequest
 from .protocol import ConnectParams
@@ -111,6 +112,8 @@ class AuthRateLimiter:
             return RateLimitState(locked=False)
         locked_until = int(time.time() * 1000) + config["LOCKOUT_MS"]
         cache.set(lock_key, locked_until, timeout=_seconds(config["LOCKOUT_MS"]))
+        if failures == config["MAX_FAILURES"]:  # the failure that locked it; the later ones find it locked
+            metrics.record_auth_lockout(self.scope)
         return RateLimitState(locked=True, retry_after_ms=config["LOCKOUT_MS"])
 
     @staticmethod
@@ -201,6 +204,7 @@ def auth_failure(
     local: bool,
     retry_after_ms: int | None = None,
 ) -> InvalidRequest:
+    metrics.record_auth_failure(reason if reason in AUTH_REASON_CODES else "other")
     client_id, client_mode = params.client.id, params.client.mode
     messages = {
         "token_missing": f"unauthorized: gateway token missing ({_token_hint(client_id, client_mode, local)})",
@@ -255,6 +259,7 @@ DEVICE_AUTH_CODES = {
 
 
 def _device_auth_invalid(reason: str, message: str) -> InvalidRequest:
+    metrics.record_auth_failure(reason)
     return InvalidRequest(message, details={"code": DEVICE_AUTH_CODES[reason], "reason": reason})
 
 

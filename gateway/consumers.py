@@ -20,7 +20,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from . import invoke, lifecycle, state
+from . import invoke, lifecycle, metrics, state
 from .conf import gateway_setting
 from .context import RpcContext
 from .dispatch import error_response, parse_frame, run_request
@@ -33,7 +33,7 @@ from .exceptions import (
     Unavailable,
     internal_error,
 )
-from .handshake import ConnectContext, FirstFrameInvalid, parse_connect
+from .handshake import ConnectContext, FirstFrameInvalid, failure_reason, parse_connect
 from .hello import accept_connect, health_version_soon, presence_changed
 from .ports import connection_authority
 from .protocol import DROP_IF_SLOW_KEY, EncodedEvent, decode_frame, encode_frame
@@ -75,7 +75,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.conn_id = str(uuid.uuid4())
         self.nonce = str(uuid.uuid4())
         self.cleaned_up = False
-        self.phase = "handshake"  # → "open" → "closed"
+        self.phase = "handshake"  # → "authenticating" → "open" → "closed"
+        self.counted_open = False
         self.ctx: RpcContext | None = None
         self.seq = 0
         self.request_tasks: dict[str, asyncio.Task] = {}
@@ -96,6 +97,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     def _on_handshake_timeout(self) -> None:
         if self.phase == "handshake":
             self.phase = "closed"
+            metrics.record_handshake_failure("timeout")
             self.close_task = asyncio.ensure_future(self.close(code=1000, reason="handshake timeout"))
 
     async def _send_frame(self, frame: dict[str, Any], *, drop_if_slow: bool = False) -> None:
@@ -140,6 +142,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def _close_for_internal_error(self, error: GatewayError) -> None:
         was_handshake = self.phase == "handshake"
+        if self.phase in ("handshake", "authenticating"):
+            metrics.record_handshake_failure("internal")
         self.phase = "closed"
         if was_handshake:
             self.handshake_timer.cancel()
@@ -197,20 +201,22 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def _receive_handshake(self, text_data: str | None, bytes_data: bytes | None) -> None:
         if bytes_data is not None or text_data is None:
-            await self._close_handshake(1008, "invalid request frame")
+            await self._close_handshake(1008, "invalid request frame", failure="invalid-frame")
             return
         if _utf8_len_exceeds(text_data, gateway_setting("MAX_PREAUTH_PAYLOAD_BYTES")):
-            await self._close_handshake(1009, "preauth payload too large")
+            await self._close_handshake(1009, "preauth payload too large", failure="payload-too-large")
             return
         try:
             raw = decode_frame(text_data)
         except FrameRejected as rejected:
-            await self._close_handshake(1008, "invalid request frame" if rejected.malformed else rejected.message)
+            await self._close_handshake(
+                1008, "invalid request frame" if rejected.malformed else rejected.message, failure="invalid-frame"
+            )
             return
         try:
             request_id, params, protocol = parse_connect(raw)
         except FirstFrameInvalid:
-            await self._close_handshake(1008, "invalid request frame")
+            await self._close_handshake(1008, "invalid request frame", failure="invalid-frame")
             return
         except HandshakeRejected as rejected:
             await self._reject_handshake(_frame_id(raw), rejected)
@@ -243,7 +249,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             # The failure may have come after the registration committed (building hello-ok): a
             # connection that never opened must not stay routable or in presence.
             await self._unregister()
-            await self._reject_handshake(request_id, HandshakeRejected(error, close_code=INTERNAL_ERROR_CLOSE))
+            await self._reject_handshake(
+                request_id, HandshakeRejected(error, close_code=INTERNAL_ERROR_CLOSE), failure="internal"
+            )
             return
         # Broadcasts reach this connection through the process's channel (broadcast.py): it must be
         # subscribed before the connection counts as open, or a broadcast right after could miss it.
@@ -251,14 +259,23 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.phase = "open"
         lifecycle.ensure_started()
         state.local_connections.add(self)
+        metrics.record_handshake_ok()
+        metrics.connection_opened(self.ctx.role)
+        self.counted_open = True
         await self._send_frame({"type": "res", "id": request_id, "ok": True, "payload": hello})
         presence_changed(presence)
 
-    async def _reject_handshake(self, request_id: str, rejected: HandshakeRejected) -> None:
+    async def _reject_handshake(
+        self, request_id: str, rejected: HandshakeRejected, *, failure: str | None = None
+    ) -> None:
         await self._send_frame(error_response(request_id, rejected.error))
-        await self._close_handshake(rejected.close_code, rejected.close_reason)
+        await self._close_handshake(
+            rejected.close_code, rejected.close_reason, failure=failure or failure_reason(rejected.error)
+        )
 
-    async def _close_handshake(self, code: int, reason: str) -> None:
+    async def _close_handshake(self, code: int, reason: str, *, failure: str) -> None:
+        if self.phase != "closed":  # else counted already, where the frame before this close failed
+            metrics.record_handshake_failure(failure)
         self.phase = "closed"
         self.handshake_timer.cancel()
         await self.close(code=code, reason=reason)
@@ -379,6 +396,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if not was_open:
             return
         state.local_connections.discard(self)
+        if self.counted_open:
+            metrics.connection_closed(self.ctx.role)
         # Each step on its own: a channel layer that fails (Redis out of connections in a burst of
         # disconnects) must not keep the connection registered, or it stays routable and in presence.
         for subscription in list(self.ctx.subscriptions):

@@ -34,7 +34,7 @@ from daphne.server import Server
 from twisted.internet import interfaces
 from twisted.web import http
 
-from . import lifecycle
+from . import lifecycle, metrics
 from .conf import gateway_setting
 from .protocol import DROP_IF_SLOW_KEY
 
@@ -183,6 +183,7 @@ class GatewayWebSocketProtocol(ws_protocol.WebSocketProtocol):
             self.held_bytes,
             self.max_buffered_bytes,
         )
+        metrics.record_slow_consumer_disconnect()
         # The close frame queues behind what is held; a client that never reads it is cut off when the close
         # handshake times out (autobahn aborts the TCP connection, and what was held is let go).
         self.closeHandshakeTimeout = SLOW_CONSUMER_CLOSE_TIMEOUT_S

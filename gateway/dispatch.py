@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from channels.db import DatabaseSyncToAsync
 from pydantic import ValidationError
 
+from . import metrics
 from . import scopes as sc
 from .context import RpcContext
 from .exceptions import GatewayError, InvalidRequest, PermissionDenied, internal_error
@@ -71,6 +73,15 @@ def authorize(ctx: RpcContext, spec: MethodSpec) -> None:
 
 
 async def run_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any]:
+    started = time.perf_counter()
+    response = await _answer_request(ctx, frame)
+    metrics.record_rpc_call(
+        frame.method, "ok" if response["ok"] else response["error"]["code"], time.perf_counter() - started
+    )
+    return response
+
+
+async def _answer_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any]:
     spec = registry.methods.get(frame.method)
     try:
         if spec is None:

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from . import scopes as sc
 from .auth import is_loopback
-from .exceptions import HandshakeRejected, InvalidRequest
+from .exceptions import GatewayError, HandshakeRejected, InvalidRequest
 from .protocol import PROTOCOL_VERSION, ConnectParams, RequestFrame, format_validation_error, negotiate_protocol
 
 
@@ -46,6 +46,13 @@ def parse_connect(raw: Any) -> tuple[str, ConnectParams, int]:
     if params.role is not None and params.role not in sc.ROLES:
         raise HandshakeRejected(InvalidRequest("invalid role"))
     return frame.id, params, protocol
+
+
+def failure_reason(error: GatewayError) -> str:
+    """A refused connect's reason as a metrics label: the detail code the client reads (``AUTH_TOKEN_MISMATCH``,
+    ``PAIRING_REQUIRED``, ``PROTOCOL_MISMATCH``, …), else the error code; both are constants of this code base."""
+    detail = (error.details or {}).get("code")
+    return (detail if isinstance(detail, str) and detail else error.code).lower()
 
 
 @dataclass(frozen=True)

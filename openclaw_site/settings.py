@@ -231,6 +231,12 @@ CELERY_BEAT_SCHEDULE = {
     "approvals-expire-sweep": {"task": "approvals.expire_sweep", "schedule": 15.0},
 }
 
+# --- Metrics (docs/operations.md) ------------------------------------------------------------
+# Off: the instruments record nothing and /metrics answers 404 (the benchmark measures both).
+OPENCLAW_METRICS_ENABLED = env_bool("OPENCLAW_METRICS_ENABLED", True)
+# Set: /metrics asks every client for `Authorization: Bearer <token>`, loopback included. Unset: loopback only.
+OPENCLAW_METRICS_TOKEN = env_str("OPENCLAW_METRICS_TOKEN")
+
 # --- Gateway --------------------------------------------------------------------------------
 OPENCLAW_GATEWAY = {
     "BIND": env_str("OPENCLAW_GATEWAY_BIND", "127.0.0.1"),

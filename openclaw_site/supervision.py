@@ -30,7 +30,11 @@ from pathlib import Path
 from typing import NoReturn, TextIO
 from urllib.parse import urlsplit
 
+from prometheus_client import multiprocess
+
 CONSOLE_NAME = "cluster"
+# Set by `manage.py cluster` for every program (docs/operations.md, Metrics).
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 NAME_WIDTH = 10
 # A line longer than this is written in pieces rather than held until its end.
 LONGEST_HELD_LINE = 64 * 1024
@@ -149,6 +153,7 @@ class Console:
         if state in ("EXITED", "STOPPED", "FATAL"):
             # A line the process left unfinished is still its output.
             self.flush_held(name)
+            forget_live_metrics(pid)
         if state == "RUNNING":
             self.say(name, [f"running (pid {pid})"])
         elif state == "EXITED":
@@ -187,6 +192,13 @@ class Console:
                 self.say(CONSOLE_NAME, [self.ready_line()])
                 return
             stop.wait(POLL_INTERVAL_S)
+
+
+def forget_live_metrics(pid: str | None) -> None:
+    """A program that exited leaves its metric files in the cluster's ``PROMETHEUS_MULTIPROC_DIR``: its counters
+    still count (what it did happened), its ``live*`` gauges (open connections) must not, so they go."""
+    if os.environ.get(MULTIPROCESS_DIR_ENV) and pid and pid.isdigit() and int(pid) > 0:
+        multiprocess.mark_process_dead(int(pid))
 
 
 def run_console(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
 
 from gateway import sql_reads
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
@@ -17,7 +17,7 @@ from gateway.exceptions import InvalidRequest, NotFound
 
 from . import keys
 from .model_providers import default_model
-from .models import Run, Session, SessionWindow, ToolArtifact, TranscriptEvent
+from .models import Run, RunStatus, Session, SessionWindow, ToolArtifact, TranscriptEvent
 from .ports import placements
 from .schemas import RunsListParams, SessionRowOut, SessionsListParams
 
@@ -493,3 +493,24 @@ def tool_artifact_get(artifact_id: str) -> ToolArtifact | None:
         .filter(Exists(Session.objects.filter(key=OuterRef("session_key"))))
         .first()
     )
+
+
+# --- for /metrics (operations_app.metrics): cheap, indexed (run_status_heartbeat_idx leads with status) ---------
+
+
+def active_run_counts() -> dict[str, int]:
+    """Runs queued and running now (both keys always present)."""
+    counts = {RunStatus.QUEUED.value: 0, RunStatus.RUNNING.value: 0}
+    rows = (
+        Run.objects.filter(status__in=tuple(counts))
+        .values_list("status")
+        .annotate(count=Count("run_id"))
+        .order_by("status")
+    )
+    for status, count in rows:
+        counts[status] = count
+    return counts
+
+
+def oldest_running_run_started_at() -> datetime | None:
+    return Run.objects.filter(status=RunStatus.RUNNING).aggregate(oldest=Min("started_at"))["oldest"]

@@ -23,7 +23,7 @@ from typing import Any
 from django.conf import settings
 
 from approvals_app.gate import ExecGate
-from gateway import background
+from gateway import background, metrics
 from openclaw_client.agent.loop import (
     AgentLoop,
     Approval,
@@ -145,16 +145,21 @@ class GatewayTurnHooks:
         self.emitter.new_message()
         parts: list[str] = []
         finish: Finish | None = None
-        for item in provider.stream(
-            chat_messages(messages), model=self.model, should_abort=self.probe, tools=tools or None
-        ):
-            if isinstance(item, Delta):
-                parts.append(item.text)
-                self.text = "".join(parts)
-                self.emitter.delta(item.text, self.text)
-            elif isinstance(item, Finish):
-                finish = item
-            self.probe()  # a fast stream must heartbeat too
+        started = time.perf_counter()
+        try:
+            for item in provider.stream(
+                chat_messages(messages), model=self.model, should_abort=self.probe, tools=tools or None
+            ):
+                if isinstance(item, Delta):
+                    parts.append(item.text)
+                    self.text = "".join(parts)
+                    self.emitter.delta(item.text, self.text)
+                elif isinstance(item, Finish):
+                    finish = item
+                self.probe()  # a fast stream must heartbeat too
+        finally:
+            # A failed or aborted call took the model's time as well.
+            metrics.record_model_call(provider.name, time.perf_counter() - started)
         if finish is None:
             raise ModelProviderError("model provider ended without finishing the reply", kind="malformed")
         return ModelReply(

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db.models import Q, Subquery
+from django.db.models import Count, Q, Subquery
 
 from devices_app import selectors as device_selectors
+from gateway import selectors as gateway_selectors
 from gateway import sql_reads
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int
 from sessions_app.models import Session
@@ -382,3 +383,34 @@ def node_worker_fields(node_ids: set[str], live: dict) -> dict[str, dict]:
             row["workerBundle"] = bundle
         fields[host.node_id] = row
     return fields
+
+
+# --- for /metrics (operations_app.metrics) ------------------------------------------------------------------
+
+
+def placement_counts_by_state() -> dict[str, int]:
+    """Placements per state, every state present (0 when none); ``placement_reconcile_idx`` leads with state."""
+    counts = dict.fromkeys(PlacementState.values, 0)
+    for state, count in Placement.objects.values_list("state").annotate(count=Count("pk")).order_by("state"):
+        counts[state] = count
+    return counts
+
+
+def worker_slot_totals() -> dict[str, int]:
+    """Worker slots the connected session-host nodes declare, ``busy`` and ``free`` (a declaration counts while
+    the connection that sent it is live, as in :func:`node_worker_fields`)."""
+    live = {
+        str(conn_id)
+        for conn_id in gateway_selectors.live_connections().filter(role="node").values_list("conn_id", flat=True)
+    }
+    totals = {"busy": 0, "free": 0}
+    if not live:
+        return totals
+    for worker_host in NodeWorkerHost.objects.filter(conn_id__in=live).values_list("worker_host", flat=True):
+        if not worker_host or not worker_host.get("enabled"):
+            continue
+        capacity = worker_host.get("capacity") or {}
+        total, available = int(capacity.get("total") or 0), int(capacity.get("available") or 0)
+        totals["free"] += max(available, 0)
+        totals["busy"] += max(total - available, 0)
+    return totals

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from approvals_app.gate import ABORTED_REASON as RUN_ABORTED
 from approvals_app.services import exec_approvals_cancel_for_run
-from gateway import background, sql_reads, state
+from gateway import background, metrics, sql_reads, state
 from gateway.audit import Actor, audit
 from gateway.exceptions import Busy, Conflict, InvalidRequest
 from gateway.selectors import live_process_boot_ids
@@ -408,7 +408,19 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
         events.publish_session_changed_on_commit(session, reason="send", phase="end", run_id=run.run_id)
         if next_run is not None:
             dispatch_turn_on_commit(next_run, session)
+    _record_turn_end(run)
     return run
+
+
+def _record_turn_end(run: Run) -> None:
+    usage = run.usage or {}
+    metrics.record_turn_end(
+        status=run.status,
+        seconds=(run.ended_at - run.started_at).total_seconds() if run.started_at and run.ended_at else None,
+        model=run.model,
+        tokens_in=int(usage.get("input") or 0),
+        tokens_out=int(usage.get("output") or 0),
+    )
 
 
 def run_abort(*, session_key: str, run_id: str | None = None, actor: Actor | None = None) -> list[str]:
@@ -435,6 +447,7 @@ def run_abort(*, session_key: str, run_id: str | None = None, actor: Actor | Non
                 # As stored: the turn's end events and agent.wait's answer are built from it.
                 run.status, run.stop_reason = RunStatus.ABORTED, "aborted"
                 run.abort_requested_at = run.ended_at = now
+                _record_turn_end(run)
                 events.publish_turn_end_on_commit(run, session)
                 _clear_abort_on_commit(run)
             else:
@@ -469,6 +482,7 @@ def runs_recover(*, stale_before, reason: str, executors: list[str] | None = Non
             # What the dead turn waited on is withdrawn with it (consoles drop the card; nobody decides in vain).
             transaction.on_commit(lambda run_id=run_id: exec_approvals_cancel_for_run(run_id, RUN_ABORTED))
             run.refresh_from_db()
+            _record_turn_end(run)
             session.status = "failed"
             session.save(update_fields=["status", "updated_at"])
             events.publish_turn_end_on_commit(run, session)

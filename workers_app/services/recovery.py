@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from gateway import metrics
 from gateway import selectors as gateway_selectors
 from gateway.background import executor_label
 from gateway.exceptions import GatewayError
@@ -52,6 +53,10 @@ S = PlacementState
 E = EnvironmentState
 PAGE_SIZE = 500
 IN_FLIGHT_STATES = (S.REQUESTED, S.PROVISIONING, S.SYNCING, S.STARTING, S.DRAINING, S.RECONCILING)
+# Outcomes of a pass that change nothing (what it found was fine, or is another pass's to decide): not transitions.
+UNCHANGED_OUTCOMES = frozenset(
+    {"healthy", "terminal", "settled", "in-flight", "unleased", "active", "dormant", "raced"}
+)
 TURN_CLAIM_LOST_ERROR = "Active worker turn claim cannot be proven live after gateway restart"
 OWNER_MISMATCH_ERROR = "Active worker placement does not match its environment owner"
 
@@ -61,6 +66,14 @@ class RecoveryReport:
     environments_seen: int = 0
     placements_seen: int = 0
     outcomes: Counter = field(default_factory=Counter)
+
+    def transitions(self) -> list[tuple[str, int]]:
+        """What the pass changed, as ``(kind:outcome, count)``: the reasons of ``openclaw_recovery_transitions``."""
+        return [
+            (outcome, count)
+            for outcome, count in sorted(self.outcomes.items())
+            if outcome.partition(":")[2] not in UNCHANGED_OUTCOMES
+        ]
 
     def as_dict(self) -> dict:
         return {
@@ -258,6 +271,7 @@ def workers_node_removed(node_id: str) -> RecoveryReport:
             actor=actor,
         )
         report.outcomes[f"placement:{outcome}"] += 1
+    metrics.record_recovery_transitions("node-removed", report.transitions())
     return report
 
 
@@ -279,6 +293,7 @@ def _recover(*, startup: bool) -> RecoveryReport:
     pruned = workspace_manifests_prune()
     if pruned:
         report.outcomes["manifests:pruned"] += pruned
+    metrics.record_recovery_transitions("startup" if startup else "sweep", report.transitions())
     changed = {k: v for k, v in report.outcomes.items() if not k.endswith((":healthy", ":terminal", ":settled"))}
     if changed:
         logger.info(

@@ -30,6 +30,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from gateway.conf import gateway_setting
+from openclaw_site.supervision import MULTIPROCESS_DIR_ENV
 
 HEALTH_PATH = "/api/gateway/health"
 # Backends above the public port, clear of the ports next to it that OpenClaw's own gateway uses.
@@ -403,6 +404,12 @@ class Command(BaseCommand):
         self.stdout.flush()
         # Every process inherits supervisord's environment: the settings of this one, and these.
         os.environ["PYTHONUNBUFFERED"] = "1"
+        # Every program writes its metrics into files there, and /metrics adds them up (docs/operations.md); the
+        # files of an earlier cluster's processes would count again, so the directory starts empty.
+        metrics_dir = cluster_dir / "metrics"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        os.environ[MULTIPROCESS_DIR_ENV] = str(metrics_dir)
         # Node hosts the gateway starts (local and static-ssh providers) come in through the balancer.
         os.environ["OPENCLAW_WORKER_GATEWAY_URL"] = os.environ.get("OPENCLAW_WORKER_GATEWAY_URL") or url
         connections.close_all()
