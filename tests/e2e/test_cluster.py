@@ -5,7 +5,8 @@ Clients connect through the balancer only and land on different processes (the `
 ``node.invoke`` and a dispatched session's turn on the project's node host work across them; one gateway process is
 killed with SIGKILL mid-traffic: nothing committed is lost, the reconnecting client and the node host come back through
 HAProxy on the other process and resume (subscription, retried ``agent.wait``), and the node turn that was running
-through the killed process ends with a clear reason. Once more with RabbitMQ as the Celery broker.
+through the killed process ends with a clear reason. Once more with RabbitMQ as the Celery broker. ``/metrics``
+through the balancer counts the calls of both gateway processes and the tasks of the Celery worker.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from pathlib import Path
 
+import httpx
 import kombu
 import pytest
 from asgiref.sync import sync_to_async
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.models import GatewayConnection, GatewayProcess
 from openclaw_client.client import ConnectError
@@ -290,3 +294,75 @@ def test_the_topology_with_rabbitmq_as_the_celery_broker(haproxy):
     assert len(boots) == 2
     assert (waited["status"], waited["outputText"]) == ("ok", "over amqp")
     assert "transport:   amqp://guest:**@127.0.0.1:5672//" in cluster.log()
+
+
+METRICS_TOKEN = "cluster-metrics-token-0123456789"
+STATUS_CALLS_PER_CLIENT = 5
+
+
+def scrape(cluster, token: str | None = METRICS_TOKEN) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.get(f"{cluster.http_url}/metrics", headers=headers, timeout=15)
+
+
+def sample_value(text: str, name: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return None
+
+
+def scrape_until_turn_task_counted(cluster, timeout: float = 30.0) -> tuple[str, float | None]:
+    """The turn's Celery task is counted once it returns, a moment after ``agent.wait`` has its answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = scrape(cluster).text
+        counted = sample_value(text, "openclaw_celery_tasks_total", task="sessions.run_turn", outcome="success")
+        if counted or time.monotonic() > deadline:
+            return text, counted
+        time.sleep(0.5)
+
+
+def test_metrics_through_the_balancer_sum_every_process(haproxy):
+    cluster = start_cluster(
+        cluster_settings({"OPENCLAW_METRICS_TOKEN": METRICS_TOKEN}), extra_args=("--no-migrate", "--no-restart")
+    )
+
+    async def scenario_metrics():
+        clients = [operator(cluster) for _ in range(4)]
+        for client in clients:
+            await client.connect()
+        boots = [client.hello["server"]["bootId"] for client in clients]
+        for client in clients:
+            for _ in range(STATUS_CALLS_PER_CLIENT):
+                await client.request("status", {})
+        await clients[0].request("sessions.create", {"key": "agent:main:metrics"})
+        sent = await clients[0].request(
+            "chat.send", {"sessionKey": "agent:main:metrics", "message": "count me", "idempotencyKey": "m1"}
+        )
+        waited = await clients[1].request("agent.wait", {"runId": sent["runId"], "timeoutMs": 30_000}, timeout=35)
+        while_connected = await asyncio.to_thread(scrape, cluster)
+        for client in clients:
+            await client.close()
+        return boots, waited, while_connected
+
+    try:
+        boots, waited, while_connected = asyncio.run(scenario_metrics())
+        refused = scrape(cluster, token=None)
+        text, turn_tasks = scrape_until_turn_task_counted(cluster)
+    finally:
+        cluster.stop()
+
+    assert len(set(boots)) == 2, boots  # the clients landed on both processes
+    assert waited["status"] == "ok", waited
+    assert refused.status_code == 401 and "metrics token missing" in refused.text
+    assert while_connected.status_code == 200, while_connected.text
+    # Every status call counted, whichever process answered it and whichever process answers the scrape.
+    assert sample_value(while_connected.text, "openclaw_rpc_calls_total", method="status", outcome="ok") == (
+        4 * STATUS_CALLS_PER_CLIENT
+    )
+    assert sample_value(while_connected.text, "openclaw_gateway_connections", role="operator") == 4
+    assert sample_value(while_connected.text, "openclaw_state_source_up", source="broker") == 1
+    assert turn_tasks is not None and turn_tasks >= 1, text
+    assert sample_value(text, "openclaw_turns_total", status="ok") == 1
