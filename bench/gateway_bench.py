@@ -7,6 +7,7 @@ See ``bench/README.md`` for what each figure means.
     .venv/bin/python bench/gateway_bench.py
     .venv/bin/python bench/gateway_bench.py --database-url postgres://postgres@127.0.0.1:5432/postgres \\
         --redis-url redis://127.0.0.1:6379/0 --json bench.json
+    .venv/bin/python bench/gateway_bench.py --metrics-compare --rounds 4 --scrape-connections 1000
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -356,9 +361,18 @@ class OurGateway:
     """The project's gateway, started as the README does (``manage.py migrate`` + ``manage.py serve``) on scratch
     services, with the floor socket in the same process (``bench.settings``); :meth:`close` removes everything."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        *,
+        name: str = "project",
+        extra_env: dict[str, str] | None = None,
+        suffix: str = "",
+    ):
         self.args = args
-        self.postgres = ScratchPostgres(args.database_url) if is_postgres_url(args.database_url) else None
+        self.name = name
+        self.extra_env = extra_env or {}
+        self.postgres = ScratchPostgres(args.database_url, suffix) if is_postgres_url(args.database_url) else None
         self.redis_prefix = ScratchRedisPrefix(args.redis_url) if args.redis_url else None
         self.launch: GatewayLaunch | None = None
         self.gateway: GatewayServer | None = None
@@ -377,18 +391,18 @@ class OurGateway:
             database_url=database_url,
             redis_url=self.args.redis_url,
             redis_prefix=self.redis_prefix.prefix if self.redis_prefix else None,
-            extra_env=FLOOR_SETTINGS,
+            extra_env={**FLOOR_SETTINGS, **self.extra_env},
         )
-        progress("migrating a fresh database")
+        progress(f"{self.name}: migrating a fresh database")
         self.launch.migrate()
-        progress("starting the gateway")
+        progress(f"{self.name}: starting the gateway")
         # No Celery worker, whatever the task mode: nothing here runs a turn.
         self.gateway = self.launch.start(worker=False, timeout=STARTUP_TIMEOUT_S)
         self.announced = self.gateway.announced()
         time.sleep(0.5)  # let the process settle before the idle reading
         self.idle_rss = rss_mib(self.gateway.pid)
         return Target(
-            name="project",
+            name=self.name,
             url=self.gateway.url,
             token=self.gateway.token,
             pid=self.gateway.pid,
@@ -397,7 +411,7 @@ class OurGateway:
 
     def close(self, *, failed: bool) -> None:
         if self.gateway is not None and self.log_summary is None:
-            progress("stopping the gateway")
+            progress(f"{self.name}: stopping the gateway")
             self.gateway.stop()
             errors = count_errors(self.gateway.log())
             if failed:
@@ -460,6 +474,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.url:
         other = Target(name="other", url=args.url, token=args.token, pid=args.pid)
         return {"mode": "url", "runs": [measure(other, args)]}
+    if args.metrics_compare:
+        return run_metrics_compare(args)
     ours = OurGateway(args)
     report: dict[str, Any] = {}
     try:
@@ -479,6 +495,155 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ours.close(failed=not report)
     report["gatewayLog"] = ours.log_summary
     return report
+
+
+# --- metrics on vs off (docs/operations.md, Metrics) ------------------------------------------
+
+METRICS_METHODS = ("sessions.list", "health")
+METRICS_SWITCH = "OPENCLAW_METRICS_ENABLED"
+# Connections opened at once while the scrape benchmark fills the gateway up.
+CONNECT_BATCH = 50
+
+
+def run_metrics_compare(args: argparse.Namespace) -> dict[str, Any]:
+    """Two gateways of the same profile, one with metrics on and one with them off, measured in the same minutes:
+    each round runs every method on both, the order swapped every round (on, off / off, on) so that a drift of
+    the machine weighs on both alike. Then, optionally, the scrape time of /metrics with N connections open."""
+    gateways = {
+        "on": OurGateway(args, name="metrics on", extra_env={METRICS_SWITCH: "1"}, suffix="_on"),
+        "off": OurGateway(args, name="metrics off", extra_env={METRICS_SWITCH: "0"}, suffix="_off"),
+    }
+    report: dict[str, Any] = {}
+    try:
+        targets = {key: gateway.start() for key, gateway in gateways.items()}
+        rounds = []
+        for index in range(args.rounds):
+            progress(f"round {index + 1} of {args.rounds}")
+            order = ("on", "off") if index % 2 == 0 else ("off", "on")
+            figures: dict[str, dict[str, Any]] = {"on": {}, "off": {}}
+            for method in METRICS_METHODS:
+                for key in order:
+                    target = targets[key]
+                    progress(f"{target.name}: {method}, {args.connections} connections for {args.seconds:g} s")
+                    load = run_throughput(
+                        target.url,
+                        target.token,
+                        method=method,
+                        connections=args.connections,
+                        seconds=args.seconds,
+                        procs=args.client_procs,
+                        gateway_pid=target.pid,
+                    )
+                    figures[key][method] = throughput_figures(load, args.connections, args.client_procs)
+            rounds.append(figures)
+        report = {"mode": "metrics", "rounds": rounds}
+        if args.scrape_connections:
+            report["scrape"] = asyncio.run(scrape_times(targets["on"], args.scrape_connections, args.scrapes))
+        report["environment"] = gateways["on"].environment(asyncio.run(hello_facts(targets["on"])))
+    finally:
+        for gateway in gateways.values():
+            gateway.close(failed=not report)
+    report["gatewayLog"] = gateways["on"].log_summary
+    return report
+
+
+async def hello_facts(target: Target) -> dict[str, Any]:
+    client = await connected_client(target.url, target.token)
+    try:
+        return {
+            "gatewayVersion": client.hello["server"].get("version"),
+            "protocol": client.hello.get("protocol"),
+            "databaseVendor": None,
+        }
+    finally:
+        await client.close()
+
+
+async def _timed_scrapes(url: str, count: int) -> tuple[list[float], str]:
+    samples, text = [], ""
+    async with httpx.AsyncClient(timeout=60) as http:
+        for _ in range(count):
+            started = time.perf_counter()
+            response = await http.get(url)
+            samples.append(time.perf_counter() - started)
+            response.raise_for_status()
+            text = response.text
+    return samples, text
+
+
+def _scraped_connections(text: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "openclaw_gateway_connections" and sample.labels == {"role": "operator"}:
+                return sample.value
+    return None
+
+
+async def scrape_times(target: Target, connections: int, scrapes: int) -> dict[str, Any]:
+    """/metrics scraped ``scrapes`` times from loopback with no client connected, then with ``connections`` open."""
+    url = target.url.replace("ws://", "http://", 1) + "/metrics"
+    progress(f"{target.name}: {scrapes} scrapes of /metrics with no connection open")
+    idle, _ = await _timed_scrapes(url, scrapes)
+    clients: list[GatewayClient] = []
+    try:
+        progress(f"{target.name}: opening {connections} connections")
+        while len(clients) < connections:
+            batch = min(CONNECT_BATCH, connections - len(clients))
+            clients += await asyncio.gather(*(connected_client(target.url, target.token) for _ in range(batch)))
+        progress(f"{target.name}: {scrapes} scrapes of /metrics with {connections} connections open")
+        loaded, text = await _timed_scrapes(url, scrapes)
+    finally:
+        await asyncio.gather(*(client.close() for client in clients), return_exceptions=True)
+    return {
+        "connections": connections,
+        "scrapes": scrapes,
+        "idle": summarize(idle),
+        "loaded": summarize(loaded),
+        "bytes": len(text.encode("utf-8")),
+        "connectionsReported": _scraped_connections(text),
+    }
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.0f}–{max(values):.0f}" if values else "-"
+
+
+def render_metrics_compare(report: dict[str, Any]) -> list[str]:
+    rounds = report["rounds"]
+    first = rounds[0]["on"][METRICS_METHODS[0]]
+    lines = [
+        f"metrics on vs off: calls/s, {first['connections']} connections, {len(rounds)} alternating round(s); "
+        "difference = on/off - 1 per round (paired), its median and range",
+        f"{'method':<15}{'on median':>11}{'off median':>12}{'on range':>15}{'off range':>15}"
+        f"{'diff median':>13}{'diff range':>18}{'errors':>8}",
+    ]
+    for method in METRICS_METHODS:
+        on = [r["on"][method]["callsPerSecond"] for r in rounds]
+        off = [r["off"][method]["callsPerSecond"] for r in rounds]
+        diffs = [100 * (a / b - 1) for a, b in zip(on, off, strict=True) if b]
+        errors = sum(r[k][method]["errors"] for r in rounds for k in ("on", "off"))
+        lines.append(
+            f"{method:<15}{statistics.median(on):>11.0f}{statistics.median(off):>12.0f}{_spread(on):>15}"
+            f"{_spread(off):>15}{statistics.median(diffs):>+12.1f}%"
+            f"{f'{min(diffs):+.1f} … {max(diffs):+.1f} %':>18}{errors:>8}"
+        )
+        lines.append(
+            f"{'':<15}per round on:  "
+            + ", ".join(f"{v:.0f}" for v in on)
+            + "   off: "
+            + ", ".join(f"{v:.0f}" for v in off)
+        )
+    scrape = report.get("scrape")
+    if scrape:
+        lines += [
+            "",
+            f"/metrics scrape time (ms), {scrape['scrapes']} scrapes each, from loopback:",
+            latency_header("", 36),
+            latency_row("no connection open", scrape["idle"], 36),
+            latency_row(f"{scrape['connections']} connections open", scrape["loaded"], 36),
+            f"scrape size {scrape['bytes']} bytes; connections reported by the scrape: {scrape['connectionsReported']}",
+        ]
+    return lines
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -623,6 +788,8 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
     if env:
         lines += environment_lines(env)
         lines.append(f"  idle RSS       {env['idleRssMiB']:.1f} MiB (project gateway, right after startup)")
+    if report["mode"] == "metrics":
+        return "\n".join([*lines, "", *render_metrics_compare(report)])
     for result in report["runs"]:
         lines += ["", *render_run(result)]
     if report["mode"] == "side-by-side":
@@ -676,7 +843,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="NAME",
         help="the name of each --against in the tables, in order; all or none (default: other, or other-1, other-2…)",
     )
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of --against")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of --against or --metrics-compare")
+    parser.add_argument(
+        "--metrics-compare",
+        action="store_true",
+        help="start two gateways, metrics on and off, and compare sessions.list and health calls/s (--rounds)",
+    )
+    parser.add_argument(
+        "--scrape-connections",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --metrics-compare: also time /metrics scrapes with N connections open (e.g. 1000)",
+    )
+    parser.add_argument("--scrapes", type=int, default=20, help="scrapes timed per reading of --scrape-connections")
     parser.add_argument("--connections", type=int, default=8, help="concurrent connections of the throughput runs")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
     parser.add_argument("--calls", type=int, default=1000, help="sequential calls per method on one connection")
@@ -691,6 +871,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.seconds <= 0 or args.warmup < 0:
         parser.error("--seconds must be positive and --warmup not negative")
+    if args.metrics_compare and (args.url or args.against):
+        parser.error("--metrics-compare starts its own two gateways: not with --url or --against")
+    if args.scrape_connections and not args.metrics_compare:
+        parser.error("--scrape-connections is part of --metrics-compare")
+    if args.scrape_connections < 0 or args.scrapes < 1:
+        parser.error("--scrape-connections must not be negative and --scrapes at least 1")
     if args.url and args.against:
         parser.error("--url measures another gateway alone, --against beside ours: one or the other")
     if args.url and not args.token:
