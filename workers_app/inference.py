@@ -22,6 +22,7 @@ from django.conf import settings
 from django.core import signing
 from django.db import close_old_connections
 
+from gateway import metrics
 from gateway.exceptions import Conflict
 from gateway.redaction import redact_secrets
 from sessions_app.model_providers import (
@@ -121,8 +122,14 @@ async def completion_stream(
             granted.append(run)
             model = run.session_model or default_model()
             put("accepted", model)
-            for item in get_model_provider().stream(messages, model=model, should_abort=should_abort, tools=tools):
-                put("item", item)
+            provider = get_model_provider()
+            started = time.perf_counter()
+            try:
+                for item in provider.stream(messages, model=model, should_abort=should_abort, tools=tools):
+                    put("item", item)
+            finally:
+                # A node turn's model call, made here for the worker: timed as a gateway turn's are.
+                metrics.record_model_call(provider.name, time.perf_counter() - started)
             put("end")
         except Aborted:
             put("error", {"kind": "aborted", "message": "the turn was aborted"})

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core import signing
+from prometheus_client import REGISTRY
 
 from openclaw_client.agent.openai_stream import StreamState, ToolCall
 from openclaw_client.worker import Turn, TurnJob
@@ -251,6 +252,15 @@ def test_a_running_turn_streams_the_models_reply_as_openai_chunks_then_done(echo
     assert [chunk["choices"][0]["finish_reason"] for chunk in chunks] == [None] * (len(chunks) - 1) + ["stop"]
     assert chunks[-1]["choices"][0]["delta"] == {}
     assert chunks[-1]["usage"] == {"input": 5, "output": 3, "totalTokens": 8}
+
+
+def test_the_model_call_made_for_the_worker_is_timed(echo_model):
+    run = running(placed_session())
+    before = REGISTRY.get_sample_value("openclaw_model_call_seconds_count", {"provider": "echo"}) or 0.0
+
+    assert post(inference_token(run.run_id, NODE), GOOD_BODY).status == 200
+
+    assert REGISTRY.get_sample_value("openclaw_model_call_seconds_count", {"provider": "echo"}) == before + 1
 
 
 def test_the_provider_gets_the_workers_messages_with_the_gateways_model_and_key(mock_model):
