@@ -513,9 +513,12 @@ def run_metrics_compare(args: argparse.Namespace) -> dict[str, Any]:
         "on": OurGateway(args, name="metrics on", extra_env={METRICS_SWITCH: "1"}, suffix="_on"),
         "off": OurGateway(args, name="metrics off", extra_env={METRICS_SWITCH: "0"}, suffix="_off"),
     }
+    # Which one starts first is not neutral on a busy machine (the first was the slower one in A/A runs, where both
+    # had metrics on): --metrics-start-first swaps it, so that runs in both orders can be set side by side.
+    start_order = ("on", "off") if args.metrics_start_first == "on" else ("off", "on")
     report: dict[str, Any] = {}
     try:
-        targets = {key: gateway.start() for key, gateway in gateways.items()}
+        targets = {key: gateways[key].start() for key in start_order}
         rounds = []
         for index in range(args.rounds):
             progress(f"round {index + 1} of {args.rounds}")
@@ -536,7 +539,7 @@ def run_metrics_compare(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     figures[key][method] = throughput_figures(load, args.connections, args.client_procs)
             rounds.append(figures)
-        report = {"mode": "metrics", "rounds": rounds}
+        report = {"mode": "metrics", "startedFirst": start_order[0], "rounds": rounds}
         if args.scrape_connections:
             report["scrape"] = asyncio.run(scrape_times(targets["on"], args.scrape_connections, args.scrapes))
         report["environment"] = gateways["on"].environment(asyncio.run(hello_facts(targets["on"])))
@@ -612,8 +615,9 @@ def render_metrics_compare(report: dict[str, Any]) -> list[str]:
     rounds = report["rounds"]
     first = rounds[0]["on"][METRICS_METHODS[0]]
     lines = [
-        f"metrics on vs off: calls/s, {first['connections']} connections, {len(rounds)} alternating round(s); "
-        "difference = on/off - 1 per round (paired), its median and range",
+        f"metrics on vs off: calls/s, {first['connections']} connections, {len(rounds)} alternating round(s), "
+        f"metrics {report['startedFirst']} started first; difference = on/off - 1 per round (paired), its median "
+        "and range",
         f"{'method':<15}{'on median':>11}{'off median':>12}{'on range':>15}{'off range':>15}"
         f"{'diff median':>13}{'diff range':>18}{'errors':>8}",
     ]
@@ -857,6 +861,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --metrics-compare: also time /metrics scrapes with N connections open (e.g. 1000)",
     )
     parser.add_argument("--scrapes", type=int, default=20, help="scrapes timed per reading of --scrape-connections")
+    parser.add_argument(
+        "--metrics-start-first",
+        choices=("on", "off"),
+        default="on",
+        help="with --metrics-compare: which gateway starts first (default on)",
+    )
     parser.add_argument("--connections", type=int, default=8, help="concurrent connections of the throughput runs")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each throughput run")
     parser.add_argument("--calls", type=int, default=1000, help="sequential calls per method on one connection")

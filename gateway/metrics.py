@@ -79,8 +79,8 @@ error_code_label = BoundedLabel(32)
 
 # The labelled children, looked up once per (method, outcome): ``labels()`` takes a lock and builds a key on
 # every call, and this is on every request's path.
-_rpc_call_children: dict[tuple[str, str], object] = {}
-_rpc_duration_children: dict[str, object] = {}
+_rpc_call_children: dict[tuple[str, str], Counter] = {}
+_rpc_duration_children: dict[str, Histogram] = {}
 
 
 def rpc_method_label(method: str) -> str:
