@@ -607,6 +607,15 @@ async def scrape_times(target: Target, connections: int, scrapes: int) -> dict[s
     }
 
 
+def _cpu_per_call_us(load: dict[str, Any]) -> float | None:
+    """The gateway's CPU time per completed call: steadier than calls/s on a shared machine, since time other
+    processes take from the gateway does not count."""
+    cpu = load["gatewayCpuPercentOfCore"]
+    if cpu is None or not load["completed"]:
+        return None
+    return cpu / 100 * load["seconds"] / load["completed"] * 1e6
+
+
 def _spread(values: list[float]) -> str:
     return f"{min(values):.0f}–{max(values):.0f}" if values else "-"
 
@@ -637,6 +646,15 @@ def render_metrics_compare(report: dict[str, Any]) -> list[str]:
             + "   off: "
             + ", ".join(f"{v:.0f}" for v in off)
         )
+        cpu_on = [_cpu_per_call_us(r["on"][method]) for r in rounds]
+        cpu_off = [_cpu_per_call_us(r["off"][method]) for r in rounds]
+        if None not in cpu_on and None not in cpu_off:
+            cpu_diffs = [100 * (a / b - 1) for a, b in zip(cpu_on, cpu_off, strict=True) if b]
+            lines.append(
+                f"{'':<15}gateway CPU per call (µs): on {statistics.median(cpu_on):.1f}, off "
+                f"{statistics.median(cpu_off):.1f}; paired difference median {statistics.median(cpu_diffs):+.1f} % "
+                f"(range {min(cpu_diffs):+.1f} … {max(cpu_diffs):+.1f} %)"
+            )
     scrape = report.get("scrape")
     if scrape:
         lines += [

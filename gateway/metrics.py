@@ -16,10 +16,13 @@ benchmark measures the hot path with and without them.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from prometheus_client import Counter, Gauge, Histogram
 
 from .registry import registry
@@ -34,8 +37,16 @@ TURN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800
 MODEL_CALL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
+@functools.cache
 def metrics_enabled() -> bool:
+    # Read once: this is on every call's path. Tests that change the setting clear it (below).
     return settings.OPENCLAW_METRICS_ENABLED
+
+
+@receiver(setting_changed)
+def _setting_changed(*, setting: str, **kwargs) -> None:
+    if setting == "OPENCLAW_METRICS_ENABLED":
+        metrics_enabled.cache_clear()
 
 
 class BoundedLabel:
@@ -64,23 +75,19 @@ class BoundedLabel:
 
 # --- RPC ------------------------------------------------------------------------------------------
 
-RPC_CALLS = Counter(
-    "openclaw_rpc_calls",
-    "Gateway RPC calls answered, by method and outcome (ok or the error code).",
-    ("method", "outcome"),
-)
-RPC_DURATION = Histogram(
+# One histogram for both: its ``_count`` is the calls by method and outcome, its buckets their latency. A counter
+# beside it would double the work on every call's path for a number the histogram already has.
+RPC_CALLS = Histogram(
     "openclaw_rpc_duration_seconds",
-    "Time from a request frame's dispatch to its answer, by method.",
-    ("method",),
+    "Gateway RPC calls answered, by method and outcome (ok or the error code): time from dispatch to answer.",
+    ("method", "outcome"),
     buckets=RPC_BUCKETS,
 )
 error_code_label = BoundedLabel(32)
 
 # The labelled children, looked up once per (method, outcome): ``labels()`` takes a lock and builds a key on
-# every call, and this is on every request's path.
-_rpc_call_children: dict[tuple[str, str], Counter] = {}
-_rpc_duration_children: dict[str, Histogram] = {}
+# every call, and this is on every request's path. Keyed after the method is bounded, so it stays small.
+_rpc_children: dict[tuple[str, str], Histogram] = {}
 
 
 def rpc_method_label(method: str) -> str:
@@ -91,18 +98,11 @@ def record_rpc_call(method: str, outcome: str, seconds: float) -> None:
     """``outcome`` is "ok" or the error's protocol code; ``method`` as the client sent it."""
     if not metrics_enabled():
         return
-    method = rpc_method_label(method)
-    key = (method, outcome)
-    calls = _rpc_call_children.get(key)
-    if calls is None:
-        calls = _rpc_call_children[key] = RPC_CALLS.labels(
-            method, "ok" if outcome == "ok" else error_code_label(outcome)
-        )
-    calls.inc()
-    duration = _rpc_duration_children.get(method)
-    if duration is None:
-        duration = _rpc_duration_children[method] = RPC_DURATION.labels(method)
-    duration.observe(seconds)
+    key = (rpc_method_label(method), outcome)
+    child = _rpc_children.get(key)
+    if child is None:
+        child = _rpc_children[key] = RPC_CALLS.labels(key[0], "ok" if outcome == "ok" else error_code_label(outcome))
+    child.observe(seconds)
 
 
 # --- connections and handshakes -------------------------------------------------------------------

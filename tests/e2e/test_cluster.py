@@ -359,7 +359,7 @@ def test_metrics_through_the_balancer_sum_every_process(haproxy):
     assert refused.status_code == 401 and "metrics token missing" in refused.text
     assert while_connected.status_code == 200, while_connected.text
     # Every status call counted, whichever process answered it and whichever process answers the scrape.
-    assert sample_value(while_connected.text, "openclaw_rpc_calls_total", method="status", outcome="ok") == (
+    assert sample_value(while_connected.text, "openclaw_rpc_duration_seconds_count", method="status", outcome="ok") == (
         4 * STATUS_CALLS_PER_CLIENT
     )
     assert sample_value(while_connected.text, "openclaw_gateway_connections", role="operator") == 4

@@ -51,10 +51,10 @@ def test_calls_connections_and_refused_handshakes_show_in_the_scrape(gateway):
     def moved(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    assert moved("openclaw_rpc_calls_total", method="health", outcome="ok") == 3
-    assert moved("openclaw_rpc_calls_total", method="unknown", outcome="INVALID_REQUEST") == 2
+    assert moved("openclaw_rpc_duration_seconds_count", method="health", outcome="ok") == 3
+    assert moved("openclaw_rpc_duration_seconds_count", method="unknown", outcome="INVALID_REQUEST") == 2
     assert not any(labels and ("method", "made.up.one") in labels for _name, labels in after)
-    assert moved("openclaw_rpc_duration_seconds_count", method="health") == 3
+    assert moved("openclaw_rpc_duration_seconds_bucket", method="health", outcome="ok", le="+Inf") == 3
     assert value(connected, "openclaw_gateway_connections", role="operator") >= 1
     assert moved("openclaw_gateway_handshakes_total", result="ok") >= 1
     assert moved("openclaw_gateway_handshake_failures_total", reason="auth_token_mismatch") == 1

@@ -16,6 +16,9 @@ from gateway.protocol import ConnectParams, RequestFrame
 from gateway.registry import EmptyParams, MethodSpec, registry
 from tests.support.connections import admin_operator_context
 
+# The calls by method and outcome: the count of the latency histogram.
+CALLS = "openclaw_rpc_duration_seconds_count"
+
 
 def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
@@ -49,49 +52,49 @@ def call(method: str, request_id: str = "r1") -> dict:
 
 
 def test_an_answered_call_counts_as_ok_with_its_latency(methods):
-    calls_before = sample("openclaw_rpc_calls_total", method="test.metrics.ok", outcome="ok")
-    timed_before = sample("openclaw_rpc_duration_seconds_count", method="test.metrics.ok")
+    calls_before = sample(CALLS, method="test.metrics.ok", outcome="ok")
+    timed_before = sample("openclaw_rpc_duration_seconds_sum", method="test.metrics.ok", outcome="ok")
 
     assert call("test.metrics.ok")["ok"] is True
 
-    assert sample("openclaw_rpc_calls_total", method="test.metrics.ok", outcome="ok") == calls_before + 1
-    assert sample("openclaw_rpc_duration_seconds_count", method="test.metrics.ok") == timed_before + 1
+    assert sample(CALLS, method="test.metrics.ok", outcome="ok") == calls_before + 1
+    assert sample("openclaw_rpc_duration_seconds_sum", method="test.metrics.ok", outcome="ok") > timed_before
 
 
 def test_a_refused_call_counts_under_its_error_code(methods):
-    before = sample("openclaw_rpc_calls_total", method="test.metrics.fails", outcome="INVALID_REQUEST")
-    ok_before = sample("openclaw_rpc_calls_total", method="test.metrics.fails", outcome="ok")
+    before = sample(CALLS, method="test.metrics.fails", outcome="INVALID_REQUEST")
+    ok_before = sample(CALLS, method="test.metrics.fails", outcome="ok")
 
     response = call("test.metrics.fails")
 
     assert response["error"]["code"] == "INVALID_REQUEST"
-    assert sample("openclaw_rpc_calls_total", method="test.metrics.fails", outcome="INVALID_REQUEST") == before + 1
-    assert sample("openclaw_rpc_calls_total", method="test.metrics.fails", outcome="ok") == ok_before
+    assert sample(CALLS, method="test.metrics.fails", outcome="INVALID_REQUEST") == before + 1
+    assert sample(CALLS, method="test.metrics.fails", outcome="ok") == ok_before
 
 
 def test_unknown_methods_share_one_label_value(methods):
     call("no.such.method.one")  # the first unknown call may create the "unknown" series
-    methods_seen = label_values("openclaw_rpc_calls", "method")
-    before = sample("openclaw_rpc_calls_total", method="unknown", outcome="INVALID_REQUEST")
+    methods_seen = label_values("openclaw_rpc_duration_seconds", "method")
+    before = sample(CALLS, method="unknown", outcome="INVALID_REQUEST")
 
     for n in range(5):
         assert call(f"made.up.{n}")["error"]["message"] == f"unknown method: made.up.{n}"
 
-    assert label_values("openclaw_rpc_calls", "method") == methods_seen
+    assert label_values("openclaw_rpc_duration_seconds", "method") == methods_seen
     assert "unknown" in methods_seen and not any(m.startswith(("made.up", "no.such")) for m in methods_seen)
-    assert sample("openclaw_rpc_calls_total", method="unknown", outcome="INVALID_REQUEST") == before + 5
+    assert sample(CALLS, method="unknown", outcome="INVALID_REQUEST") == before + 5
 
 
 def test_nothing_is_recorded_when_metrics_are_off(methods, settings):
     settings.OPENCLAW_METRICS_ENABLED = False
-    before = sample("openclaw_rpc_calls_total", method="test.metrics.ok", outcome="ok")
+    before = sample(CALLS, method="test.metrics.ok", outcome="ok")
     lockouts = sample("openclaw_auth_lockouts_total", limiter="shared-secret")
 
     assert call("test.metrics.ok")["ok"] is True
     metrics.record_auth_lockout("shared-secret")
     metrics.connection_opened("operator")
 
-    assert sample("openclaw_rpc_calls_total", method="test.metrics.ok", outcome="ok") == before
+    assert sample(CALLS, method="test.metrics.ok", outcome="ok") == before
     assert sample("openclaw_auth_lockouts_total", limiter="shared-secret") == lockouts
 
 

@@ -266,12 +266,12 @@ def test_the_processes_of_a_cluster_are_summed(tmp_path, monkeypatch):
 
     scraped = scrape()
 
-    assert value(scraped, "openclaw_rpc_calls_total", method="health", outcome="ok") == 7
-    assert value(scraped, "openclaw_rpc_duration_seconds_count", method="health") == 7
+    assert value(scraped, "openclaw_rpc_duration_seconds_count", method="health", outcome="ok") == 7
+    assert value(scraped, "openclaw_rpc_duration_seconds_bucket", method="health", outcome="ok", le="+Inf") == 7
     # Both recording processes have exited: the console marks them dead, and their connections stop counting.
     assert value(scraped, "openclaw_gateway_connections", role="operator") == 2
     forget_live_metrics(str(first))
     forget_live_metrics(str(second))
     after = scrape()
     assert value(after, "openclaw_gateway_connections", role="operator") is None
-    assert value(after, "openclaw_rpc_calls_total", method="health", outcome="ok") == 7
+    assert value(after, "openclaw_rpc_duration_seconds_count", method="health", outcome="ok") == 7
