@@ -9,6 +9,7 @@ is asked of the placement port (:mod:`sessions_app.ports`) once the run is commi
 from __future__ import annotations
 
 import functools
+import json
 import unicodedata
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from openclaw_client.agent.loop import openai_messages
 
 from .. import events
 from ..events import TurnEmitter
-from ..models import Run, RunStatus, Session, SessionWindow, ToolArtifact
+from ..models import Run, RunStatus, Session, SessionWindow, ToolArtifact, TranscriptEvent, new_id
 from ..ports import SessionAction, placements
 from ..selectors import newest_message_bodies
 from .sessions import session_for_turn, session_lock
@@ -263,6 +264,57 @@ def active_path_messages(window: SessionWindow) -> list[dict]:
     return openai_messages(newest_message_bodies(window, limit=settings.OPENCLAW_MODEL["CONTEXT_MESSAGES"]))
 
 
+def _append_to_running_run(run_id: str, body: dict, *, idempotency_key: str) -> bool:
+    """PostgreSQL: append a message of a running run in one statement (one round trip, one commit), as
+    :func:`run_record_message` does in five. False when nothing was written.
+
+    Every row the statement decides on is locked (the session first, as every writer of its runs and
+    transcript takes it; then the run and the window): under READ COMMITTED a locked row is re-read at its
+    newest committed version once the lock is held, so the run's status, the session's window and the
+    window's leaf are not the statement's snapshot, taken before it waited. (The run takes FOR SHARE, not
+    FOR KEY SHARE: a key-share lock is granted past a committed update that left the key alone, without that
+    re-read, and the run's status would be the snapshot's.) A key recorded meanwhile by another writer meets the unique
+    constraint, as on the general path.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _APPEND_TO_RUNNING_RUN_SQL,
+            {"run_id": run_id, "event_id": new_id(), "body": json.dumps(body), "key": idempotency_key},
+        )
+        return cursor.fetchone() is not None
+
+
+_APPEND_TO_RUNNING_RUN_SQL = f"""
+WITH locked_session AS (
+    SELECT s."id", s."session_id" FROM "{Session._meta.db_table}" s
+    WHERE s."id" IN (SELECT "session_id" FROM "{Run._meta.db_table}" WHERE "run_id" = %(run_id)s)
+    FOR NO KEY UPDATE
+), running AS (
+    SELECT r."window_id" FROM "{Run._meta.db_table}" r JOIN locked_session s ON s."id" = r."session_id"
+    WHERE r."run_id" = %(run_id)s AND r."status" = '{RunStatus.RUNNING.value}' AND r."window_id" = s."session_id"
+    FOR SHARE OF r
+), current_leaf AS (
+    SELECT w."id", w."next_seq", w."leaf_event_id" FROM "{SessionWindow._meta.db_table}" w
+    JOIN running ON running."window_id" = w."id"
+    WHERE NOT EXISTS (
+        SELECT 1 FROM "{TranscriptEvent._meta.db_table}" e
+        WHERE e."window_id" = w."id" AND e."idempotency_key" = %(key)s
+    )
+    FOR NO KEY UPDATE OF w
+), advanced AS (
+    UPDATE "{SessionWindow._meta.db_table}" w
+    SET "next_seq" = c."next_seq" + 1, "leaf_event_id" = %(event_id)s, "message_count" = w."message_count" + 1
+    FROM current_leaf c WHERE w."id" = c."id"
+    RETURNING w."id", c."next_seq" AS "seq", c."leaf_event_id" AS "parent_id"
+)
+INSERT INTO "{TranscriptEvent._meta.db_table}"
+    ("window_id", "seq", "event_id", "parent_id", "type", "body", "idempotency_key", "created_at")
+SELECT a."id", a."seq", %(event_id)s, a."parent_id", 'message', %(body)s::jsonb, %(key)s, statement_timestamp()
+FROM advanced a
+RETURNING "seq"
+"""
+
+
 def run_heartbeat(*, run_id: str) -> bool:
     """Proof of life; False when the run is no longer running (aborted, swept)."""
     return bool(Run.objects.filter(run_id=run_id, status=RunStatus.RUNNING).update(heartbeat_at=timezone.now()))
@@ -290,6 +342,13 @@ def run_record_message(
     ``first_time``: the caller proves the key was never recorded (the loop that claimed the run numbers its own
     steps), so it is not looked up first; the unique constraint still refuses a repeat.
     """
+    # Which turn the message belongs to (as the turn's final assistant message says too).
+    stored = {**body, "runId": run_id}
+    if full_text is None and connection.vendor == "postgresql":
+        if _append_to_running_run(run_id, stored, idempotency_key=f"{run_id}:{message_key}"):
+            return stored
+        # Nothing written: the run no longer runs, or the key is already recorded (a node's resend).
+        # The general path below tells which, under the same locks.
     with transaction.atomic():
         locked = _lock_run(run_id)
         if locked is None:
@@ -297,8 +356,6 @@ def run_record_message(
         run, session = locked
         if run.status != RunStatus.RUNNING or run.window_id != session.session_id:
             return None
-        # Which turn the message belongs to (as the turn's final assistant message says too).
-        stored = {**body, "runId": run_id}
         if full_text is not None and body.get("role") == "toolResult":
             size = len(full_text.encode("utf-8"))
             artifact, _ = ToolArtifact.objects.get_or_create(
