@@ -151,6 +151,18 @@ def environment_attach_session(*, environment_id: str, session_id: str) -> Worke
     return _cas(environment, changes)
 
 
+def environment_follow_session(*, environment_id: str, previous_session_id: str, session_id: str) -> bool:
+    """The session an environment is attached to started a new transcript generation (``sessions.reset``): the
+    attachment follows its new id, under the same owner epoch (the worker and its workspace stay the session's).
+    Called inside the reset's transaction, the session row locked. False when the environment is not attached
+    to exactly the previous id (another owner, released): nothing changes."""
+    environment = WorkerEnvironment.objects.filter(pk=environment_id).first()
+    if environment is None or environment.attached_session_ids != [previous_session_id]:
+        return False
+    _cas(environment, {"attached_session_ids": [session_id], "updated_at_ms": now_ms()})
+    return True
+
+
 @transaction.atomic
 def environment_record_error(*, environment_id: str, error: str) -> bool:
     """Remember why the last look at an environment failed; nothing else changes."""
