@@ -261,6 +261,9 @@ OPENCLAW_GATEWAY = {
     # and the connections it registered are no longer routable.
     "PROCESS_HEARTBEAT_INTERVAL_MS": env_int("OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS", 10_000, minimum=100),
     "PROCESS_STALE_AFTER_MS": env_int("OPENCLAW_PROCESS_STALE_AFTER_MS", 35_000, minimum=100),
+    # Right after a start, operators' reads (RPC, JSON API, console, admin) wait for startup recovery to have
+    # reconciled the placements, at most this long; then they are answered UNAVAILABLE (retryable).
+    "STARTUP_READ_WAIT_MS": env_int("OPENCLAW_STARTUP_READ_WAIT_MS", 30_000, minimum=0),
 }
 # HTTP bodies are bounded like WebSocket frames (a worker's inference request carries a turn's history).
 DATA_UPLOAD_MAX_MEMORY_SIZE = OPENCLAW_GATEWAY["MAX_PAYLOAD_BYTES"]
