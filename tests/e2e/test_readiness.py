@@ -1,0 +1,76 @@
+"""A gateway process started as the README does answers ``/readyz`` from its dependencies: when its database goes
+away (a TCP proxy between it and PostgreSQL is cut) it says not-ready within seconds, stays live (``/healthz``),
+and is ready again once the database is back. The shared PostgreSQL server itself is never stopped."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from django.db import connections
+
+from tests.support.processes import current_database_url, start_gateway
+from tests.support.tcp_proxy import TcpProxy
+
+# Both databases: the gateway started here opens the harness store too (pytest-django creates only those asked for).
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True, databases="__all__")]
+
+# Generous bounds for a shared, noisy machine: the checks themselves give up after 2 s (operations_app/health.py).
+NOTICE_WITHIN_S = 20.0
+ANSWER_TIMEOUT_S = 15.0
+
+
+def get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=ANSWER_TIMEOUT_S) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def readiness_becomes(server, status: int) -> tuple[dict, float]:
+    """Poll ``/readyz`` until it answers ``status``; its body then and the seconds it took."""
+    started = time.monotonic()
+    last: tuple[int, dict] | None = None
+    while time.monotonic() - started < NOTICE_WITHIN_S:
+        last = get(f"{server.http_url}/readyz")
+        if last[0] == status:
+            return last[1], time.monotonic() - started
+        time.sleep(0.2)
+    raise AssertionError(f"/readyz did not answer {status} within {NOTICE_WITHIN_S} s: {last}\n{server.log()}")
+
+
+def test_a_gateway_that_loses_its_database_is_not_ready_until_it_returns(capsys):
+    database = connections["default"].settings_dict
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("needs PostgreSQL behind a proxy (the embedded profile: tests/operations_app/test_health.py)")
+    host, port = database["HOST"] or "127.0.0.1", int(database["PORT"] or 5432)
+    with TcpProxy(host, port) as proxy:
+        proxied = current_database_url().replace(f"@{host}:{port}/", f"@127.0.0.1:{proxy.port}/")
+        assert str(proxy.port) in proxied
+        server = start_gateway(extra_env={"DATABASE_URL": proxied}, worker=False)
+        try:
+            ready, _ = readiness_becomes(server, 200)
+            assert ready["checks"]["database"]["state"] == "ok"
+
+            proxy.cut()
+            not_ready, noticed_after = readiness_becomes(server, 503)
+            live = get(f"{server.http_url}/healthz")
+
+            proxy.restore()
+            ready_again, recovered_after = readiness_becomes(server, 200)
+        finally:
+            proxy.restore()
+            server.stop()
+
+    assert not_ready["status"] == "not ready"
+    assert not_ready["checks"]["database"]["state"] in ("failing", "timeout"), not_ready
+    assert not_ready["checks"]["database"].get("reason") in ("unreachable", "no answer within 2 s"), not_ready
+    # Liveness asks nothing of the database: the process is not to be restarted for it.
+    assert live == (200, {"status": "ok"})
+    assert ready_again["status"] == "ready" and ready_again["checks"]["database"]["state"] == "ok"
+    with capsys.disabled():
+        print(f"\nreadiness: database cut noticed after {noticed_after:.1f} s, back after {recovered_after:.1f} s")
