@@ -1,9 +1,13 @@
 """A gateway process started as the README does answers ``/readyz`` from its dependencies: when its database goes
 away (a TCP proxy between it and PostgreSQL is cut) it says not-ready within seconds, stays live (``/healthz``),
-and is ready again once the database is back. The shared PostgreSQL server itself is never stopped."""
+and is ready again once the database is back. The shared PostgreSQL server itself is never stopped.
+
+Its address ``/`` sends a browser to the console and still takes OpenClaw clients' WebSocket."""
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import json
 import time
 import urllib.error
@@ -12,6 +16,7 @@ import urllib.request
 import pytest
 from django.db import connections
 
+from tests.support.clients import operator, raw_socket
 from tests.support.processes import current_database_url, start_gateway
 from tests.support.tcp_proxy import TcpProxy
 
@@ -74,3 +79,31 @@ def test_a_gateway_that_loses_its_database_is_not_ready_until_it_returns(capsys)
     assert ready_again["status"] == "ready" and ready_again["checks"]["database"]["state"] == "ok"
     with capsys.disabled():
         print(f"\nreadiness: database cut noticed after {noticed_after:.1f} s, back after {recovered_after:.1f} s")
+
+
+def test_the_gateway_address_sends_browsers_to_the_console_and_keeps_its_websocket(gateway):
+    browser = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=ANSWER_TIMEOUT_S)
+    try:
+        browser.request("GET", "/")
+        answer = browser.getresponse()
+        answer.read()
+    finally:
+        browser.close()
+
+    async def over_the_socket() -> tuple[str, dict, dict]:
+        # ``gateway.url`` is ws://127.0.0.1:<port>, the path ``/`` that browsers are redirected from.
+        ws, nonce = await raw_socket(gateway)
+        await ws.close()
+        client = operator(gateway)
+        hello = await client.connect()
+        health = await client.request("health", {})
+        await client.close()
+        return nonce, hello, health
+
+    nonce, hello, health = asyncio.run(over_the_socket())
+
+    assert answer.status == 302
+    assert answer.getheader("Location") == "/ui/login/"
+    assert nonce  # connect.challenge, as on every gateway socket
+    assert hello["type"] == "hello-ok"
+    assert health["ok"] is True
