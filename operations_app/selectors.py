@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import Count, Q
-from django.utils import timezone
 
 from gateway import selectors as gateway_selectors
 from gateway import state
@@ -30,10 +29,6 @@ class ProcessRow:
     this_process: bool
     operators: int
     nodes: int
-
-    @property
-    def uptime_s(self) -> int:
-        return max(0, int((timezone.now() - self.started_at).total_seconds()))
 
 
 def gateway_processes() -> list[ProcessRow]:
