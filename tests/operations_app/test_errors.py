@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 from django.db import IntegrityError, transaction
+from django.urls import reverse
 
 from gateway import state
 from gateway.exceptions import InternalError, InternalErrorReport, internal_error
@@ -115,3 +116,19 @@ def test_a_full_queue_drops_the_report_without_raising():
     recorder(report("dropped"))
 
     assert recorder.dropped == 1
+
+
+@pytest.mark.django_db
+def test_the_admin_finds_an_error_by_its_reference_and_changes_nothing(admin_client):
+    error_record(reports=[report("feedc0ffee123456", "GET /api/sessions/"), report("0000000000000000")])
+    changelist = reverse("admin:operations_app_recordederror_changelist")
+
+    found = admin_client.get(changelist, {"q": "feedc0ffee123456"})
+
+    assert found.status_code == 200
+    assert [row.error_id for row in found.context["cl"].result_list] == ["feedc0ffee123456"]
+    row = RecordedError.objects.get(error_id="feedc0ffee123456")
+    change = reverse("admin:operations_app_recordederror_change", args=[row.pk])
+    assert admin_client.post(change, {"context": "edited"}).status_code == 403
+    row.refresh_from_db()
+    assert row.context == "GET /api/sessions/"
