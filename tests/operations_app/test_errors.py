@@ -10,7 +10,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.urls import reverse
 
-from gateway import state
+from gateway import exceptions, state
 from gateway.exceptions import InternalError, InternalErrorReport, internal_error
 from gateway.models import AuditLog
 from operations_app.errors import ErrorRecorder, error_recorder
@@ -132,3 +132,25 @@ def test_the_admin_finds_an_error_by_its_reference_and_changes_nothing(admin_cli
     assert admin_client.post(change, {"context": "edited"}).status_code == 403
     row.refresh_from_db()
     assert row.context == "GET /api/sessions/"
+
+
+def test_a_listener_that_fails_does_not_change_what_the_caller_gets(monkeypatch, caplog):
+    told: list[InternalErrorReport] = []
+
+    def broken_listener(report: InternalErrorReport) -> None:
+        raise RuntimeError("listener bug")
+
+    monkeypatch.setattr(exceptions, "_internal_error_listeners", [broken_listener, told.append])
+    with caplog.at_level(logging.ERROR):
+        try:
+            raise KeyError("missing")
+        except KeyError:
+            error = internal_error(logger, "a context")
+
+    error_id = error.details["errorId"]
+    assert error.message == f"internal error; reference {error_id}"
+    # The next listener was still told, with the exception being handled.
+    assert [(r.error_id, r.context, r.exception_class, r.first_line) for r in told] == [
+        (error_id, "a context", "KeyError", "'missing'")
+    ]
+    assert any("internal error listener" in r.getMessage() and error_id in r.getMessage() for r in caplog.records)
