@@ -5,3 +5,11 @@ class OperationsConfig(AppConfig):
     name = "operations_app"
     label = "operations_app"
     verbose_name = "Operations"
+
+    def ready(self) -> None:
+        # Models must be loaded before the recorder's modules are imported.
+        from gateway.exceptions import on_internal_error
+
+        from .errors import error_recorder
+
+        on_internal_error(error_recorder)

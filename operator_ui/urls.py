@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
-from . import approval_views, pairing_views, views
+from . import approval_views, pairing_views, system_views, views
 
 app_name = "ui"
 
@@ -32,6 +32,7 @@ urlpatterns = [
         name="node-request",
     ),
     path("nodes/<str:node_id>/remove", views.node_remove, name="node-remove"),
+    path("system/", system_views.system, name="system"),
     path("pairing/", pairing_views.pairing, name="pairing"),
     path(
         "pairing/requests/<str:request_id>/<str:decision>",

@@ -240,6 +240,19 @@ def test_dispatch_of_an_archived_session_is_refused(dev_profile):
 
 
 @dispatch_db
+@pytest.mark.parametrize("target", [{"profileId": "dev"}, {"deviceId": NODE}])
+def test_an_archived_session_is_refused_for_its_state_before_any_target_check(use_profiles, target):
+    """Without cloud profiles (or with an unknown node) the session's own state still answers first."""
+    use_profiles({})
+    session = make_session()
+    archive(session)
+    before = world()
+    with refused(InvalidRequest, "cannot dispatch an archived session"):
+        dispatch(ctx(), session.key, **target)
+    assert world() == before
+
+
+@dispatch_db
 def test_a_session_run_by_an_agent_harness_cannot_be_placed_on_a_worker(dev_profile):
     session = make_session()
     Session.objects.filter(pk=session.pk).update(agent_harness_id="native")

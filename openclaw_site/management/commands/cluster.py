@@ -31,7 +31,9 @@ from django.db import connections
 
 from gateway.conf import gateway_setting
 
-HEALTH_PATH = "/api/gateway/health"
+# Readiness (docs/operations.md, "Health"): a process that lost its database, Redis or broker, or runs before its
+# migrations, gets no new clients.
+HEALTH_PATH = "/readyz"
 # Backends above the public port, clear of the ports next to it that OpenClaw's own gateway uses.
 BACKEND_PORT_OFFSET = 10
 # A start counts once the process stayed up this long; a process that dies sooner is retried after 1 s, 2 s, …
