@@ -1,7 +1,8 @@
 """Liveness and readiness of this process, for load balancers and orchestrators (docs/operations.md, "Health").
 
-Readiness is four checks: the database answers, the channel layer's Redis answers (the in-memory layer always
-does), the Celery broker answers when turns run in Celery, and no migration is left unapplied. Each check runs
+Readiness is five checks: startup recovery has run (operators' reads wait for it until then), the database
+answers, the channel layer's Redis answers (the in-memory layer always does), the Celery broker answers when turns
+run in Celery, and no migration is left unapplied. Each check runs
 on a thread of its own with a deadline, so a database that stopped answering makes ``/readyz`` say so within
 :data:`CHECK_TIMEOUT_S` instead of hanging with it; a check still running from an earlier call is waited for
 again rather than started twice, so a dead dependency never piles up threads.
@@ -28,6 +29,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 from kombu import Connection as BrokerConnection
 
+from gateway import state
 from gateway.health import probe_database
 
 logger = logging.getLogger(__name__)
@@ -243,7 +245,8 @@ class ReadinessChecks:
         """Every check at once; one that has not answered within ``timeout_s`` is ``timeout``."""
         futures = {name: check.start() for name, check in self.checks.items()}
         wait_for_futures(futures.values(), timeout=timeout_s)
-        results = {}
+        # Reconcile before serving: until startup recovery has run, operators' reads wait, so the process is not ready.
+        results = {"startup": startup_result()}
         for name, future in futures.items():
             if future.done():
                 results[name] = future.result()
@@ -254,6 +257,12 @@ class ReadinessChecks:
 
 
 readiness_checks = ReadinessChecks()
+
+
+def startup_result() -> CheckResult:
+    if state.serving():
+        return CheckResult(CheckState.OK)
+    return CheckResult(CheckState.FAILING, "startup recovery still reconciling worker placements")
 
 
 def readiness() -> Readiness:

@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 from django.db.migrations.recorder import MigrationRecorder
 
+from gateway import state
 from operations_app import health
 from operations_app.health import CheckResult, CheckState, ReadinessChecks
 from tests.support.processes import free_port
@@ -61,7 +62,7 @@ def test_a_process_with_its_dependencies_up_is_ready():
     readiness = ReadinessChecks().run()
 
     assert readiness.ready, readiness.to_json()
-    assert set(readiness.checks) == {"database", "channelLayer", "broker", "migrations"}
+    assert set(readiness.checks) == {"startup", "database", "channelLayer", "broker", "migrations"}
     assert readiness.checks["database"].state == CheckState.OK
     assert readiness.checks["migrations"].state == CheckState.OK
     assert readiness.to_json()["status"] == "ready"
@@ -202,3 +203,20 @@ def test_readyz_is_503_naming_the_failing_check(client, settings):
         "durationMs": body["checks"]["channelLayer"]["durationMs"],
     }
     assert body["checks"]["database"]["state"] == "ok"
+
+
+@every_database
+def test_readyz_is_503_until_startup_recovery_has_run(client):
+    state.startup_begun()
+    try:
+        during = client.get("/readyz")
+    finally:
+        state.startup_finished()
+    after = client.get("/readyz")
+
+    assert during.status_code == 503
+    assert during.json()["checks"]["startup"] == {
+        "state": "failing",
+        "reason": "startup recovery still reconciling worker placements",
+    }
+    assert after.status_code == 200 and after.json()["checks"]["startup"] == {"state": "ok"}
