@@ -9,6 +9,7 @@ reading every run ever recorded.
 
 from __future__ import annotations
 
+import functools
 import re
 import zoneinfo
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ RANGE_DAYS = {"7d": 7, "30d": 30, "90d": 90, "1y": 365}
 # Dates a report can name: the epoch onwards, and a day whose end is still a valid datetime in any zone.
 EARLIEST_DAY = date(1970, 1, 1)
 LATEST_DAY = date(9998, 12, 31)
+NOT_ZONES = frozenset({"localtime", "posixrules", "Factory"})
 _UTC_OFFSET = re.compile(r"^UTC([+-])(\d{1,2})(?::([0-5]\d))?$")
 
 
@@ -121,8 +123,17 @@ def _utc_offset(raw: str | None) -> tzinfo | None:
     return UTC if minutes == 0 else timezone(timedelta(minutes=minutes))
 
 
+@functools.cache
+def _known_zones() -> frozenset[str]:
+    # The IANA names, less the files of a system's zone directory that are not zones of their own (PostgreSQL's
+    # AT TIME ZONE would refuse them mid-query); read from disk once.
+    return frozenset(zoneinfo.available_timezones()) - NOT_ZONES
+
+
 def _named_zone(name: str) -> tzinfo | None:
+    if name not in _known_zones():
+        return None
     try:
         return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
         return None

@@ -300,6 +300,11 @@ def test_a_connection_without_read_scope_is_refused(method):
         ),
         (
             "usage.cost",
+            {"mode": "specific", "timeZone": "localtime"},
+            "invalid timeZone: expected a valid IANA time zone",
+        ),
+        (
+            "usage.cost",
             {"mode": "specific", "timeZone": "../../etc/passwd"},
             "invalid timeZone: expected a valid IANA time zone",
         ),
