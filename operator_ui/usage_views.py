@@ -27,69 +27,54 @@ from .views import _refusal
 TOP_SESSIONS = 10
 PRESETS = (7, 30, 90)
 
-# The chart's drawing box (SVG user units; the SVG scales to the page's width).
-CHART_WIDTH, CHART_HEIGHT = 720, 220
-PLOT_LEFT, PLOT_RIGHT, PLOT_TOP, PLOT_BOTTOM = 64, 8, 12, 28
+# The chart's drawing box, in SVG user units: one slot of SLOT units per day, bars up to CHART_HEIGHT. The SVG is
+# stretched to the page's width (its text is HTML around it, so nothing is drawn at an unreadable size).
+SLOT, BAR, CHART_HEIGHT = 10, 7, 100
 
 
 @dataclass(frozen=True)
 class Bar:
     x: float
     y: float
-    width: float
     height: float
-    label: str
-
-
-@dataclass(frozen=True)
-class Tick:
-    position: float
     label: str
 
 
 @dataclass(frozen=True)
 class DailyChart:
     bars: list[Bar]
-    y_ticks: list[Tick]
-    x_ticks: list[Tick]
-    width: int = CHART_WIDTH
+    width: int
+    peak: int
+    first_day: str
+    last_day: str
+    bar_width: int = BAR
     height: int = CHART_HEIGHT
-    plot_left: int = PLOT_LEFT
-    plot_bottom: int = CHART_HEIGHT - PLOT_BOTTOM
-    plot_right: int = CHART_WIDTH - PLOT_RIGHT
 
 
 def daily_chart(days: list[DayUsage]) -> DailyChart:
-    """Tokens per day as bars, scaled to the busiest day; a day without tokens keeps its slot, with no bar."""
-    plot_width = CHART_WIDTH - PLOT_LEFT - PLOT_RIGHT
-    plot_height = CHART_HEIGHT - PLOT_TOP - PLOT_BOTTOM
-    baseline = CHART_HEIGHT - PLOT_BOTTOM
+    """Tokens per day as bars scaled to the busiest day; a day without tokens keeps its slot, with no bar."""
     peak = max((day.cost.totalTokens for day in days), default=0)
-    slot = plot_width / max(len(days), 1)
     bars = []
     for index, day in enumerate(days):
         tokens = day.cost.totalTokens
         if not tokens:
             continue
-        height = max(plot_height * tokens / peak, 1.0)
+        height = max(CHART_HEIGHT * tokens / peak, 0.5)
         bars.append(
             Bar(
-                x=round(PLOT_LEFT + index * slot + slot * 0.1, 2),
-                y=round(baseline - height, 2),
-                width=round(max(slot * 0.8, 0.5), 2),
-                height=round(height, 2),
+                x=index * SLOT + (SLOT - BAR) / 2,
+                y=round(CHART_HEIGHT - height, 3),
+                height=round(height, 3),
                 label=f"{day.day.isoformat()}: {tokens:,} tokens, {format_usd(day.cost.totalCost)}",
             )
         )
-    y_ticks = [Tick(position=baseline, label="0")]
-    if peak:
-        y_ticks.append(Tick(position=PLOT_TOP, label=f"{peak:,}"))
-    x_ticks = []
-    if days:
-        x_ticks.append(Tick(position=PLOT_LEFT, label=days[0].day.isoformat()))
-        if len(days) > 1:
-            x_ticks.append(Tick(position=CHART_WIDTH - PLOT_RIGHT, label=days[-1].day.isoformat()))
-    return DailyChart(bars=bars, y_ticks=y_ticks, x_ticks=x_ticks)
+    return DailyChart(
+        bars=bars,
+        width=SLOT * max(len(days), 1),
+        peak=peak,
+        first_day=days[0].day.isoformat() if days else "",
+        last_day=days[-1].day.isoformat() if days else "",
+    )
 
 
 def format_usd(amount: float) -> str:

@@ -35,8 +35,8 @@ def test_the_page_shows_totals_a_chart_top_sessions_and_models(operator_client, 
 
     assert response.status_code == 200
     page = response.content.decode()
-    assert re.search(r'data-figure="input">5310<', page)
-    assert re.search(r'data-figure="output">3210<', page)
+    assert re.search(r'data-figure="input">5,310<', page)
+    assert re.search(r'data-figure="output">3,210<', page)
     # 5000 in at $2/M + 2500 out at $8/M + 20 tokens of g1: $0.0300 + $0.00010 (mystery has no price).
     assert re.search(r'data-figure="cost">\$0\.0301', page)
     assert "No price for openai/mystery" in page
@@ -44,7 +44,9 @@ def test_the_page_shows_totals_a_chart_top_sessions_and_models(operator_client, 
     svg = page[page.index("<svg") : page.index("</svg>")]
     assert len(re.findall(r"<rect ", svg)) == 3
     assert "<title>2026-03-03: 7,000 tokens, $0.0240</title>" in svg
-    assert "2026-03-01" in svg and "2026-03-07" in svg
+    assert 'viewBox="0 0 70 100"' in svg  # a slot for each of the 7 days
+    assert "<span>2026-03-01</span><span>2026-03-07</span>" in page
+    assert "Busiest day: 7,000 tokens" in page
     # Sessions by tokens, linking to their pages: alpha 7500, beta 1000, gamma 20.
     order = [
         page.index(f'href="/ui/sessions/{key}/"') for key in ("agent:main:alpha", "agent:ops:beta", "agent:main:gamma")
