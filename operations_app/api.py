@@ -40,5 +40,5 @@ def usage_sessions(request: HttpRequest, query: Query[SessionsUsageParams]):
     with its tokens and cost per day and model, and the window's totals per model, provider, agent and day."""
     window = resolve_window(query)
     scope = selectors.usage_scope(agent_id=query.agentId, agent_scope=query.agentScope, key=query.key, accepts_key=True)
-    report = selectors.usage_report(window, scope, session_limit=query.limit or DEFAULT_SESSIONS_LIMIT)
+    report = selectors.usage_report(window, scope, session_limit=query.limit or DEFAULT_SESSIONS_LIMIT, by_agent=True)
     return selectors.sessions_usage_payload(report, include_context_weight=bool(query.includeContextWeight))

@@ -33,7 +33,7 @@ class ModelPrice:
     cacheWrite: float = 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class TokenCounts:
     """Tokens of some runs of one model (or a sum over models); ``runs`` counts the turns they came from."""
 
@@ -48,7 +48,7 @@ class TokenCounts:
         return self.input + self.output + self.cacheRead + self.cacheWrite
 
 
-@dataclass
+@dataclass(slots=True)
 class CostTotals:
     """OpenClaw's ``CostUsageTotals``: tokens, their cost by kind, and how many runs had no price."""
 
@@ -71,8 +71,15 @@ class CostTotals:
         return self.inputCost + self.outputCost + self.cacheReadCost + self.cacheWriteCost
 
     def add(self, other: CostTotals) -> None:
-        for name in (*PRICE_FIELDS, "inputCost", "outputCost", "cacheReadCost", "cacheWriteCost"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        # Called for every grouped row and every bucket it lands in: plain attribute arithmetic, no loop.
+        self.input += other.input
+        self.output += other.output
+        self.cacheRead += other.cacheRead
+        self.cacheWrite += other.cacheWrite
+        self.inputCost += other.inputCost
+        self.outputCost += other.outputCost
+        self.cacheReadCost += other.cacheReadCost
+        self.cacheWriteCost += other.cacheWriteCost
         self.missingCostEntries += other.missingCostEntries
 
     def payload(self) -> dict[str, Any]:
@@ -82,16 +89,16 @@ class CostTotals:
             "cacheRead": self.cacheRead,
             "cacheWrite": self.cacheWrite,
             "totalTokens": self.totalTokens,
-            "totalCost": _usd(self.totalCost),
-            "inputCost": _usd(self.inputCost),
-            "outputCost": _usd(self.outputCost),
-            "cacheReadCost": _usd(self.cacheReadCost),
-            "cacheWriteCost": _usd(self.cacheWriteCost),
+            "totalCost": usd(self.totalCost),
+            "inputCost": usd(self.inputCost),
+            "outputCost": usd(self.outputCost),
+            "cacheReadCost": usd(self.cacheReadCost),
+            "cacheWriteCost": usd(self.cacheWriteCost),
             "missingCostEntries": self.missingCostEntries,
         }
 
 
-def _usd(amount: float) -> float:
+def usd(amount: float) -> float:
     # Sums of products of floats: round away the binary noise (1e-10 USD is far below any bill's precision).
     return round(amount, 10)
 

@@ -34,5 +34,5 @@ def sessions_usage_rpc(ctx: RpcContext, params: SessionsUsageParams) -> dict:
     scope = selectors.usage_scope(
         agent_id=params.agentId, agent_scope=params.agentScope, key=params.key, accepts_key=True
     )
-    report = selectors.usage_report(window, scope, session_limit=params.limit or DEFAULT_SESSIONS_LIMIT)
+    report = selectors.usage_report(window, scope, session_limit=params.limit or DEFAULT_SESSIONS_LIMIT, by_agent=True)
     return selectors.sessions_usage_payload(report, include_context_weight=bool(params.includeContextWeight))

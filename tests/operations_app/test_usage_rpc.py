@@ -242,6 +242,17 @@ def test_context_weight_is_null_when_asked_for(month):
     assert "contextWeight" not in sessions_usage(**MARCH, key="agent:main:beta")["sessions"][0]
 
 
+@pytest.mark.django_db
+def test_a_report_is_a_few_grouped_queries_however_many_runs(month, django_assert_num_queries):
+    with django_assert_num_queries(1):
+        cost(**MARCH, agentScope="all")
+    # Totals per day/agent/model; the sessions ranked; their rows; their breakdown per day and model.
+    with django_assert_num_queries(4):
+        sessions_usage(**MARCH, agentScope="all")
+    with django_assert_num_queries(5):  # and the key's session first
+        sessions_usage(**MARCH, key="agent:main:beta")
+
+
 # --- usage.status ----------------------------------------------------------------------------------------
 
 

@@ -30,8 +30,10 @@ def week():
     turn("agent:main:gamma", "g1", at("2026-03-02"), {"input": 10, "output": 10})
 
 
-def test_the_page_shows_totals_a_chart_top_sessions_and_models(operator_client, week):
-    response = operator_client.get("/ui/usage/", MARCH)
+def test_the_page_shows_totals_a_chart_top_sessions_and_models(operator_client, week, django_assert_max_num_queries):
+    # The login's session and user, the report's four grouped reads.
+    with django_assert_max_num_queries(6):
+        response = operator_client.get("/ui/usage/", MARCH)
 
     assert response.status_code == 200
     page = response.content.decode()
