@@ -28,7 +28,8 @@ def usage_cost_rpc(ctx: RpcContext, params: UsageCostParams) -> dict:
     return selectors.usage_cost_payload(selectors.usage_report(window, scope))
 
 
-@method("sessions.usage", params=SessionsUsageParams, scope=sc.READ)
+# Not in OpenClaw's hello-ok either (its Control UI calls it without looking it up).
+@method("sessions.usage", params=SessionsUsageParams, scope=sc.READ, advertise=False)
 def sessions_usage_rpc(ctx: RpcContext, params: SessionsUsageParams) -> dict:
     window = resolve_window(params)
     scope = selectors.usage_scope(
