@@ -114,6 +114,8 @@ class UsageReport:
     agents: dict[str, CostTotals]
     model_days: dict[tuple[date, str, str], ModelUsage]
     sessions: list[SessionUsage]
+    # Sessions with turns in the window (``sessions`` holds at most the limit of them).
+    session_count: int
     missing_pricing: list[str]
 
     def daily(self) -> list[DayUsage]:
@@ -216,7 +218,9 @@ def usage_report(
         _add_to(models, model_key, model_key, is_priced, tokens.runs, cost)
         _add_to(model_days, (row["day"], *model_key), model_key, is_priced, tokens.runs, cost)
 
-    sessions = _session_usage(window, scope, session_limit, session_order, priced) if session_limit else []
+    sessions, session_count = (
+        _session_usage(window, scope, session_limit, session_order, priced) if session_limit else ([], 0)
+    )
     return UsageReport(
         window=window,
         totals=totals,
@@ -226,6 +230,7 @@ def usage_report(
         agents=dict(agents),
         model_days=model_days,
         sessions=sessions,
+        session_count=session_count,
         missing_pricing=sorted(missing),
     )
 
@@ -238,14 +243,16 @@ def _add_to(buckets: dict, key: tuple, model_key: tuple[str, str], priced: bool,
     bucket.cost.add(cost)
 
 
-def _session_usage(window, scope, limit, order, priced) -> list[SessionUsage]:
+def _session_usage(window, scope, limit, order, priced) -> tuple[list[SessionUsage], int]:
     runs = _runs(window, scope)
     total_tokens = sum((_recorded(kind) for kind in TOKEN_KINDS[1:]), _recorded(TOKEN_KINDS[0]))
     ranked = runs.values("session_id").annotate(tokens=Sum(total_tokens), latest=Max("created_at"))
     ranking = ("-tokens", "-latest") if order == "tokens" else ("-latest", "-tokens")
     ids = [row["session_id"] for row in ranked.order_by(*ranking, "session_id")[:limit]]
+    # Below the limit the ranking is every session; at it, one more query counts them.
+    count = len(ids) if len(ids) < limit else ranked.count()
     if not ids:
-        return []
+        return [], count
     rows = {session.pk: SessionUsage(session=session) for session in Session.objects.filter(pk__in=ids)}
     breakdown = (
         runs.filter(session_id__in=ids)
@@ -268,7 +275,7 @@ def _session_usage(window, scope, limit, order, priced) -> list[SessionUsage]:
         model_key = (row["model_provider"], row["model"])
         _add_to(usage.models, model_key, model_key, is_priced, tokens.runs, cost)
         _add_to(usage.model_days, (row["day"], *model_key), model_key, is_priced, tokens.runs, cost)
-    return [rows[pk] for pk in ids if pk in rows]
+    return [rows[pk] for pk in ids if pk in rows], count
 
 
 # --- OpenClaw's payloads -----------------------------------------------------------------------------------
@@ -305,6 +312,7 @@ def sessions_usage_payload(report: UsageReport, *, include_context_weight: bool)
         "sessions": [_session_entry(usage, include_context_weight) for usage in report.sessions],
         "totals": report.totals.payload(),
         "aggregates": {
+            "sessionCount": report.session_count,
             "messages": report.activity.payload(),
             "tools": {"totalCalls": 0, "uniqueTools": 0, "tools": []},
             "byModel": [model.payload() for model in report.models],
@@ -314,6 +322,11 @@ def sessions_usage_payload(report: UsageReport, *, include_context_weight: bool)
                 for agent, cost in sorted(report.agents.items(), key=lambda item: (-item[1].totalCost, item[0]))
             ],
             "byChannel": [],
+            # Who started each session (OpenClaw's operator profiles and channels): this gateway does not record it.
+            "byCreator": [],
+            "costDaily": [
+                {"date": day.isoformat(), **usage.cost.payload()} for day, usage in sorted(report.days.items())
+            ],
             "daily": [
                 {
                     "date": day.isoformat(),
@@ -389,6 +402,7 @@ def _session_entry(usage: SessionUsage, include_context_weight: bool) -> dict[st
         entry["model"] = session.model
     if session.model_provider:
         entry["modelProvider"] = session.model_provider
+    entry["hasContextWeight"] = False
     if include_context_weight:
         # OpenClaw's system-prompt report; this gateway keeps none.
         entry["contextWeight"] = None

@@ -222,11 +222,22 @@ def test_sessions_usage_lists_sessions_latest_first_with_their_breakdown(month):
     assert aggregates["messages"]["user"] == 6
     assert [p["provider"] for p in aggregates["byProvider"]] == ["openai"]
     assert result["missingPricing"] == ["openai/mystery"]
+    assert aggregates["sessionCount"] == 3
+    # What OpenClaw's Control UI draws its daily chart from: each day's totals with their cost.
+    assert [(d["date"], d["input"], d["totalCost"], d["missingCostEntries"]) for d in aggregates["costDaily"]] == [
+        ("2026-03-01", 3000, pytest.approx(0.0122), 0),
+        ("2026-03-02", 3700, pytest.approx(0.0068), 1),
+        ("2026-03-03", 10, pytest.approx(0.00018), 0),
+    ]
+    assert alpha["hasContextWeight"] is False
 
 
 @pytest.mark.django_db
 def test_sessions_usage_limit_and_one_session_by_key(month):
-    assert len(sessions_usage(**MARCH, agentScope="all", limit=1)["sessions"]) == 1
+    limited = sessions_usage(**MARCH, agentScope="all", limit=1)
+    assert len(limited["sessions"]) == 1
+    assert limited["aggregates"]["sessionCount"] == 3
+    assert limited["totals"]["totalTokens"] == 9030  # the totals are the window's, not the listed sessions'
 
     beta = sessions_usage(**MARCH, key="agent:main:beta")
     assert [row["key"] for row in beta["sessions"]] == ["agent:main:beta"]
@@ -253,6 +264,8 @@ def test_a_report_is_a_few_grouped_queries_however_many_runs(month, django_asser
         sessions_usage(**MARCH, agentScope="all")
     with django_assert_num_queries(5):  # and the key's session first
         sessions_usage(**MARCH, key="agent:main:beta")
+    with django_assert_num_queries(5):  # and, with more sessions than the limit, their count
+        sessions_usage(**MARCH, agentScope="all", limit=2)
 
 
 # --- usage.status ----------------------------------------------------------------------------------------
