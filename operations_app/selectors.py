@@ -11,6 +11,7 @@ number (a worker host reports its own usage) counts as 0 instead of failing the 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Literal
@@ -77,12 +78,16 @@ class ModelUsage:
 
     def payload(self) -> dict[str, Any]:
         return {
-            "provider": self.provider or None,
-            "model": self.model,
+            **_named(self.provider, self.model),
             "count": self.runs,
             "totals": self.cost.payload(),
             "priced": self.priced,
         }
+
+
+def _named(provider: str, model: str) -> dict[str, str]:
+    """OpenClaw's optional ``provider`` / ``model`` fields: left out when a run recorded none."""
+    return {**({"provider": provider} if provider else {}), **({"model": model} if model else {})}
 
 
 @dataclass
@@ -243,7 +248,13 @@ def _add_to(buckets: dict, key: tuple, model_key: tuple[str, str], priced: bool,
     bucket.cost.add(cost)
 
 
-def _session_usage(window, scope, limit, order, priced) -> tuple[list[SessionUsage], int]:
+def _session_usage(
+    window: UsageWindow,
+    scope: UsageScope,
+    limit: int,
+    order: Literal["recent", "tokens"],
+    priced: Callable[[str, str, TokenCounts], tuple[CostTotals, bool]],
+) -> tuple[list[SessionUsage], int]:
     runs = _runs(window, scope)
     total_tokens = sum((_recorded(kind) for kind in TOKEN_KINDS[1:]), _recorded(TOKEN_KINDS[0]))
     ranked = runs.values("session_id").annotate(tokens=Sum(total_tokens), latest=Max("created_at"))
@@ -353,8 +364,7 @@ def _by_provider(models: list[ModelUsage]) -> list[dict[str, Any]]:
         bucket.priced = bucket.priced and model.priced
     ordered = sorted(providers.values(), key=lambda p: (-p.cost.totalCost, -p.cost.totalTokens, p.provider))
     return [
-        {"provider": p.provider or None, "count": p.runs, "totals": p.cost.payload(), "priced": p.priced}
-        for p in ordered
+        {**_named(p.provider, ""), "count": p.runs, "totals": p.cost.payload(), "priced": p.priced} for p in ordered
     ]
 
 
@@ -362,8 +372,7 @@ def _model_days(model_days: dict[tuple[date, str, str], ModelUsage]) -> list[dic
     return [
         {
             "date": day.isoformat(),
-            "provider": usage.provider or None,
-            "model": usage.model,
+            **_named(usage.provider, usage.model),
             "tokens": usage.cost.totalTokens,
             "cost": usd(usage.cost.totalCost),
             "count": usage.runs,

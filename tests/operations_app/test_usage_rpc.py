@@ -170,6 +170,23 @@ def test_usage_that_is_not_a_count_is_taken_as_zero_and_the_rest_still_counts():
 
 
 @pytest.mark.django_db
+def test_a_run_that_named_no_model_is_unpriced_and_left_unnamed():
+    turn("agent:main:main", "anon", at("2026-03-01"), {"input": 3, "output": 4}, model="", provider="")
+
+    result = sessions_usage(startDate="2026-03-01", endDate="2026-03-01")
+
+    assert result["aggregates"]["byModel"] == [
+        {
+            "count": 1,
+            "totals": {**ZERO, "input": 3, "output": 4, "totalTokens": 7, "missingCostEntries": 1},
+            "priced": False,
+        }
+    ]
+    assert result["aggregates"]["modelDaily"] == [{"date": "2026-03-01", "tokens": 7, "cost": 0.0, "count": 1}]
+    assert result["missingPricing"] == ["unknown"]
+
+
+@pytest.mark.django_db
 def test_no_runs_answer_zeros():
     summary = cost()
 
