@@ -322,6 +322,12 @@ OPENCLAW_MODEL = {
 if OPENCLAW_MODEL["PROVIDER"] == "openai" and not _MODEL_BASE_URL:
     raise SettingsError("OPENCLAW_MODEL_PROVIDER=openai needs OPENCLAW_MODEL_BASE_URL")
 
+# --- Usage ------------------------------------------------------------------------------------
+# USD per million tokens of each model: {"<model>" or "<provider>/<model>": {"input", "output", "cacheRead"?,
+# "cacheWrite"?}}; checked when operations_app starts. A model without a price costs 0 in the usage reports,
+# which list it as unpriced (docs/operations.md "Usage").
+OPENCLAW_MODEL_PRICES = env_json_object("OPENCLAW_MODEL_PRICES")
+
 # --- Agent turns ------------------------------------------------------------------------------
 # A turn is an agent loop: model → tool calls → results → model … (docs/agent-tools.md).
 OPENCLAW_AGENT = {

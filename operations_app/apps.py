@@ -13,3 +13,9 @@ class OperationsConfig(AppConfig):
         from .errors import error_recorder
 
         on_internal_error(error_recorder)
+
+        # Importing the handler module registers usage.status, usage.cost and sessions.usage.
+        from . import pricing, rpc  # noqa: F401
+
+        # A price that cannot be used stops the start (one line naming the model and the field).
+        pricing.model_prices()

@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
-from . import approval_views, pairing_views, system_views, views
+from . import approval_views, pairing_views, system_views, usage_views, views
 
 app_name = "ui"
 
@@ -26,6 +26,7 @@ urlpatterns = [
     path("runs/", views.runs_list, name="runs"),
     path("environments/", views.environments, name="environments"),
     path("nodes/", views.nodes, name="nodes"),
+    path("usage/", usage_views.usage, name="usage"),
     path(
         "nodes/requests/<str:request_id>/<str:decision>",
         views.node_request_decide,
