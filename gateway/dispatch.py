@@ -10,6 +10,7 @@ from channels.db import DatabaseSyncToAsync
 from pydantic import ValidationError
 
 from . import scopes as sc
+from .access_log import rpc_access_logged
 from .context import RpcContext
 from .exceptions import GatewayError, InvalidRequest, PermissionDenied, internal_error
 from .protocol import CancelFrame, RequestFrame, format_validation_error
@@ -70,6 +71,7 @@ def authorize(ctx: RpcContext, spec: MethodSpec) -> None:
         )
 
 
+@rpc_access_logged
 async def run_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any]:
     spec = registry.methods.get(frame.method)
     try:
