@@ -12,7 +12,7 @@ from tests.support.api import API_TOKEN
 from tests.support.browser import AXE_REPORTS, SCREENSHOTS
 from tests.support.processes import start_gateway
 
-pytest_plugins = ["tests.support.device_fixtures"]
+pytest_plugins = ["tests.support.device_fixtures", "tests.support.log_capture"]
 
 _RUN_STARTED = pytest.StashKey[float]()
 
