@@ -79,7 +79,14 @@ def _history(
 ) -> None:
     """The history row of a change, its ``sessions.changed`` event and its log line once the change commits."""
     placement_changed_on_commit(session, placement)
-    transition = (placement.session_key, from_state, placement.state, placement.generation, actor.label, reason or "-")
+    transition = (
+        placement.session_key,
+        from_state or "none",
+        placement.state,
+        placement.generation,
+        actor.label,
+        reason or "-",
+    )
     transaction.on_commit(
         lambda: logger.info(
             "placement of session %s: %s -> %s (generation %s) by %s: %s",
