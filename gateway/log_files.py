@@ -31,17 +31,26 @@ class SharedRotatingFileHandler(logging.handlers.WatchedFileHandler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            if self.max_bytes > 0 and self._file_full():
+            self.reopenIfNeeded()
+            if self.max_bytes > 0 and self._open_file_size() >= self.max_bytes:
                 self.rotate()
+                self.reopenIfNeeded()
         except OSError:
             self.handleError(record)
-        super().emit(record)
+            return
+        # WatchedFileHandler.emit would check the inode a second time.
+        logging.FileHandler.emit(self, record)
 
-    def _file_full(self) -> bool:
+    def _open_file_size(self) -> int:
+        if self.stream is None:
+            return self._file_size()
+        return os.fstat(self.stream.fileno()).st_size
+
+    def _file_size(self) -> int:
         try:
-            return os.stat(self.baseFilename).st_size >= self.max_bytes
+            return os.stat(self.baseFilename).st_size
         except FileNotFoundError:
-            return False
+            return 0
 
     def rotate(self) -> None:
         """Rename ``gateway.log`` → ``.1`` → ``.2`` … (the oldest backup is dropped), once across processes."""
@@ -49,7 +58,7 @@ class SharedRotatingFileHandler(logging.handlers.WatchedFileHandler):
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 # Another process may have rotated it while this one waited for the lock.
-                if not self._file_full():
+                if self._file_size() < self.max_bytes:
                     return
                 path = Path(self.baseFilename)
                 for number in range(self.backup_count - 1, 0, -1):
