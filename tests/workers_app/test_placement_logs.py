@@ -1,5 +1,5 @@
 """Every placement transition (dispatch steps, failures, recovery) is logged with who made it and why, once it
-commits; a transition refused or rolled back leaves no line."""
+commits, and so is a worker environment's state change; a transition refused or rolled back leaves no line."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from gateway.audit import Actor
 from gateway.exceptions import Conflict
 from workers_app.models import PlacementState
+from workers_app.services import environments
 from workers_app.services import placements as store
 
 from .test_placement_store import DISPATCH_STEPS, attached_environment, make_session, walk
@@ -60,3 +61,22 @@ def test_a_refused_transition_logs_nothing(json_log, django_capture_on_commit_ca
         )
 
     assert transitions(json_log) == logged
+
+
+def test_a_worker_environments_state_changes_and_teardown_are_logged_with_the_error(
+    json_log, django_capture_on_commit_callbacks
+):
+    session = make_session()
+    environment = attached_environment(session)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        environments.environment_request_destroy(
+            environment_id=environment.pk, terminal_state="failed", error="the worker stopped answering"
+        )
+        environments.environment_request_destroy(environment_id=environment.pk, terminal_state="failed", error="again")
+        environments.environment_finish_destroy(environment_id=environment.pk)
+
+    assert [line["message"] for line in json_log.lines("workers_app.services.environments")] == [
+        "worker environment worker:test-env: attached, teardown requested (failed): the worker stopped answering",
+        "worker environment worker:test-env: attached -> failed: -",
+    ]
