@@ -103,9 +103,15 @@ class PlainFormatter(logging.Formatter):
 JSON_SKIPPED_ATTRS = (*RESERVED_ATTRS, "log_context", "request", "server_time")
 
 
+# OpenClaw's gateway writes tslog lines, whose ``_meta`` its Control UI's Logs page reads the level (lowercased:
+# trace, debug, info, warn, error, fatal) and the subsystem from (ui/src/ui/controllers/logs.ts).
+OPENCLAW_LEVEL_NAMES = {"DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "WARN", "ERROR": "ERROR", "CRITICAL": "FATAL"}
+
+
 class JsonLineFormatter(JsonFormatter):
     """One JSON object per line: ``time`` (UTC, ISO 8601), ``level``, ``logger``, ``message``, ``process`` and
-    the context fields that apply, plus the ``extra`` of the call (an access line's method, status, duration)."""
+    the context fields that apply, plus the ``extra`` of the call (an access line's method, status, duration),
+    and ``_meta`` for OpenClaw's Control UI (``logLevelName``, ``name``: the logger)."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("fmt", "%(levelname)s %(name)s %(message)s")
@@ -113,3 +119,8 @@ class JsonLineFormatter(JsonFormatter):
         kwargs.setdefault("reserved_attrs", JSON_SKIPPED_ATTRS)
         kwargs.setdefault("timestamp", "time")
         super().__init__(**kwargs)
+
+    def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
+        level = str(log_data.get("level", ""))
+        log_data["_meta"] = {"logLevelName": OPENCLAW_LEVEL_NAMES.get(level, level), "name": log_data.get("logger")}
+        return log_data

@@ -89,6 +89,9 @@ def test_json_lines_parse_and_carry_the_context_fields_and_the_process(configure
     assert "run_id" not in request and "session_key" not in request and request["request_id"] == "req-1"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+\+00:00", turn["time"])
     assert "request_id" not in failure and "ValueError: the cause" in failure["exc_info"]
+    # OpenClaw's Control UI reads the level and the subsystem from tslog's _meta.
+    assert turn["_meta"] == {"logLevelName": "WARN", "name": "openclaw.test"}
+    assert (request["_meta"]["logLevelName"], failure["_meta"]["logLevelName"]) == ("INFO", "ERROR")
 
 
 def test_the_file_gets_json_lines_whatever_the_console_format(configure, capsys):
