@@ -75,15 +75,18 @@ class LogContextFilter(logging.Filter):
     ``key=value`` form for the plain format. Attach it to handlers, so records of every logger pass it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if hasattr(record, "log_context"):
+            return True  # the console's handler did it already; the file's sees the same context
         record.process_name = process_label()
         shown = []
         for name, variable in CONTEXT_VARS.items():
-            value = variable.get()
-            if value is not None and getattr(record, name, None) is None:
-                setattr(record, name, value)
             value = getattr(record, name, None)
-            if value is not None:
-                shown.append(f"{name}={value}")
+            if value is None:
+                value = variable.get()
+                if value is None:
+                    continue
+                setattr(record, name, value)
+            shown.append(f"{name}={value}")
         record.log_context = f" [{' '.join(shown)}]" if shown else ""
         return True
 
@@ -100,7 +103,7 @@ class PlainFormatter(logging.Formatter):
 
 # Record attributes never written as JSON keys: logging's own, the plain format's helper, and objects Django attaches
 # (a request's repr carries its query string, which may hold a token).
-JSON_SKIPPED_ATTRS = (*RESERVED_ATTRS, "log_context", "request", "server_time")
+JSON_SKIPPED_ATTRS = (*RESERVED_ATTRS, "log_context", "request", "server_time", "json_line")
 
 
 # OpenClaw's gateway writes tslog lines, whose ``_meta`` its Control UI's Logs page reads the level (lowercased:
@@ -119,6 +122,14 @@ class JsonLineFormatter(JsonFormatter):
         kwargs.setdefault("reserved_attrs", JSON_SKIPPED_ATTRS)
         kwargs.setdefault("timestamp", "time")
         super().__init__(**kwargs)
+
+    def format(self, record: logging.LogRecord) -> str:
+        # The console and the file both write JSON in production: the record is serialized once for both.
+        line = getattr(record, "json_line", None)
+        if line is None:
+            line = super().format(record)
+            record.json_line = line
+        return line
 
     def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
         level = str(log_data.get("level", ""))
