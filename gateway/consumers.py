@@ -20,7 +20,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from . import invoke, lifecycle, state
+from . import invoke, lifecycle, log_context, state
 from .conf import gateway_setting
 from .context import RpcContext
 from .dispatch import error_response, parse_frame, run_request
@@ -249,6 +249,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         # subscribed before the connection counts as open, or a broadcast right after could miss it.
         await lifecycle.ensure_broadcast_subscribed()
         self.phase = "open"
+        # Frames of one connection are handled in its consumer's task: every line they log names the device.
+        log_context.bind(device_id=self.ctx.device_id or self.ctx.node_id)
         lifecycle.ensure_started()
         state.local_connections.add(self)
         await self._send_frame({"type": "res", "id": request_id, "ok": True, "payload": hello})

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from . import scopes as sc
 from . import state
+from .access_log import rpc_access_logged
 from .conf import gateway_setting
 from .context import RpcContext
 from .exceptions import GatewayError, InvalidRequest, PermissionDenied, Unavailable, internal_error
@@ -82,6 +83,7 @@ async def await_startup_reconciliation() -> None:
         raise Unavailable(STILL_STARTING, retryable=True, retry_after_ms=1000)
 
 
+@rpc_access_logged
 async def run_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any]:
     spec = registry.methods.get(frame.method)
     try:

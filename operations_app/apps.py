@@ -14,7 +14,7 @@ class OperationsConfig(AppConfig):
 
         on_internal_error(error_recorder)
 
-        # Importing the handler module registers usage.status, usage.cost and sessions.usage.
+        # Importing the handler module registers logs.tail, usage.status, usage.cost and sessions.usage.
         from . import pricing, rpc  # noqa: F401
 
         # A price that cannot be used stops the start (one line naming the model and the field).

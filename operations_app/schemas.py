@@ -1,14 +1,32 @@
-"""Parameter shapes of the usage reports (``usage.status``, ``usage.cost``, ``sessions.usage``), shared by the
-RPC and the JSON API. OpenClaw's names and patterns; every limit on what a caller sends is declared here once
-(the date range itself is resolved and bounded by :mod:`operations_app.usage_window`)."""
+"""Parameter shapes of the operations methods, shared by the RPC, the JSON API and the console: ``logs.tail``,
+and the usage reports (``usage.status``, ``usage.cost``, ``sessions.usage``). OpenClaw's names and patterns;
+every limit on what a caller sends is declared here once (the date range itself is resolved and bounded by
+:mod:`operations_app.usage_window`)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from gateway.protocol import ClosedModel
+
+from . import logs
+
+# --- logs ---------------------------------------------------------------------------------------------
+
+
+class LogsTailParams(ClosedModel):
+    """OpenClaw's ``logs.tail`` params (LogsTailParamsSchema): a byte offset from the previous answer, and at most
+    5000 lines and 1,000,000 bytes per answer."""
+
+    # Strict: JSON integers only, as OpenClaw's schema (no "12", no true).
+    cursor: StrictInt | None = Field(default=None, ge=0, le=2**53 - 1)
+    limit: StrictInt | None = Field(default=None, ge=1, le=logs.MAX_LIMIT)
+    maxBytes: StrictInt | None = Field(default=None, ge=1, le=logs.MAX_BYTES)
+
+
+# --- usage ---------------------------------------------------------------------------------------------
 
 # The longest window a report covers: a year, leap day included. OpenClaw reads up to a century of
 # transcript files; here every report is SQL over the runs table, so the window is bounded.

@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
-from . import approval_views, pairing_views, system_views, usage_views, views
+from . import approval_views, log_views, pairing_views, system_views, usage_views, views
 
 app_name = "ui"
 
@@ -24,6 +24,8 @@ urlpatterns = [
     # Any approval id (an RPC caller may choose one with a slash in it); the decision is the last segment.
     path("approvals/<path:approval_id>/<str:decision>", approval_views.approval_decide, name="approval-decide"),
     path("runs/", views.runs_list, name="runs"),
+    path("logs/", log_views.logs_page, name="logs"),
+    path("logs/tail", log_views.logs_follow, name="logs-follow"),
     path("environments/", views.environments, name="environments"),
     path("nodes/", views.nodes, name="nodes"),
     path("usage/", usage_views.usage, name="usage"),

@@ -13,7 +13,12 @@ from tests.support.api import API_TOKEN
 from tests.support.browser import AXE_REPORTS, SCREENSHOTS
 from tests.support.processes import start_gateway
 
-pytest_plugins = ["tests.support.device_fixtures", "tests.support.redis_marker", "pytester"]
+pytest_plugins = [
+    "tests.support.device_fixtures",
+    "tests.support.redis_marker",
+    "tests.support.log_capture",
+    "pytester",
+]
 
 _RUN_STARTED = pytest.StashKey[float]()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import unicodedata
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ from ..ports import SessionAction, placements
 from ..selectors import newest_message_bodies
 from .sessions import session_for_turn, session_lock
 from .transcripts import message_body, transcript_append
+
+logger = logging.getLogger(__name__)
 
 # --- turn dispatch and the abort flag -------------------------------------------------------
 
@@ -462,10 +465,25 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
         )
         events.publish_turn_end_on_commit(run, session, emitter)
         _clear_abort_on_commit(run)
+        if run.status == RunStatus.ERROR:
+            _log_failed_turn_on_commit(run, session, reason=run.error, kind=run.error_kind)
         events.publish_session_changed_on_commit(session, reason="send", phase="end", run_id=run.run_id)
         if next_run is not None:
             dispatch_turn_on_commit(next_run, session)
     return run
+
+
+def _log_failed_turn_on_commit(run: Run, session: Session, *, reason: str, kind: str) -> None:
+    """A failed turn's line, once the failure is recorded (the run and session name it, also from a sweep)."""
+    transaction.on_commit(
+        lambda: logger.warning(
+            "turn %s failed (%s): %s",
+            run.run_id,
+            kind or "unknown",
+            reason,
+            extra={"run_id": run.run_id, "session_key": session.key},
+        )
+    )
 
 
 def run_abort(*, session_key: str, run_id: str | None = None, actor: Actor | None = None) -> list[str]:
@@ -526,6 +544,7 @@ def runs_recover(*, stale_before, reason: str, executors: list[str] | None = Non
             # What the dead turn waited on is withdrawn with it (consoles drop the card; nobody decides in vain).
             transaction.on_commit(lambda run_id=run_id: exec_approvals_cancel_for_run(run_id, RUN_ABORTED))
             run.refresh_from_db()
+            _log_failed_turn_on_commit(run, session, reason=reason, kind="interrupted")
             session.status = "failed"
             session.save(update_fields=["status", "updated_at"])
             events.publish_turn_end_on_commit(run, session)
@@ -561,5 +580,10 @@ def runs_redispatch_stuck(*, queued_before) -> list[str]:
         if not busy:
             with transaction.atomic():
                 dispatch_turn_on_commit(run.run_id, run.session)
+            logger.warning(
+                "turn %s dispatched again: queued with nobody running it",
+                run.run_id,
+                extra={"run_id": run.run_id, "session_key": run.session.key},
+            )
             stuck.append(run.run_id)
     return stuck

@@ -9,6 +9,7 @@ changed hands) changes nothing and gets the exact "changed" error. Terminal fact
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -24,6 +25,8 @@ from ..models import (
 )
 from ..providers import WorkerLease, WorkerProfile
 from .placements import bounded_worker_error, now_ms
+
+logger = logging.getLogger(__name__)
 
 E = EnvironmentState
 PROVIDER_LOST_LEASE_ERROR = "Worker provider no longer recognizes the lease"
@@ -60,9 +63,23 @@ def _cas(environment: WorkerEnvironment, changes: dict[str, Any]) -> WorkerEnvir
             environment.owner_epoch,
             WorkerEnvironment.objects.filter(pk=environment.pk).first(),
         )
+    _log_on_commit(environment, changes)
     for name, value in changes.items():
         setattr(environment, name, value)
     return environment
+
+
+def _log_on_commit(environment: WorkerEnvironment, changes: dict[str, Any]) -> None:
+    """A state change or a teardown request, with the error that explains it, once it commits."""
+    to_state = changes.get("state", environment.state)
+    teardown = changes.get("destroy_requested_at_ms") is not None and environment.destroy_requested_at_ms is None
+    if to_state == environment.state and not teardown:
+        return
+    change = f"{environment.state} -> {to_state}" if to_state != environment.state else environment.state
+    if teardown:
+        change += f", teardown requested ({changes.get('teardown_terminal_state')})"
+    line = (environment.pk, change, changes.get("last_error") or "-")
+    transaction.on_commit(lambda: logger.info("worker environment %s: %s: %s", *line))
 
 
 def _state_change(environment: WorkerEnvironment, to_state: str, at: int) -> dict[str, Any]:

@@ -241,6 +241,8 @@ def _program_section(program: Program, priority: int, directory: Path, logs: Pat
         stdout_logfile_maxbytes=LOG_MAX_BYTES,
         stdout_logfile_backups=LOG_BACKUPS,
         stdout_events_enabled="true",
+        # Each line the program logs names it (gateway/log_context.py); the names are [a-z0-9-] only.
+        environment=f'OPENCLAW_PROCESS_NAME="{program.name}"',
     )
 
 
@@ -405,6 +407,8 @@ class Command(BaseCommand):
         self.stdout.flush()
         # Every process inherits supervisord's environment: the settings of this one, and these.
         os.environ["PYTHONUNBUFFERED"] = "1"
+        # Production logs are JSON lines on standard error too, unless the operator chose otherwise.
+        os.environ.setdefault("OPENCLAW_LOG_FORMAT", "json")
         # Node hosts the gateway starts (local and static-ssh providers) come in through the balancer.
         os.environ["OPENCLAW_WORKER_GATEWAY_URL"] = os.environ.get("OPENCLAW_WORKER_GATEWAY_URL") or url
         connections.close_all()
