@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -986,6 +987,28 @@ def test_retain_reports_missing_once_the_bundle_directory_is_gone(tmp_path, serv
 
     before, after = run(tmp_path, server, scenario)
     assert before["bundleStatus"] == "installed" and after["bundleStatus"] == "missing"
+
+
+def test_bundle_status_is_read_from_the_disk_not_from_what_the_node_remembers(tmp_path, server):
+    """Issue 26 point 8: a bundle directory removed behind the node's back (not through its own delete) is
+    ``missing`` at the next retain of the same running host, and a launch of it is ``BUNDLE_MISSING``."""
+
+    async def scenario(host: NodeHost):
+        bundle_hash = install_local(host, fake_bundle())
+        prepare_local(host, "env-1", {"a.txt": b"a"})
+        before = await call(
+            host, "worker.workspace.retain.v1", **retain_params(1, ["env-1"], [bundle_hash], bundle_hash)
+        )
+        shutil.rmtree(host.bundles.directory(bundle_hash))
+        after = await call(
+            host, "worker.workspace.retain.v1", **retain_params(2, ["env-1"], [bundle_hash], bundle_hash)
+        )
+        launch = await refused(host, "worker.launch.v1", **launch_params(server, "env-1", bundle_hash))
+        return before, after, launch
+
+    before, after, launch = run(tmp_path, server, scenario)
+    assert (before["bundleStatus"], after["bundleStatus"]) == ("installed", "missing")
+    assert (launch.code, launch.message) == ("BUNDLE_MISSING", "the worker bundle is not installed on this node")
 
 
 def test_retain_never_deletes_a_bundle_a_running_turn_uses(tmp_path, server):
