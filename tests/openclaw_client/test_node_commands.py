@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from openclaw_client import node as node_module
-from openclaw_client.client import InvokeContext, NodeCommandError, current_invoke
+from openclaw_client.client import ConnectError, InvokeContext, NodeCommandError, current_invoke
 from openclaw_client.identity import IdentityStore
 from openclaw_client.node import (
     BUNDLE_MANIFEST_NAME,
@@ -1058,3 +1058,80 @@ def test_a_node_removes_staging_directories_an_interrupted_run_left(tmp_path, se
     assert [entry.name for entry in host.bundles.root.iterdir()] == [sha(fake_bundle())]
     assert list(host.environments.workspaces.iterdir()) == []
     assert os.path.isdir(host.bundles.directory(sha(fake_bundle())))
+
+
+# --- a removed pairing ----------------------------------------------------------------------------
+
+
+def pairing_required(reason: str = "not-paired") -> ConnectError:
+    details = {"code": "PAIRING_REQUIRED", "reason": reason, "requestId": "request-1"}
+    return ConnectError({"code": "NOT_PAIRED", "message": "pairing required: device is not paired", "details": details})
+
+
+def state_entries(state: Path) -> dict[str, list[str]]:
+    """What the node keeps for its gateway, as it lies on the disk."""
+
+    def listed(folder: str) -> list[str]:
+        root = state / folder
+        return sorted(str(path.relative_to(root)) for path in root.rglob("*")) if root.is_dir() else []
+
+    return {folder: listed(folder) for folder in ("workspaces", "environments", "bundles", "blobs")}
+
+
+def test_a_node_refused_as_no_longer_paired_deletes_everything_of_that_gateway_and_its_token(tmp_path, server):
+    """Issue 26 "a removed node leaves nothing behind": learning at a connect that its pairing is gone (also
+    after being offline at the removal), the node cancels its turns and deletes its workspaces, environment
+    records, bundles and blobs, then forgets the token; the journal says what went."""
+    journal = tmp_path / "journal.jsonl"
+
+    async def scenario(host: NodeHost):
+        bundle_hash = install_local(host, real_bundle())
+        prepare_local(host, "env-1", {"a.txt": b"a"})
+        prepare_local(host, "env-2", {"b.txt": b"b"}, lease="lease-2")
+        progress = Progress()
+        progress.install()
+        launch = asyncio.create_task(
+            call(host, "worker.launch.v1", **launch_params(server, "env-1", bundle_hash, path="/v1/stall"))
+        )
+        while not progress.sent:
+            await asyncio.sleep(0.02)
+        await host._on_refused(pairing_required())
+        return bundle_hash, await launch
+
+    bundle_hash, turn = run(tmp_path, server, scenario, journal_path=journal)
+    assert turn["status"] == "aborted"
+    assert state_entries(tmp_path / "state") == {"workspaces": [], "environments": [], "bundles": [], "blobs": []}
+    assert IdentityStore(tmp_path / "state").device_token("node") is None
+    (record,) = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert (record["kind"], record["deleted"]) == (
+        "pairing-removed",
+        {"environments": ["env-1", "env-2"], "bundles": [bundle_hash]},
+    )
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "never-paired",  # a new node waiting for its first approval holds no token
+        "token-mismatch",  # a rotated token is not a removal
+        "other-reason",
+    ],
+)
+def test_other_refusals_delete_nothing(tmp_path, server, refusal):
+    async def scenario(host: NodeHost):
+        install_local(host, fake_bundle())
+        prepare_local(host, "env-1", {"a.txt": b"a"})
+        if refusal == "never-paired":
+            IdentityStore(host.config.state_dir).forget_device_token("node")
+            await host._on_refused(pairing_required())
+        elif refusal == "token-mismatch":
+            details = {"code": "AUTH_DEVICE_TOKEN_MISMATCH", "authReason": "device_token_mismatch"}
+            await host._on_refused(ConnectError({"code": "INVALID_REQUEST", "message": "mismatch", "details": details}))
+        else:
+            await host._on_refused(pairing_required(reason="scope-upgrade"))
+
+    before_token = refusal != "never-paired"
+    run(tmp_path, server, scenario)
+    entries = state_entries(tmp_path / "state")
+    assert entries["workspaces"] and entries["environments"] and entries["bundles"] and entries["blobs"]
+    assert (IdentityStore(tmp_path / "state").device_token("node") is not None) == before_token
