@@ -1088,12 +1088,22 @@ class NodeHost:
     async def publish_inventory(self) -> None:
         """Declare the worker host again on the current connection (``SIGUSR1``); the outcome goes to the journal."""
         try:
-            accepted = await self.client.request("node.runnerInventory.update", self.inventory())
+            accepted = await self.client.request("node.runnerInventory.update", self.inventory(), timeout=10)
         except GatewayError as refused:
             self.journal.record("inventory-publish", ok=False, code=refused.code, message=refused.message)
-        except (ConnectionClosed, websockets.ConnectionClosed) as closed:
-            code, reason = getattr(closed, "code", None), getattr(closed, "reason", None)
-            self.journal.record("inventory-publish", ok=False, code="CLOSED", closeCode=code, closeReason=reason)
+        except ConnectionClosed as closed:
+            self.journal.record(
+                "inventory-publish", ok=False, code="CLOSED", closeCode=closed.code, closeReason=closed.reason
+            )
+        except websockets.ConnectionClosed as closed:
+            frame = closed.rcvd
+            self.journal.record(
+                "inventory-publish",
+                ok=False,
+                code="CLOSED",
+                closeCode=frame.code if frame else None,
+                closeReason=frame.reason if frame else None,
+            )
         except (OSError, TimeoutError) as error:
             self.journal.record("inventory-publish", ok=False, code="UNREACHABLE", message=type(error).__name__)
         else:
