@@ -1,21 +1,26 @@
 """Port of seed 004 (``paired-node-worker-lifecycle-wire.e2e.test.ts``): local control stays usable across
 bundle loss, disconnect, capacity and role removal of a paired node worker host.
 
-Same steps and assertions, in order: a gateway whose model is the project's mock OpenAI server (with
-hold markers), an operator over a real WebSocket, and the project's node host in its own process
-(capacity 2, 750 ms capacity wait), paired by the operator. Worktree sessions of a published git
-workspace; a dispatch to the node (its bundle hash is 64 hex); a node turn and a local turn; a move
-back to the gateway with the exact source facts, a local turn, a dispatch back and a node turn; the
-public bundle projection (``installed`` with only status and version); the bundle directory deleted and
-the node reconnected → ``missing`` (a retain was sent), a local turn, then a new session's dispatch
-reinstalls exactly once → ``installed``; the node disconnected → a turn fails as ``runner-offline``,
-the placement stays active, local turns work, and after reconnect the same session's turn succeeds; two
-held turns fill both slots and a third fails on capacity with its user message (and no reply) in
+Same steps and assertions, in order (docs/seeds.md, "Seed 004", maps each seed line to this file): a gateway
+whose model is the project's mock OpenAI server (with hold markers), an operator over a real WebSocket with
+``identity: null`` (the shared token, as the loopback backend client, which keeps its scopes), and the
+project's node host in its own process (capacity 2, 750 ms capacity wait), paired by the operator, reaching its
+gateway through a TCP proxy so that the test can drop and re-open the **same** process's connection. Worktree
+sessions of a published git workspace; a dispatch to the node (its bundle hash is 64 hex); a node turn and a
+local turn; a move back to the gateway with the exact source facts, a local turn, a dispatch back and a node
+turn; the public bundle projection (``installed`` with only status and version); the bundle directory deleted
+and the same process's connection dropped and re-opened → ``missing`` (a retain was sent), a local turn, then a
+new session's dispatch reinstalls exactly once → ``installed``; the node cut off → a turn fails as
+``runner-offline``, the placement stays active, local turns work, and once it reconnects the same session's turn
+succeeds; two held turns fill both slots and a third fails on capacity with its user message (and no reply) in
 history, the placement active, a local turn working, and a retry succeeding once a slot frees; and
-``node.pair.remove`` cleans the environment and the placement up before it answers, the old
-credentials are refused, the node shows not connected, and local turns go on.
+``node.pair.remove`` cleans the environment and the placement up before it answers, the old connection's
+inventory publish is rejected, the old credentials are refused, the node shows not connected, its disk keeps
+nothing of the gateway, local turns go on, and the node host's journal holds no invoke error but the capacity
+attempt's. Every clean-up step runs, and each that fails fails the test.
 
-Then the same with the node on a second gateway process (operator on process A, node on process B).
+Then the same with the node on a second gateway process (operator on process A, with a device identity; node on
+process B).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from openclaw_client.client import ConnectError, GatewayClient
+from openclaw_client.identity import IdentityStore
 from tests.support.clients import ALL_SCOPES, call_once, node, operator
 from tests.support.mock_openai import MockOpenAI
 from tests.support.processes import GatewayServer, NodeHostProcess, start_node_host
@@ -374,6 +380,8 @@ async def scenario(
         # the old connection, and leaves local execution available.
         removal_key = await wire.create_session("role-removal")
         removal_placement = await wire.dispatch_node_session(removal_key, node_id)
+        node_token = IdentityStore(node_host.state_dir).device_token("node")
+        assert node_token
         removed = await client.request("node.pair.remove", {"nodeId": node_id}, timeout=120)
         assert removed["nodeId"] == node_id
         environment = next(e for e in await wire.read_environments() if e["id"] == removal_placement["environmentId"])
@@ -388,7 +396,7 @@ async def scenario(
         )
         with pytest.raises(ConnectError):
             # The removed node's own credentials (identity and device token) can no longer connect.
-            stale = node(node_host_gateway(node_host), state_dir=node_host.state_dir, token=None)
+            stale = node(node_host_gateway(node_host), state_dir=node_host.state_dir, token=node_token)
             await stale.connect()
             await stale.request("node.runnerInventory.update", {"protocolFeatures": []})
 
@@ -406,8 +414,8 @@ async def scenario(
         await eventually(cleaned_up)
         assert node_state(node_host) == {"workspaces": [], "environments": [], "bundles": [], "blobs": []}
         await wire.expect_successful_turn(local_key, "WIRE-LOCAL-AFTER-REMOVAL")
-        # Every node.invoke error the node host answered: only the capacity attempt's launch, which this
-        # protocol reports as the launch's error (the seed's host reports it inside a successful invoke).
+        # Every node.invoke error the node host answered (its journal, not a search of its log): only the capacity
+        # attempt's launch, which this protocol answers as that invoke's error (docs/node-worker-protocol.md).
         errors = [(e["command"], e["code"]) for e in node_host.journal("invoke-error")]
         assert errors == [("worker.launch.v1", "WORKER_CAPACITY_EXHAUSTED")], node_host.journal("invoke-error")
     finally:
