@@ -150,6 +150,7 @@ CHILD_ENVIRONMENT_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "T
 EXPORT_PAGE_BYTES = 8 * 1024 * 1024
 BLOB_GC_GRACE_S = 15 * 60
 MAX_ID_LENGTH = 512
+JOURNAL_MAX_BYTES = 8 * 1024 * 1024
 _ENVIRONMENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
 
 
@@ -976,10 +977,15 @@ def _retained_environments(params: Params) -> set[str]:
 
 
 class Journal:
-    """What the node host did that others check afterwards, one JSON object a line (appended, never read back)."""
+    """What the node host did that others check afterwards, one JSON object a line (appended, never read back).
 
-    def __init__(self, path: Path | None):
+    Bounded: past :data:`JOURNAL_MAX_BYTES` the file becomes ``<name>.1`` (replacing the previous one) and a new
+    one starts.
+    """
+
+    def __init__(self, path: Path | None, max_bytes: int = JOURNAL_MAX_BYTES):
         self.path = path
+        self.max_bytes = max_bytes
 
     def record(self, kind: str, **fields: Any) -> None:
         if self.path is None:
@@ -987,6 +993,8 @@ class Journal:
         line = json.dumps({"kind": kind, "atMs": _now_ms(), **fields}, separators=(",", ":"))
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and self.path.stat().st_size >= self.max_bytes:
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
             with open(self.path, "a", encoding="utf-8") as journal:
                 journal.write(line + "\n")
         except OSError as error:

@@ -31,6 +31,7 @@ from openclaw_client.node import (
     PROGRESS_COALESCE_S,
     BundleInstallError,
     CoalescedDeltas,
+    Journal,
     NodeHost,
     NodeHostConfig,
     gateway_http_origin,
@@ -1135,3 +1136,14 @@ def test_other_refusals_delete_nothing(tmp_path, server, refusal):
     entries = state_entries(tmp_path / "state")
     assert entries["workspaces"] and entries["environments"] and entries["bundles"] and entries["blobs"]
     assert (IdentityStore(tmp_path / "state").device_token("node") is not None) == before_token
+
+
+def test_the_journal_keeps_one_previous_file_past_its_bound(tmp_path):
+    journal = Journal(tmp_path / "journal.jsonl", max_bytes=200)
+    for index in range(12):
+        journal.record("invoke-error", command="worker.launch.v1", index=index)
+    current = [json.loads(line)["index"] for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    previous = [json.loads(line)["index"] for line in (tmp_path / "journal.jsonl.1").read_text().splitlines()]
+    assert previous + current == list(range(previous[0], 12)) and current
+    assert {path.name for path in tmp_path.iterdir()} == {"journal.jsonl", "journal.jsonl.1"}
+    assert (tmp_path / "journal.jsonl").stat().st_size < 200 + 120
