@@ -486,6 +486,32 @@ def test_a_dispatch_to_a_stopped_host_fails_unreachable_and_leaves_nothing_lease
     assert selectors.placement_projection(placement, environment)["recoveryAction"] == "restart"
 
 
+@dispatch_db
+def test_provisioning_on_a_profile_s_paired_node_that_is_not_connected_fails_and_leases_nothing(
+    use_profiles, in_process, published
+):
+    """The provisioning path of point 5 (issue 26): a profile whose provider is ``device`` is not checked when the
+    dispatch is accepted; its provisioning is refused with the node's error, and no lease is recorded."""
+    use_profiles({"node": {"provider": "device", "settings": {"deviceId": NODE}}})
+    paired_node(connected=False)
+    session = make_session()
+    message = (
+        f"Worker dispatch failed in provisioning: device worker node is not connected: {NODE}; "
+        "reconnect it before retrying"
+    )
+
+    with pytest.raises(Unavailable) as failed:
+        dispatch(ctx(), session.key, profileId="node")
+
+    assert failed.value.message == message
+    placement = Placement.objects.get(pk=session.pk)
+    assert (placement.state, placement.recovery_error, placement.active_owner_epoch) == (S.FAILED, message, None)
+    environment = WorkerEnvironment.objects.get(pk=placement.environment_id)
+    assert (environment.state, environment.lease_id, environment.node_device_id) == ("failed", None, None)
+    assert not WorkerEnvironment.objects.filter(lease_id__isnull=False).exists()
+    assert placement_states(published, session) == [S.LOCAL, S.REQUESTED, S.PROVISIONING, S.FAILED]
+
+
 class GatedProvider:
     """A provider whose ``provision`` waits until the test opens the gate (a slow cloud API)."""
 
