@@ -6,13 +6,20 @@ rolls back) with the change it describes.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
 
 from . import scopes as sc
 from .models import AuditLog
+
+logger = logging.getLogger(__name__)
+# The audit data's keys that explain a change; the rest (documents, lists of runs) stays in the audit row.
+LOGGED_DATA_KEYS = ("reason", "before", "after", "decision")
+MAX_LOGGED_VALUE_CHARS = 500
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,22 @@ class Actor:
 
 
 def audit(actor: Actor, action: str, target_type: str, target_id: str, data: dict | None = None) -> AuditLog:
+    """The audit row, in the caller's transaction, and its log line once that commits (a change that rolls back
+    is neither audited nor logged)."""
+    summary = " ".join(
+        f"{key}={str(data[key])[:MAX_LOGGED_VALUE_CHARS]}" for key in LOGGED_DATA_KEYS if data and data.get(key)
+    )
+    transaction.on_commit(
+        lambda: logger.info(
+            "audit: %s %s %s:%s%s",
+            actor.label,
+            action,
+            target_type,
+            target_id,
+            f" {summary}" if summary else "",
+            extra={"audit_action": action, "actor": actor.label},
+        )
+    )
     return AuditLog.objects.create(
         actor_user=actor.user if actor.user is not None and actor.user.is_authenticated else None,
         actor=actor.label,

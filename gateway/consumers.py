@@ -20,7 +20,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from . import invoke, lifecycle, metrics, state
+from . import invoke, lifecycle, log_context, metrics, state
 from .conf import gateway_setting
 from .context import RpcContext
 from .dispatch import error_response, parse_frame, run_request
@@ -257,6 +257,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         # subscribed before the connection counts as open, or a broadcast right after could miss it.
         await lifecycle.ensure_broadcast_subscribed()
         self.phase = "open"
+        # Frames of one connection are handled in its consumer's task: every line they log names the device.
+        log_context.bind(device_id=self.ctx.device_id or self.ctx.node_id)
         lifecycle.ensure_started()
         state.local_connections.add(self)
         metrics.record_handshake_ok()
@@ -396,7 +398,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if not was_open:
             return
         state.local_connections.discard(self)
-        if self.counted_open:
+        if getattr(self, "counted_open", False):  # as cleaned_up: a consumer set up without connect() has none
             metrics.connection_closed(self.ctx.role)
         # Each step on its own: a channel layer that fails (Redis out of connections in a burst of
         # disconnects) must not keep the connection registered, or it stays routable and in presence.

@@ -10,10 +10,12 @@ from typing import Any
 from channels.db import DatabaseSyncToAsync
 from pydantic import ValidationError
 
-from . import metrics
+from . import metrics, state
 from . import scopes as sc
+from .access_log import rpc_access_logged
+from .conf import gateway_setting
 from .context import RpcContext
-from .exceptions import GatewayError, InvalidRequest, PermissionDenied, internal_error
+from .exceptions import GatewayError, InvalidRequest, PermissionDenied, Unavailable, internal_error
 from .protocol import CancelFrame, RequestFrame, format_validation_error
 from .registry import MethodSpec, registry
 
@@ -72,6 +74,17 @@ def authorize(ctx: RpcContext, spec: MethodSpec) -> None:
         )
 
 
+STILL_STARTING = "the gateway is still reconciling worker placements after its start; retry shortly"
+
+
+async def await_startup_reconciliation() -> None:
+    """Right after a start, wait until startup recovery has run (bounded), so no read answers with the state
+    it has yet to reconcile."""
+    if not state.serving() and not await state.wait_until_serving(gateway_setting("STARTUP_READ_WAIT_MS") / 1000):
+        raise Unavailable(STILL_STARTING, retryable=True, retry_after_ms=1000)
+
+
+@rpc_access_logged
 async def run_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any]:
     started = time.perf_counter()
     response = await _answer_request(ctx, frame)
@@ -87,6 +100,10 @@ async def _answer_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any
         if spec is None:
             raise InvalidRequest(f"unknown method: {frame.method}")
         authorize(ctx, spec)
+        # Operators read and change sessions; a node's own calls (its inventory, its turns' events) are what
+        # recovery may be waiting for, and must not wait for it.
+        if ctx.role != sc.ROLE_NODE:
+            await await_startup_reconciliation()
         try:
             params = spec.params.model_validate(frame.params if frame.params is not None else {})
         except ValidationError as exc:

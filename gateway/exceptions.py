@@ -9,7 +9,11 @@ offline node are ``UNAVAILABLE``; pairing is ``NOT_PAIRED``.
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -109,6 +113,51 @@ class HandshakeRejected(Exception):
         self.close_reason = close_reason if close_reason is not None else error.message
 
 
+@dataclass(frozen=True)
+class InternalErrorReport:
+    """An ``internal_error`` as its listeners get it: for operators only (the first line of the message is
+    here; clients never see it)."""
+
+    error_id: str
+    context: str
+    exception_class: str
+    first_line: str
+    occurred_at: datetime
+
+
+InternalErrorListener = Callable[[InternalErrorReport], None]
+_internal_error_listeners: list[InternalErrorListener] = []
+_listener_logger = logging.getLogger(__name__)
+
+
+def on_internal_error(listener: InternalErrorListener) -> None:
+    """Have ``listener`` told of every ``internal_error`` (the operations app records them for the console).
+
+    It is called on the failing caller's thread, possibly inside a broken transaction or an event loop: it must
+    return at once and touch no database itself."""
+    if listener not in _internal_error_listeners:
+        _internal_error_listeners.append(listener)
+
+
+def _report_internal_error(error_id: str, context: str, exc: BaseException | None) -> None:
+    if not _internal_error_listeners:
+        return
+    message = str(exc) if exc is not None else ""
+    report = InternalErrorReport(
+        error_id=error_id,
+        context=context,
+        exception_class=type(exc).__qualname__ if exc is not None else "",
+        first_line=message.splitlines()[0] if message else "",
+        occurred_at=datetime.now(UTC),
+    )
+    for listener in _internal_error_listeners:
+        try:
+            listener(report)
+        except Exception:
+            # A listener's failure must not turn the caller's error into another one.
+            _listener_logger.exception("internal error listener %r failed (errorId=%s)", listener, error_id)
+
+
 def internal_error(
     logger: logging.Logger,
     context: str,
@@ -124,6 +173,7 @@ def internal_error(
     """
     error_id = uuid.uuid4().hex[:16]
     logger.error("%s failed (errorId=%s)", context, error_id, exc_info=exc if exc is not None else True)
+    _report_internal_error(error_id, context, exc if exc is not None else sys.exception())
     return InternalError(
         f"{summary}; reference {error_id}", details={**(details or {}), "errorId": error_id}, retryable=True
     )

@@ -100,11 +100,21 @@ async def _join_process_groups(channel: str | None) -> str:
 def start_in_background(loop: asyncio.AbstractEventLoop) -> None:
     """Called by the server once it listens: :func:`startup` as a task (kept referenced while it runs)."""
     state.set_main_loop(loop)
+    state.startup_begun()
     _tasks.startup_task = loop.create_task(startup())
 
 
 async def startup() -> None:
-    """Process start (``serve``): register the process, start the loops, run the apps' startup hooks."""
+    """Process start (``serve``): register the process, start the loops, run the apps' startup hooks
+    (recovery among them). Until they have run, operators' reads wait (``state.wait_until_serving``)."""
+    try:
+        await _start()
+    finally:
+        # A hook that failed is logged; the periodic sweep retries what it left. Serving must not hang on it.
+        state.startup_finished()
+
+
+async def _start() -> None:
     ensure_started()
     await ensure_process_registered()
     # A predecessor killed on this host still looks live for a heartbeat timeout: its connections are

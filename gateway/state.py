@@ -70,6 +70,48 @@ class _ProcessFlags:
 _flags = _ProcessFlags()
 
 
+class _Startup:
+    """Startup reconciliation of a serving process (``lifecycle.startup``): until it has finished, what clients
+    read could be the state recovery has not yet reconciled (workers.md §7: reconcile before reporting ready).
+    A process that never starts it (a shell, a Celery worker, tests driving the ASGI app) has nothing to wait for.
+    """
+
+    def __init__(self) -> None:
+        self.pending = False
+        self.done: asyncio.Event | None = None
+
+
+_startup = _Startup()
+
+
+def startup_begun() -> None:
+    """The server listens and its startup reconciliation is scheduled (on the main loop's thread)."""
+    _startup.pending = True
+    _startup.done = asyncio.Event()
+
+
+def startup_finished() -> None:
+    _startup.pending = False
+    if _startup.done is not None:
+        _startup.done.set()
+
+
+def serving() -> bool:
+    """Whether clients may read now: no startup reconciliation pending."""
+    return not _startup.pending
+
+
+async def wait_until_serving(timeout_s: float) -> bool:
+    """Wait (on the main loop) until startup reconciliation has finished, at most ``timeout_s``; True once it has."""
+    if not _startup.pending or _startup.done is None:
+        return True
+    try:
+        await asyncio.wait_for(_startup.done.wait(), timeout_s)
+    except TimeoutError:
+        return serving()
+    return True
+
+
 def set_main_loop(loop: asyncio.AbstractEventLoop) -> None:
     _flags.main_loop = loop
 

@@ -490,7 +490,7 @@ class GatewayClient:
         self,
         *,
         on_connected: Callable[[GatewayClient], Awaitable[None]] | None = None,
-        on_refused: Callable[[ConnectError], None] | None = None,
+        on_refused: Callable[[ConnectError], Awaitable[None] | None] | None = None,
         backoff_initial: float = 1.0,
         backoff_max: float = 30.0,
         stop: asyncio.Event | None = None,
@@ -519,7 +519,9 @@ class GatewayClient:
                 logger.warning("gateway connection closed (%s %s); reconnecting", self.close_code, self.close_reason)
             except ConnectError as error:
                 if on_refused is not None:
-                    on_refused(error)
+                    refused = on_refused(error)
+                    if asyncio.iscoroutine(refused):
+                        await refused
                 if (error.code != "NOT_PAIRED" and error.close_code in (1002,)) or (error.details or {}).get(
                     "code"
                 ) in ("AUTH_TOKEN_MISMATCH", "AUTH_PASSWORD_MISMATCH"):

@@ -19,6 +19,14 @@ retain what the gateway still needs. State directory layout::
     workspaces/<environment>/ materialized workspaces
     environments/<environment>.json  what was prepared / exported there (manifests by ref)
 
+A node whose pairing was removed (a connect refused ``NOT_PAIRED`` while it holds a node token) deletes
+what it kept for the gateway — workspaces, environment records, bundles, blobs — and forgets its token,
+so that nothing of that gateway stays on its disk, also when it was offline at the removal.
+
+With ``--journal PATH`` it appends what a supervisor (or a test) checks to a JSON-lines file: every
+``node.invoke`` it answered with an error, each removal clean-up, and each inventory publish asked for
+with ``SIGUSR1`` (republished on the current connection, not a new one).
+
 No Django here: this module is part of the worker bundle the gateway ships to its hosts.
 """
 
@@ -49,7 +57,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .client import ClientOptions, ConnectError, GatewayClient, NodeCommandError, current_invoke
+import websockets
+
+from .client import (
+    ClientOptions,
+    ConnectError,
+    ConnectionClosed,
+    GatewayClient,
+    GatewayError,
+    NodeCommandError,
+    current_invoke,
+)
 from .identity import IdentityStore
 from .workspace import (
     BlobMismatch,
@@ -106,6 +124,8 @@ NODE_HOST_COMMANDS = tuple(
     )
 )
 NODE_HOST_CAPS = ("worker-host",)
+# Why a gateway asks a node that holds its token to pair again: it is not (or no longer) paired as a node there.
+NOT_A_NODE_REASONS = frozenset({"not-paired", "role-upgrade"})
 
 MAX_BUNDLE_BYTES = 256 * 1024 * 1024
 MAX_BUNDLE_FILES = 10_000
@@ -130,6 +150,7 @@ CHILD_ENVIRONMENT_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "T
 EXPORT_PAGE_BYTES = 8 * 1024 * 1024
 BLOB_GC_GRACE_S = 15 * 60
 MAX_ID_LENGTH = 512
+JOURNAL_MAX_BYTES = 8 * 1024 * 1024
 _ENVIRONMENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
 
 
@@ -145,6 +166,8 @@ class NodeHostConfig:
     idle_worker_ttl_s: float = IDLE_WORKER_TTL_S
     # Commands the agents' exec tool runs at once on this host, across all worker children.
     exec_concurrency: int = DEFAULT_EXEC_CONCURRENCY
+    # JSON lines of invoke errors, removal clean-ups and asked-for inventory publishes (None: not kept).
+    journal_path: Path | None = None
 
 
 def gateway_http_origin(gateway_url: str) -> str:
@@ -950,6 +973,34 @@ def _retained_environments(params: Params) -> set[str]:
     return retained
 
 
+# --- the journal ----------------------------------------------------------------------------------
+
+
+class Journal:
+    """What the node host did that others check afterwards, one JSON object a line (appended, never read back).
+
+    Bounded: past :data:`JOURNAL_MAX_BYTES` the file becomes ``<name>.1`` (replacing the previous one) and a new
+    one starts.
+    """
+
+    def __init__(self, path: Path | None, max_bytes: int = JOURNAL_MAX_BYTES):
+        self.path = path
+        self.max_bytes = max_bytes
+
+    def record(self, kind: str, **fields: Any) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({"kind": kind, "atMs": _now_ms(), **fields}, separators=(",", ":"))
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and self.path.stat().st_size >= self.max_bytes:
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            with open(self.path, "a", encoding="utf-8") as journal:
+                journal.write(line + "\n")
+        except OSError as error:
+            logger.warning("could not write the journal: %s", _os_reason(error))
+
+
 # --- the node host --------------------------------------------------------------------------------
 
 
@@ -995,6 +1046,7 @@ class NodeHost:
             state_dir=str(config.state_dir),
         )
         self.client = GatewayClient(options, invoke_handler=self._invoke)
+        self.journal = Journal(config.journal_path)
         self._announced_request: str | None = None
 
     def inventory(self) -> dict[str, Any]:
@@ -1026,8 +1078,44 @@ class NodeHost:
 
     async def _invoke(self, command: str, params: Any) -> Any:
         invoke = current_invoke.get()
-        logger.info("invoke %s id=%s", command, invoke.invoke_id if invoke is not None else "-")
-        return await self.handle(command, params)
+        invoke_id = invoke.invoke_id if invoke is not None else None
+        logger.info("invoke %s id=%s", command, invoke_id or "-")
+        try:
+            return await self.handle(command, params)
+        except NodeCommandError as error:
+            self.journal.record(
+                "invoke-error", command=command, invokeId=invoke_id, code=error.code, message=error.message
+            )
+            raise
+        except Exception as error:
+            self.journal.record(
+                "invoke-error", command=command, invokeId=invoke_id, code="UNAVAILABLE", message=type(error).__name__
+            )
+            raise
+
+    async def publish_inventory(self) -> None:
+        """Declare the worker host again on the current connection (``SIGUSR1``); the outcome goes to the journal."""
+        try:
+            accepted = await self.client.request("node.runnerInventory.update", self.inventory(), timeout=10)
+        except GatewayError as refused:
+            self.journal.record("inventory-publish", ok=False, code=refused.code, message=refused.message)
+        except ConnectionClosed as closed:
+            self.journal.record(
+                "inventory-publish", ok=False, code="CLOSED", closeCode=closed.code, closeReason=closed.reason
+            )
+        except websockets.ConnectionClosed as closed:
+            frame = closed.rcvd
+            self.journal.record(
+                "inventory-publish",
+                ok=False,
+                code="CLOSED",
+                closeCode=frame.code if frame else None,
+                closeReason=frame.reason if frame else None,
+            )
+        except (OSError, TimeoutError) as error:
+            self.journal.record("inventory-publish", ok=False, code="UNREACHABLE", message=type(error).__name__)
+        else:
+            self.journal.record("inventory-publish", ok=True, nodeId=accepted.get("nodeId"))
 
     async def handle(self, command: str, params: Any) -> dict[str, Any]:
         """Run one private command (what a ``node.invoke.request`` asks); raises :class:`NodeCommandError`."""
@@ -1473,6 +1561,41 @@ class NodeHost:
                 flush=True,
             )
 
+    async def _on_refused(self, error: ConnectError) -> None:
+        self.announce_pairing(error)
+        details = error.details or {}
+        # The gateway asks for a new pairing only of a device it does not (or no longer) pair as a node.
+        removed = (
+            error.code == "NOT_PAIRED"
+            and details.get("code") == "PAIRING_REQUIRED"
+            and details.get("reason") in NOT_A_NODE_REASONS
+        )
+        if removed and await asyncio.to_thread(self._identity.device_token, "node"):
+            await self.forget_gateway()
+
+    async def forget_gateway(self) -> dict[str, list[str]]:
+        """The gateway no longer pairs this node (it asks for a new pairing though we hold its token): nothing
+        it placed here may stay. Its turns are cancelled, then its workspaces, environment records, bundles and
+        blobs deleted; the token goes last, so a clean-up cut short is done again at the next refusal."""
+        dropped = await self._drop_environments(set())
+        await self.pool.stop_idle()
+        bundles = await self._drop_bundles(set())
+        await asyncio.to_thread(self._delete_blobs)
+        self._retain_sequences.clear()
+        await asyncio.to_thread(self._identity.forget_device_token, "node")
+        deleted = {"environments": dropped, "bundles": bundles}
+        logger.warning(
+            "this node's pairing with %s was removed: deleted %d environment(s) and %d bundle(s)",
+            self.config.gateway_url,
+            len(dropped),
+            len(bundles),
+        )
+        self.journal.record("pairing-removed", deleted=deleted)
+        return deleted
+
+    def _delete_blobs(self) -> None:
+        remove_tree(self.blobs.root)  # no workspace is left to need any of it (and no prepare runs unpaired)
+
     def remove_leftovers(self) -> None:
         """Staging directories a previous run of this node left behind (it was stopped mid-way)."""
         self.bundles.remove_leftovers()
@@ -1495,7 +1618,7 @@ class NodeHost:
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.to_thread(self.remove_leftovers)
         try:
-            await self.client.run_forever(on_connected=self._on_connected, stop=stop, on_refused=self.announce_pairing)
+            await self.client.run_forever(on_connected=self._on_connected, stop=stop, on_refused=self._on_refused)
         finally:
             await self.shutdown()
 
@@ -1541,6 +1664,9 @@ def parse_args(argv: list[str] | None) -> NodeHostConfig:
         default=DEFAULT_EXEC_CONCURRENCY,
         help="commands the agents' exec tool runs at once on this host (1-256)",
     )
+    parser.add_argument(
+        "--journal", default=None, help="append invoke errors and removal clean-ups to this JSON-lines file"
+    )
     args = parser.parse_args(argv)
     if not args.gateway.startswith(("ws://", "wss://")):
         parser.error("--gateway must be a ws:// or wss:// URL")
@@ -1558,6 +1684,7 @@ def parse_args(argv: list[str] | None) -> NodeHostConfig:
         token=args.token or os.environ.get("OPENCLAW_GATEWAY_TOKEN") or None,
         display_name=args.name,
         exec_concurrency=args.exec_concurrency,
+        journal_path=Path(args.journal).expanduser() if args.journal else None,
     )
 
 
@@ -1567,7 +1694,17 @@ async def serve(config: NodeHostConfig) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
-    await NodeHost(config).run(stop)
+    host = NodeHost(config)
+    publishes: set[asyncio.Task] = set()
+
+    def publish() -> None:
+        task = loop.create_task(host.publish_inventory())
+        publishes.add(task)
+        task.add_done_callback(publishes.discard)
+
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGUSR1, publish)
+    await host.run(stop)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,6 +32,7 @@ from gateway.exceptions import (
 )
 from gateway.http_auth import OPERATOR_AUTH, TOKEN_HEADER
 from gateway.protocol import error_path, validation_message
+from operations_app.api import router as usage_router
 from sessions_app.api import router as sessions_router
 from workers_app.api import router as workers_router
 
@@ -69,6 +70,7 @@ api.add_router("/gateway", devices_router)
 api.add_router("/approvals", approvals_router)
 api.add_router("/sessions", sessions_router)
 api.add_router("/workers", workers_router)
+api.add_router("/usage", usage_router)
 
 
 def error_response(error: GatewayError) -> JsonResponse:

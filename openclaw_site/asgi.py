@@ -11,17 +11,22 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from gateway.consumers import GatewayConsumer  # noqa: E402
+from gateway.startup_gate import StartupGate  # noqa: E402
 from operator_ui.consumers import ConsoleConsumer  # noqa: E402
 from operator_ui.origins import SameOriginOnly  # noqa: E402
 from workers_app.inference import INFERENCE_PATH  # noqa: E402
 from workers_app.inference_http import inference_app  # noqa: E402
 
+# Right after a start, HTTP reads wait for startup recovery (bounded); probes do not.
+gated_django_app = StartupGate(django_asgi_app, exempt_paths=("/healthz", "/readyz", "/metrics"))
+
 
 async def http_application(scope, receive, send):
-    """Django, but for the workers' inference route: that one is the hot path of every node turn."""
+    """Django, but for the workers' inference route: that one is the hot path of every node turn (and a
+    worker's turn is what recovery may be waiting for)."""
     if scope["path"] == INFERENCE_PATH:
         return await inference_app(scope, receive, send)
-    return await django_asgi_app(scope, receive, send)
+    return await gated_django_app(scope, receive, send)
 
 
 websocket_urlpatterns = [

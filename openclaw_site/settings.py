@@ -28,6 +28,7 @@ from openclaw_site.env import (
     env_str,
     env_url,
 )
+from openclaw_site.log_config import LOG_FORMATS, logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATABASE_SCHEMES = ("sqlite", "postgres", "postgresql", "pgsql")
@@ -79,6 +80,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: every request gets its request_id (in each of its log lines) and one access line.
+    "gateway.access_log.RequestLogMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (the admin's CSS/JS, the API docs) from the gateway itself; async, so requests
     # under Daphne take no thread hop for it (WhiteNoise is sync-only).
@@ -267,6 +270,9 @@ OPENCLAW_GATEWAY = {
     # and the connections it registered are no longer routable.
     "PROCESS_HEARTBEAT_INTERVAL_MS": env_int("OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS", 10_000, minimum=100),
     "PROCESS_STALE_AFTER_MS": env_int("OPENCLAW_PROCESS_STALE_AFTER_MS", 35_000, minimum=100),
+    # Right after a start, operators' reads (RPC, JSON API, console, admin) wait for startup recovery to have
+    # reconciled the placements, at most this long; then they are answered UNAVAILABLE (retryable).
+    "STARTUP_READ_WAIT_MS": env_int("OPENCLAW_STARTUP_READ_WAIT_MS", 30_000, minimum=0),
 }
 # HTTP bodies are bounded like WebSocket frames (a worker's inference request carries a turn's history).
 DATA_UPLOAD_MAX_MEMORY_SIZE = OPENCLAW_GATEWAY["MAX_PAYLOAD_BYTES"]
@@ -325,6 +331,12 @@ OPENCLAW_MODEL = {
 if OPENCLAW_MODEL["PROVIDER"] == "openai" and not _MODEL_BASE_URL:
     raise SettingsError("OPENCLAW_MODEL_PROVIDER=openai needs OPENCLAW_MODEL_BASE_URL")
 
+# --- Usage ------------------------------------------------------------------------------------
+# USD per million tokens of each model: {"<model>" or "<provider>/<model>": {"input", "output", "cacheRead"?,
+# "cacheWrite"?}}; checked when operations_app starts. A model without a price costs 0 in the usage reports,
+# which list it as unpriced (docs/operations.md "Usage").
+OPENCLAW_MODEL_PRICES = env_json_object("OPENCLAW_MODEL_PRICES")
+
 # --- Agent turns ------------------------------------------------------------------------------
 # A turn is an agent loop: model → tool calls → results → model … (docs/agent-tools.md).
 OPENCLAW_AGENT = {
@@ -361,15 +373,28 @@ STATIC_ROOT = STATE_DIR / "static"
 SERVESTATIC_USE_FINDERS = True
 SERVESTATIC_AUTOREFRESH = DEBUG
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_log_level("OPENCLAW_LOG_LEVEL", "INFO")},
-    "loggers": {
-        "daphne": {"level": "WARNING"},
-        "django.channels.server": {"level": "WARNING"},
-        "httpx": {"level": "WARNING"},
-    },
-}
+# --- Logs (docs/operations.md, "Logs") ------------------------------------------------------------
+# The console's format: "plain" (the human one, the embedded default) or "json" (one object per line; `manage.py
+# cluster` sets it for its programs unless it is set). The file always gets JSON lines; OPENCLAW_LOG_FILE="" (set
+# and empty) disables it. Every process of a state directory may share the file (gateway/log_files.py).
+OPENCLAW_LOG_FORMAT = env_choice("OPENCLAW_LOG_FORMAT", "plain", LOG_FORMATS)
+_LOG_FILE = env_str("OPENCLAW_LOG_FILE", str(STATE_DIR / "logs" / "gateway.log"))
+OPENCLAW_LOG_FILE = None if os.environ.get("OPENCLAW_LOG_FILE") == "" else Path(_LOG_FILE).resolve()
+OPENCLAW_LOG_FILE_MAX_BYTES = env_int("OPENCLAW_LOG_FILE_MAX_BYTES", 10 * 1024 * 1024, minimum=64 * 1024)
+OPENCLAW_LOG_FILE_BACKUPS = env_int("OPENCLAW_LOG_FILE_BACKUPS", 5, minimum=0, maximum=100)
+if OPENCLAW_LOG_FILE is not None:
+    try:
+        OPENCLAW_LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SettingsError(
+            f"OPENCLAW_LOG_FILE's directory {OPENCLAW_LOG_FILE.parent} cannot be created: {error.strerror}"
+        ) from None
+LOGGING = logging_config(
+    console_format=OPENCLAW_LOG_FORMAT,
+    level=env_log_level("OPENCLAW_LOG_LEVEL", "INFO"),
+    file_path=OPENCLAW_LOG_FILE,
+    file_max_bytes=OPENCLAW_LOG_FILE_MAX_BYTES,
+    file_backups=OPENCLAW_LOG_FILE_BACKUPS,
+)
+# Celery workers keep this configuration instead of replacing the root logger's handlers with their own.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
-from . import approval_views, pairing_views, views
+from . import approval_views, log_views, pairing_views, system_views, usage_views, views
 
 app_name = "ui"
 
@@ -24,14 +24,18 @@ urlpatterns = [
     # Any approval id (an RPC caller may choose one with a slash in it); the decision is the last segment.
     path("approvals/<path:approval_id>/<str:decision>", approval_views.approval_decide, name="approval-decide"),
     path("runs/", views.runs_list, name="runs"),
+    path("logs/", log_views.logs_page, name="logs"),
+    path("logs/tail", log_views.logs_follow, name="logs-follow"),
     path("environments/", views.environments, name="environments"),
     path("nodes/", views.nodes, name="nodes"),
+    path("usage/", usage_views.usage, name="usage"),
     path(
         "nodes/requests/<str:request_id>/<str:decision>",
         views.node_request_decide,
         name="node-request",
     ),
     path("nodes/<str:node_id>/remove", views.node_remove, name="node-remove"),
+    path("system/", system_views.system, name="system"),
     path("pairing/", pairing_views.pairing, name="pairing"),
     path(
         "pairing/requests/<str:request_id>/<str:decision>",

@@ -48,6 +48,11 @@ class Placements(Protocol):
         """Refuse ``action`` by raising a ``GatewayError`` (the dispatch barrier): called inside the service's
         transaction with the session row locked, before anything is written."""
 
+    def session_renewed(self, session: Session, previous_session_id: str) -> None:
+        """The session started a new transcript generation (``sessions.reset``: a new ``sessionId``); whatever
+        the placement holds under the previous id follows it. Called inside the reset's transaction with the
+        session row locked, after ``check_action`` allowed the reset."""
+
 
 class _Unplaced:
     def runner_for(self, session: Session) -> TurnRunner | None:
@@ -57,6 +62,9 @@ class _Unplaced:
         return {}
 
     def check_action(self, session: Session, action: SessionAction) -> None:
+        return None
+
+    def session_renewed(self, session: Session, previous_session_id: str) -> None:
         return None
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from django.conf import settings
 
 from approvals_app.gate import ExecGate
-from gateway import background, metrics
+from gateway import background, log_context, metrics
 from openclaw_client.agent.loop import (
     AgentLoop,
     Approval,
@@ -208,9 +208,15 @@ class GatewayTurnHooks:
 
 def execute_turn(run_id: str) -> str | None:
     """Run the turn if it is still queued and its session idle; returns its terminal status."""
-    claim = runs.run_claim(run_id=run_id, executor=background.executor_label())
-    if claim is None:
-        return None
+    with log_context.bound(run_id=run_id):
+        claim = runs.run_claim(run_id=run_id, executor=background.executor_label())
+        if claim is None:
+            return None
+        with log_context.bound(session_key=claim.session.key):
+            return _run_claimed_turn(run_id, claim)
+
+
+def _run_claimed_turn(run_id: str, claim: runs.ClaimedTurn) -> str | None:
     run, session = claim.run, claim.session
     emitter = TurnEmitter(run, session)
     emitter.start(int(run.started_at.timestamp() * 1000))

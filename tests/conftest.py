@@ -8,11 +8,17 @@ from django.db import OperationalError
 from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
 
 from gateway.conf import shared_token
+from operations_app.errors import error_recorder
 from tests.support.api import API_TOKEN
 from tests.support.browser import AXE_REPORTS, SCREENSHOTS
 from tests.support.processes import start_gateway
 
-pytest_plugins = ["tests.support.device_fixtures"]
+pytest_plugins = [
+    "tests.support.device_fixtures",
+    "tests.support.redis_marker",
+    "tests.support.log_capture",
+    "pytester",
+]
 
 _RUN_STARTED = pytest.StashKey[float]()
 
@@ -99,6 +105,13 @@ def _flush_survives_deadlocks():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(PostgresOperations, "execute_sql_flush", execute_sql_flush)
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _internal_errors_recorded_once():
+    """This process's recorder of internal errors tries each write once: a retry seconds later would land in
+    whichever test runs then. Gateway processes the tests start keep their retries (tests/e2e/test_readiness.py)."""
+    error_recorder.retry_delays_s = ()
 
 
 @pytest.fixture

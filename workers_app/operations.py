@@ -67,6 +67,7 @@ def dispatch_requested(*, session: Session, target: DispatchTarget, is_admin: bo
 
 def start_dispatch(*, session: Session, profile_id: str | None, device_id: str | None, actor: Actor) -> Placement:
     """``sessions.dispatch``: the placement leaves ``local``; its stages run in a task from here on."""
+    dispatch.ensure_not_archived(session)
     target = dispatch.resolve_target(profile_id=profile_id, device_id=device_id)
     placement, started = dispatch.dispatch_start(session=session, target=target, actor=actor)
     if started:

@@ -9,8 +9,10 @@ from sessions_app.models import Session
 from sessions_app.ports import SessionAction, TurnRunner
 
 from .guards import placement_barrier
+from .models import PlacementState
 from .runners import select_worker_runner
-from .selectors import node_worker_fields, placement_fields
+from .selectors import node_worker_fields, placement_fields, placement_for
+from .services.environments import environment_follow_session
 from .services.recovery import workers_node_removed
 
 
@@ -27,6 +29,17 @@ class WorkersPlacements:
     def check_action(self, session: Session, action: SessionAction) -> None:
         # The dispatch barrier: nothing that would race a placement on its way to a worker or back.
         placement_barrier(session, action)
+
+    def session_renewed(self, session: Session, previous_session_id: str) -> None:
+        # An active placement keeps its worker across a reset: the environment's attachment follows the new id
+        # (recovery checks that the environment is attached to exactly the session's current id).
+        placement = placement_for(session)
+        if placement is not None and placement.environment_id and placement.state == PlacementState.ACTIVE:
+            environment_follow_session(
+                environment_id=placement.environment_id,
+                previous_session_id=previous_session_id,
+                session_id=session.session_id,
+            )
 
 
 class WorkersOnNodes:

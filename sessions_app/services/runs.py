@@ -9,6 +9,8 @@ is asked of the placement port (:mod:`sessions_app.ports`) once the run is commi
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import unicodedata
 from dataclasses import dataclass
 
@@ -27,11 +29,13 @@ from openclaw_client.agent.loop import openai_messages
 
 from .. import events
 from ..events import TurnEmitter
-from ..models import Run, RunStatus, Session, SessionWindow, ToolArtifact
+from ..models import Run, RunStatus, Session, SessionWindow, ToolArtifact, TranscriptEvent, new_id
 from ..ports import SessionAction, placements
 from ..selectors import newest_message_bodies
 from .sessions import session_for_turn, session_lock
 from .transcripts import message_body, transcript_append
+
+logger = logging.getLogger(__name__)
 
 # --- turn dispatch and the abort flag -------------------------------------------------------
 
@@ -263,6 +267,57 @@ def active_path_messages(window: SessionWindow) -> list[dict]:
     return openai_messages(newest_message_bodies(window, limit=settings.OPENCLAW_MODEL["CONTEXT_MESSAGES"]))
 
 
+def _append_to_running_run(run_id: str, body: dict, *, idempotency_key: str) -> bool:
+    """PostgreSQL: append a message of a running run in one statement (one round trip, one commit), as
+    :func:`run_record_message` does in five. False when nothing was written.
+
+    Every row the statement decides on is locked (the session first, as every writer of its runs and
+    transcript takes it; then the run and the window): under READ COMMITTED a locked row is re-read at its
+    newest committed version once the lock is held, so the run's status, the session's window and the
+    window's leaf are not the statement's snapshot, taken before it waited. (The run takes FOR SHARE, not
+    FOR KEY SHARE: a key-share lock is granted past a committed update that left the key alone, without that
+    re-read, and the run's status would be the snapshot's.) A key recorded meanwhile by another writer meets the unique
+    constraint, as on the general path.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _APPEND_TO_RUNNING_RUN_SQL,
+            {"run_id": run_id, "event_id": new_id(), "body": json.dumps(body), "key": idempotency_key},
+        )
+        return cursor.fetchone() is not None
+
+
+_APPEND_TO_RUNNING_RUN_SQL = f"""
+WITH locked_session AS (
+    SELECT s."id", s."session_id" FROM "{Session._meta.db_table}" s
+    WHERE s."id" IN (SELECT "session_id" FROM "{Run._meta.db_table}" WHERE "run_id" = %(run_id)s)
+    FOR NO KEY UPDATE
+), running AS (
+    SELECT r."window_id" FROM "{Run._meta.db_table}" r JOIN locked_session s ON s."id" = r."session_id"
+    WHERE r."run_id" = %(run_id)s AND r."status" = '{RunStatus.RUNNING.value}' AND r."window_id" = s."session_id"
+    FOR SHARE OF r
+), current_leaf AS (
+    SELECT w."id", w."next_seq", w."leaf_event_id" FROM "{SessionWindow._meta.db_table}" w
+    JOIN running ON running."window_id" = w."id"
+    WHERE NOT EXISTS (
+        SELECT 1 FROM "{TranscriptEvent._meta.db_table}" e
+        WHERE e."window_id" = w."id" AND e."idempotency_key" = %(key)s
+    )
+    FOR NO KEY UPDATE OF w
+), advanced AS (
+    UPDATE "{SessionWindow._meta.db_table}" w
+    SET "next_seq" = c."next_seq" + 1, "leaf_event_id" = %(event_id)s, "message_count" = w."message_count" + 1
+    FROM current_leaf c WHERE w."id" = c."id"
+    RETURNING w."id", c."next_seq" AS "seq", c."leaf_event_id" AS "parent_id"
+)
+INSERT INTO "{TranscriptEvent._meta.db_table}"
+    ("window_id", "seq", "event_id", "parent_id", "type", "body", "idempotency_key", "created_at")
+SELECT a."id", a."seq", %(event_id)s, a."parent_id", 'message', %(body)s::jsonb, %(key)s, statement_timestamp()
+FROM advanced a
+RETURNING "seq"
+"""
+
+
 def run_heartbeat(*, run_id: str) -> bool:
     """Proof of life; False when the run is no longer running (aborted, swept)."""
     return bool(Run.objects.filter(run_id=run_id, status=RunStatus.RUNNING).update(heartbeat_at=timezone.now()))
@@ -290,6 +345,13 @@ def run_record_message(
     ``first_time``: the caller proves the key was never recorded (the loop that claimed the run numbers its own
     steps), so it is not looked up first; the unique constraint still refuses a repeat.
     """
+    # Which turn the message belongs to (as the turn's final assistant message says too).
+    stored = {**body, "runId": run_id}
+    if full_text is None and connection.vendor == "postgresql":
+        if _append_to_running_run(run_id, stored, idempotency_key=f"{run_id}:{message_key}"):
+            return stored
+        # Nothing written: the run no longer runs, or the key is already recorded (a node's resend).
+        # The general path below tells which, under the same locks.
     with transaction.atomic():
         locked = _lock_run(run_id)
         if locked is None:
@@ -297,8 +359,6 @@ def run_record_message(
         run, session = locked
         if run.status != RunStatus.RUNNING or run.window_id != session.session_id:
             return None
-        # Which turn the message belongs to (as the turn's final assistant message says too).
-        stored = {**body, "runId": run_id}
         if full_text is not None and body.get("role") == "toolResult":
             size = len(full_text.encode("utf-8"))
             artifact, _ = ToolArtifact.objects.get_or_create(
@@ -405,6 +465,8 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
         )
         events.publish_turn_end_on_commit(run, session, emitter)
         _clear_abort_on_commit(run)
+        if run.status == RunStatus.ERROR:
+            _log_failed_turn_on_commit(run, session, reason=run.error, kind=run.error_kind)
         events.publish_session_changed_on_commit(session, reason="send", phase="end", run_id=run.run_id)
         if next_run is not None:
             dispatch_turn_on_commit(next_run, session)
@@ -420,6 +482,19 @@ def _record_turn_end(run: Run) -> None:
         model=run.model,
         tokens_in=int(usage.get("input") or 0),
         tokens_out=int(usage.get("output") or 0),
+    )
+
+
+def _log_failed_turn_on_commit(run: Run, session: Session, *, reason: str, kind: str) -> None:
+    """A failed turn's line, once the failure is recorded (the run and session name it, also from a sweep)."""
+    transaction.on_commit(
+        lambda: logger.warning(
+            "turn %s failed (%s): %s",
+            run.run_id,
+            kind or "unknown",
+            reason,
+            extra={"run_id": run.run_id, "session_key": session.key},
+        )
     )
 
 
@@ -483,6 +558,7 @@ def runs_recover(*, stale_before, reason: str, executors: list[str] | None = Non
             transaction.on_commit(lambda run_id=run_id: exec_approvals_cancel_for_run(run_id, RUN_ABORTED))
             run.refresh_from_db()
             _record_turn_end(run)
+            _log_failed_turn_on_commit(run, session, reason=reason, kind="interrupted")
             session.status = "failed"
             session.save(update_fields=["status", "updated_at"])
             events.publish_turn_end_on_commit(run, session)
@@ -518,5 +594,10 @@ def runs_redispatch_stuck(*, queued_before) -> list[str]:
         if not busy:
             with transaction.atomic():
                 dispatch_turn_on_commit(run.run_id, run.session)
+            logger.warning(
+                "turn %s dispatched again: queued with nobody running it",
+                run.run_id,
+                extra={"run_id": run.run_id, "session_key": run.session.key},
+            )
             stuck.append(run.run_id)
     return stuck

@@ -176,6 +176,7 @@ def session_reset(
         SessionWindow.objects.create(
             id=session.session_id, session=session, previous_session_id=previous, reason=WindowReason.RESET
         )
+        placements().session_renewed(session, previous)
         now = timezone.now()
         failed = Run.objects.filter(session=session, status=RunStatus.QUEUED).update(
             status=RunStatus.ERROR, error="session was reset before the turn started", ended_at=now

@@ -52,7 +52,7 @@ def test_the_main_pages_have_no_serious_accessibility_violations(page, gateway, 
     expect(page.get_by_role("button", name="Recover to this gateway")).to_be_visible()
     problems += blocking_violations(page, "session-with-a-failed-placement")
 
-    for name in ("sessions", "runs", "environments", "nodes", "pairing", "approvals"):
+    for name in ("sessions", "runs", "environments", "nodes", "pairing", "approvals", "system", "logs", "usage"):
         page.goto(f"{gateway.http_url}/ui/{name}/")
         expect(page.get_by_role("heading", level=1)).to_be_visible()
         problems += blocking_violations(page, name)

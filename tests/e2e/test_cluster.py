@@ -12,9 +12,11 @@ through the balancer counts the calls of both gateway processes and the tasks of
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import httpx
@@ -36,7 +38,13 @@ from tests.e2e.test_seed_004_paired_node_worker_lifecycle import (
 from tests.support.clients import call_once, node, operator
 from tests.support.processes import gateway_settings_for_tests, start_cluster, start_node_host
 
-pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# Both databases: the gateways open the harness store too, and their readiness checks its migrations.
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.redis,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True, databases="__all__"),
+]
 
 HAPROXY = os.environ.get("OPENCLAW_HAPROXY", "/usr/sbin/haproxy")
 RABBITMQ_URL = os.environ.get("OPENCLAW_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -83,6 +91,24 @@ def cluster_settings(extra: dict[str, str]) -> dict[str, str]:
     }
 
 
+def readiness_through_the_balancer(cluster) -> dict:
+    """``/readyz`` as HAProxy's checks ask it (docs/operations.md "Health"), through the balancer."""
+    with urllib.request.urlopen(f"{cluster.http_url}/readyz", timeout=10) as answer:
+        assert answer.status == 200
+        return json.loads(answer.read())
+
+
+def assert_ready_with_every_dependency(body: dict) -> None:
+    assert body["status"] == "ready", body
+    assert {name: check["state"] for name, check in body["checks"].items()} == {
+        "database": "ok",
+        "channelLayer": "ok",
+        "broker": "ok",
+        "migrations": "ok",
+    }, body
+    assert body["checks"]["channelLayer"]["reason"] == "redis"
+
+
 def boot_of_node(node_id: str) -> str:
     return str(GatewayConnection.objects.get(role="node", node_id=node_id).process_id)
 
@@ -100,6 +126,8 @@ def test_clients_spread_over_processes_and_survive_one_being_killed(haproxy, moc
     )
     node_host = start_node_host(cluster, capacity=2, capacity_wait_ms=500, gateway_url=cluster.url)
     try:
+        readiness = readiness_through_the_balancer(cluster)
+        haproxy_config = (Path(cluster.state_dir) / "cluster" / "haproxy.cfg").read_text()
         call_once(cluster, "node.pair.approve", {"requestId": node_host.pairing_request()})
         outcome = asyncio.run(scenario(cluster, node_host, mock_openai, published))
     finally:
@@ -123,6 +151,9 @@ def test_clients_spread_over_processes_and_survive_one_being_killed(haproxy, moc
         invoked_after,
     ) = outcome
 
+    # HAProxy checks the gateways' readiness, and through it a client sees them ready on every dependency.
+    assert "http-check send meth GET uri /readyz " in haproxy_config
+    assert_ready_with_every_dependency(readiness)
     # Through one balancer, the clients landed on both processes.
     assert len(set(boots.values())) == 2, boots
     assert local_before["status"] == "ok" and invoked["payload"] == {"echoed": {"from": "cluster"}}
@@ -285,6 +316,7 @@ def test_the_topology_with_rabbitmq_as_the_celery_broker(haproxy):
         return boots, waited
 
     try:
+        readiness = readiness_through_the_balancer(cluster)
         boots, waited = asyncio.run(scenario_rabbitmq())
     finally:
         cluster.stop()
@@ -292,6 +324,8 @@ def test_the_topology_with_rabbitmq_as_the_celery_broker(haproxy):
         with kombu.Connection(RABBITMQ_URL) as broker:
             broker.default_channel.queue_delete(settings["OPENCLAW_CELERY_QUEUE"])
     assert len(boots) == 2
+    # The broker the readiness check reached is RabbitMQ here.
+    assert_ready_with_every_dependency(readiness)
     assert (waited["status"], waited["outputText"]) == ("ok", "over amqp")
     assert "transport:   amqp://guest:**@127.0.0.1:5672//" in cluster.log()
 

@@ -9,11 +9,13 @@ one it holds), so the test decides exactly where the dispatch stands when the ga
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 
 import pytest
 
+from openclaw_client.client import GatewayError, NodeCommandError
 from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
 from tests.support.clients import call_once, operator, paired_node
 from tests.support.processes import GatewayLaunch, free_port, gateway_settings_for_tests
@@ -112,3 +114,77 @@ def test_a_dispatch_killed_in_a_stage_fails_as_interrupted_at_the_next_start(sta
             if server is not None:
                 server.stop()
         launch.remove_state()
+
+
+def wrong_receipt_node(answer: str):
+    """A node whose install answers a receipt of another build (``wrong-hash``: another bundle's hash;
+    ``corrupted``: it refuses the download, as a node host does when the sha256 does not match)."""
+
+    async def handle(command: str, params):
+        if command == "worker.workspace.retain.v1":
+            return {"applied": True, "deleted": {"environments": [], "bundles": []}, "hasMore": False}
+        if command == "worker.bundle.install.v1":
+            if answer == "corrupted":
+                raise NodeCommandError(
+                    "BUNDLE_INSTALL_FAILED",
+                    "worker bundle installation failed: the download does not match the bundle's sha256",
+                )
+            return {
+                "bundleHash": "0" * 64,
+                "openclawVersion": params["openclawVersion"],
+                "protocolFeatures": ["node-worker-supervisor-v6"],
+                "installKind": "installed",
+            }
+        if command == "worker.environment.stop.v1":
+            return {"stopped": True, "environmentIds": []}
+        raise AssertionError(f"unexpected command {command}")  # nothing past the install may reach the node
+
+    return handle
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        ("wrong-hash", "Device worker bundle installer returned a mismatched build receipt"),
+        (
+            "corrupted",
+            "Device worker bundle installation failed: worker bundle installation failed: "
+            "the download does not match the bundle's sha256",
+        ),
+    ],
+)
+def test_a_receipt_of_another_bundle_or_a_corrupted_download_fails_the_dispatch_in_provisioning(
+    gateway, answer, reason
+):
+    """Issue 26 point 7, the gateway's side: the install receipt must name the bundle the gateway sent, and a
+    node's refusal of a corrupted bundle fails the dispatch with its reason; the node is not recorded as
+    having the bundle and no workspace is sent to it."""
+
+    async def scenario():
+        admin = operator(gateway)
+        await admin.connect()
+        try:
+            node = await paired_node(
+                gateway, admin, commands=list(NODE_HOST_COMMANDS), caps=list(NODE_HOST_CAPS),
+                invoke_handler=wrong_receipt_node(answer),
+            )  # fmt: skip
+            await node.request("node.runnerInventory.update", HOST)
+            await admin.request("sessions.create", {"key": "receipt"})
+            with contextlib.suppress(GatewayError):  # the dispatch may answer its failure or still be under way
+                await admin.request("sessions.dispatch", {"key": "receipt", "deviceId": node.device_id}, timeout=60)
+            deadline = time.monotonic() + 30
+            while True:
+                placement = (await admin.request("sessions.describe", {"key": "receipt"}))["session"]["placement"]
+                if placement["state"] == "failed" or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            listed = await admin.request("node.list", {})
+            await node.close()
+            return placement, next(row for row in listed["nodes"] if row["nodeId"] == node.device_id)
+        finally:
+            await admin.close()
+
+    placement, row = asyncio.run(scenario())
+    assert placement["state"] == "failed", placement
+    assert placement["terminalReason"].startswith(f"Worker dispatch failed in provisioning: {reason}"), placement
+    assert (row.get("workerBundle") or {}).get("status") != "installed", row

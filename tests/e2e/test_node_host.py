@@ -8,9 +8,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from openclaw_client.identity import IdentityStore
 from tests.support.clients import call_once
 from tests.support.processes import (
     ROOT,
@@ -64,6 +66,50 @@ def test_the_node_host_pairs_declares_its_slots_reconnects_and_is_removed():
         gateway.stop()
         launch.remove_state()
     assert exit_code == 0, node_host.log()  # SIGTERM is a clean stop
+
+
+def node_disk(node_host) -> dict[str, list[str]]:
+    state = Path(node_host.state_dir)
+    return {
+        folder: sorted(entry.name for entry in (state / folder).iterdir()) if (state / folder).is_dir() else []
+        for folder in ("workspaces", "environments", "bundles", "blobs")
+    }
+
+
+def test_a_node_offline_at_its_removal_deletes_what_the_gateway_left_on_it_when_it_comes_back(gateway_factory):
+    """Issue 26 "a removed node leaves nothing behind", for a node the gateway cannot tell: removed while it was
+    stopped, it learns at its next connect (answered NOT_PAIRED) and deletes that gateway's workspaces,
+    environment records, bundles and content, then asks to be paired anew."""
+    gateway = gateway_factory()
+    node_host = start_node_host(gateway, capacity=2)
+    try:
+        call_once(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
+        node_id = node_row(gateway, until=hosting)["nodeId"]
+        call_once(gateway, "sessions.create", {"key": "on-the-node"})
+        call_once(gateway, "sessions.dispatch", {"key": "on-the-node", "deviceId": node_id})
+        deadline = time.monotonic() + 60
+        while (placed := call_once(gateway, "sessions.describe", {"key": "agent:main:on-the-node"}))["session"][
+            "placement"
+        ]["state"] != "active":
+            assert time.monotonic() < deadline, placed
+            time.sleep(0.1)
+        kept = node_disk(node_host)
+        assert kept["workspaces"] and kept["environments"] and kept["bundles"], kept
+        assert node_host.stop() == 0
+
+        call_once(gateway, "node.pair.remove", {"nodeId": node_id})
+        node_host.start_again()
+        deadline = time.monotonic() + 30
+        while not node_host.journal("pairing-removed"):
+            assert time.monotonic() < deadline, node_host.log()
+            time.sleep(0.1)
+        assert node_disk(node_host) == {"workspaces": [], "environments": [], "bundles": [], "blobs": []}
+        assert node_host.journal("pairing-removed")[0]["deleted"]["environments"] == kept["workspaces"]
+        # Its node token is forgotten: it waits for a new approval, as a node never paired here does.
+        assert IdentityStore(node_host.state_dir).device_token("node") is None
+    finally:
+        exit_code = node_host.stop()
+    assert exit_code == 0, node_host.log()
 
 
 @pytest.mark.parametrize(

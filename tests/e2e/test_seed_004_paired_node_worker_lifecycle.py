@@ -1,21 +1,26 @@
 """Port of seed 004 (``paired-node-worker-lifecycle-wire.e2e.test.ts``): local control stays usable across
 bundle loss, disconnect, capacity and role removal of a paired node worker host.
 
-Same steps and assertions, in order: a gateway whose model is the project's mock OpenAI server (with
-hold markers), an operator over a real WebSocket, and the project's node host in its own process
-(capacity 2, 750 ms capacity wait), paired by the operator. Worktree sessions of a published git
-workspace; a dispatch to the node (its bundle hash is 64 hex); a node turn and a local turn; a move
-back to the gateway with the exact source facts, a local turn, a dispatch back and a node turn; the
-public bundle projection (``installed`` with only status and version); the bundle directory deleted and
-the node reconnected → ``missing`` (a retain was sent), a local turn, then a new session's dispatch
-reinstalls exactly once → ``installed``; the node disconnected → a turn fails as ``runner-offline``,
-the placement stays active, local turns work, and after reconnect the same session's turn succeeds; two
-held turns fill both slots and a third fails on capacity with its user message (and no reply) in
+Same steps and assertions, in order (docs/seeds.md, "Seed 004", maps each seed line to this file): a gateway
+whose model is the project's mock OpenAI server (with hold markers), an operator over a real WebSocket with
+``identity: null`` (the shared token, as the loopback backend client, which keeps its scopes), and the
+project's node host in its own process (capacity 2, 750 ms capacity wait), paired by the operator, reaching its
+gateway through a TCP proxy so that the test can drop and re-open the **same** process's connection. Worktree
+sessions of a published git workspace; a dispatch to the node (its bundle hash is 64 hex); a node turn and a
+local turn; a move back to the gateway with the exact source facts, a local turn, a dispatch back and a node
+turn; the public bundle projection (``installed`` with only status and version); the bundle directory deleted
+and the same process's connection dropped and re-opened → ``missing`` (a retain was sent), a local turn, then a
+new session's dispatch reinstalls exactly once → ``installed``; the node cut off → a turn fails as
+``runner-offline``, the placement stays active, local turns work, and once it reconnects the same session's turn
+succeeds; two held turns fill both slots and a third fails on capacity with its user message (and no reply) in
 history, the placement active, a local turn working, and a retry succeeding once a slot frees; and
-``node.pair.remove`` cleans the environment and the placement up before it answers, the old
-credentials are refused, the node shows not connected, and local turns go on.
+``node.pair.remove`` cleans the environment and the placement up before it answers, the old connection's
+inventory publish is rejected, the old credentials are refused, the node shows not connected, its disk keeps
+nothing of the gateway, local turns go on, and the node host's journal holds no invoke error but the capacity
+attempt's. Every clean-up step runs, and each that fails fails the test.
 
-Then the same with the node on a second gateway process (operator on process A, node on process B).
+Then the same with the node on a second gateway process (operator on process A, with a device identity; node on
+process B).
 """
 
 from __future__ import annotations
@@ -27,15 +32,19 @@ import secrets
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from openclaw_client.client import ConnectError, GatewayClient
-from tests.support.clients import call_once, node, operator
+from openclaw_client.identity import IdentityStore
+from tests.support.clients import ALL_SCOPES, call_once, node, operator
 from tests.support.mock_openai import MockOpenAI
 from tests.support.processes import GatewayServer, NodeHostProcess, start_node_host
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -194,22 +203,70 @@ async def wait_connected(wire: Wire, node_id: str) -> None:
     await eventually(hosting)
 
 
-def lifecycle(gateway: GatewayServer, node_gateway: GatewayServer, mock: MockOpenAI, root: Path) -> None:
+def lifecycle(
+    gateway: GatewayServer, node_gateway: GatewayServer, mock: MockOpenAI, root: Path, *, device_less: bool
+) -> None:
+    """The seed's test body, and its ``finally``: every clean-up step runs, and each one that fails fails the test
+    (with the test's own failure, as one group when there are several: seed lines 378–397)."""
     published = publish_workspace(root)
     mock.hold(HOLD_A, HOLD_B)
-    node_host = start_node_host(node_gateway, capacity=2, capacity_wait_ms=750)
+    failures: list[BaseException] = []
+    proxy: TcpProxy | None = None
+    node_host: NodeHostProcess | None = None
     try:
+        proxy = TcpProxy("127.0.0.1", urlsplit(node_gateway.url).port)
+        proxy.__enter__()
+        # The node host reaches its gateway through the proxy: the test drops its connection without stopping it.
+        node_host = start_node_host(
+            node_gateway, capacity=2, capacity_wait_ms=750, gateway_url=f"ws://127.0.0.1:{proxy.port}"
+        )
         call_once(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
-        asyncio.run(scenario(gateway, node_host, mock, published))
+        asyncio.run(scenario(gateway, node_host, proxy, mock, published, device_less=device_less))
+    except BaseException as failure:
+        failures.append(failure)
     finally:
-        mock.release()
-        node_host.stop()
-    assert "Traceback" not in node_host.log(), node_host.log()
+        servers = [gateway] if gateway is node_gateway else [gateway, node_gateway]
+        steps: list[Callable[[], None]] = [mock.release]
+        if node_host is not None:
+            steps.append(lambda: stopped_cleanly("the node host", node_host.stop()))
+        if proxy is not None:
+            steps.append(lambda: proxy.__exit__(None, None, None))
+        steps += [lambda server=server: stopped_cleanly("a gateway", server.stop()) for server in servers]
+        for step in steps:
+            try:
+                step()
+            except Exception as failure:  # every step runs; each failure is reported
+                failures.append(failure)
+    if len(failures) == 1:
+        raise failures[0]
+    if failures:
+        raise ExceptionGroup("paired node worker lifecycle test failed", failures)
 
 
-async def scenario(gateway: GatewayServer, node_host: NodeHostProcess, mock: MockOpenAI, published: Path) -> None:
-    client = operator(gateway)
-    await client.connect()
+def stopped_cleanly(what: str, returncode: int | None) -> None:
+    if returncode != 0:
+        raise AssertionError(f"{what} did not stop cleanly (exit code {returncode})")
+
+
+async def scenario(
+    gateway: GatewayServer,
+    node_host: NodeHostProcess,
+    proxy: TcpProxy,
+    mock: MockOpenAI,
+    published: Path,
+    *,
+    device_less: bool,
+) -> None:
+    if device_less:
+        # The seed's operator: ``identity: null`` with the shared token. The reference (protocol.md §2.3) clears the
+        # scopes of a client without a device identity except for the loopback backend client with the shared
+        # secret, which keeps what it asks for: that is the client the seed's gateway runtime connects as.
+        client = operator(gateway, identity=None, client_id="gateway-client", client_mode="backend")
+    else:
+        client = operator(gateway)
+    hello = await client.connect()
+    if device_less:
+        assert hello["auth"]["scopes"] == ALL_SCOPES, hello["auth"]
     wire = Wire(client, published)
     try:
         node_id = node_id_of(node_host)
@@ -242,10 +299,15 @@ async def scenario(gateway: GatewayServer, node_host: NodeHostProcess, mock: Moc
         assert installed_bundle.is_dir()
         installs_before_loss = node_host.invokes(INSTALL_COMMAND)
         shutil.rmtree(installed_bundle)
-        node_host.stop()
-        node_host.start_again()
+        # The same node-host process disconnects and reconnects: what it answers comes from its disk, not from
+        # what it remembers having installed.
+        pid, connects, retains = node_host.process.pid, node_host.connects(), node_host.invokes(RETAIN_COMMAND)
+        proxy.cut()
+        proxy.restore()
+        await asyncio.to_thread(node_host.wait_connects, connects + 1)
+        assert node_host.process.pid == pid and node_host.process.poll() is None
         await wire.expect_public_bundle_status(node_id, "missing")
-        assert node_host.invokes(RETAIN_COMMAND) > 0
+        assert node_host.invokes(RETAIN_COMMAND) > retains
         await wire.expect_successful_turn(local_key, "WIRE-LOCAL-AFTER-LOSS")
 
         repaired_key = await wire.create_session("reinstalled")
@@ -259,16 +321,22 @@ async def scenario(gateway: GatewayServer, node_host: NodeHostProcess, mock: Moc
 
         # An offline runner fails before handoff, leaves the active placement retryable, and does not
         # end the independent local session.
-        node_host.stop()
+        connects = node_host.connects()
+        proxy.cut()  # and kept cut: the node host (still running) cannot reach its gateway until restored
+
+        async def offline():
+            row = await wire.read_node(node_id)
+            assert row is not None and row.get("connected") is not True, row
+
+        await eventually(offline)
         offline_run = await wire.start_turn(repaired_key, "WIRE-OFFLINE-ATTEMPT")
         offline = await wire.wait_for_turn(offline_run)
         assert offline["status"] != "ok"
         assert re.search(r"runner-offline|runner is offline|reconnect", json.dumps(offline), re.IGNORECASE), offline
         assert (await wire.describe_placement(repaired_key))["state"] == "active"
         await wire.expect_successful_turn(local_key, "WIRE-LOCAL-AFTER-OFFLINE")
-        connects = node_host.connects()
-        node_host.start_again()
-        await asyncio.to_thread(node_host.wait_connects, connects + 1)
+        proxy.restore()
+        await asyncio.to_thread(node_host.wait_connects, connects + 1, 60.0)
         await wait_connected(wire, node_id)
         await wire.expect_successful_turn(repaired_key, "WIRE-OFFLINE-RETRY")
 
@@ -312,14 +380,23 @@ async def scenario(gateway: GatewayServer, node_host: NodeHostProcess, mock: Moc
         # the old connection, and leaves local execution available.
         removal_key = await wire.create_session("role-removal")
         removal_placement = await wire.dispatch_node_session(removal_key, node_id)
+        node_token = IdentityStore(node_host.state_dir).device_token("node")
+        assert node_token
         removed = await client.request("node.pair.remove", {"nodeId": node_id}, timeout=120)
         assert removed["nodeId"] == node_id
         environment = next(e for e in await wire.read_environments() if e["id"] == removal_placement["environmentId"])
         assert environment["worker"]["state"] in ("destroyed", "failed", "orphaned"), environment
         assert (await wire.describe_placement(removal_key))["state"] == "failed"
+        # The old connection (the node host's own, never reopened since) can no longer publish its inventory.
+        publish = await asyncio.to_thread(node_host.publish_inventory)
+        # Closed by the gateway for the removal, or refused by it when the close had not reached the socket yet.
+        closed_for_removal = publish.get("closeReason") == "node pairing removed"
+        assert publish["ok"] is False and (closed_for_removal or publish["code"] not in ("CLOSED", "UNREACHABLE")), (
+            publish
+        )
         with pytest.raises(ConnectError):
             # The removed node's own credentials (identity and device token) can no longer connect.
-            stale = node(node_host_gateway(node_host), state_dir=node_host.state_dir, token=None)
+            stale = node(node_host_gateway(node_host), state_dir=node_host.state_dir, token=node_token)
             await stale.connect()
             await stale.request("node.runnerInventory.update", {"protocolFeatures": []})
 
@@ -328,9 +405,30 @@ async def scenario(gateway: GatewayServer, node_host: NodeHostProcess, mock: Moc
             assert row is None or row.get("connected") is not True, row
 
         await eventually(not_connected)
+
+        # Nothing of the gateway stays on the node's disk: its workspaces, environment records, bundles and
+        # content are gone once the node learns (at its next connect) that it is no longer paired.
+        async def cleaned_up():
+            assert node_host.journal("pairing-removed"), node_host.log()
+
+        await eventually(cleaned_up)
+        assert node_state(node_host) == {"workspaces": [], "environments": [], "bundles": [], "blobs": []}
         await wire.expect_successful_turn(local_key, "WIRE-LOCAL-AFTER-REMOVAL")
+        # Every node.invoke error the node host answered (its journal, not a search of its log): only the capacity
+        # attempt's launch, which this protocol answers as that invoke's error (docs/node-worker-protocol.md).
+        errors = [(e["command"], e["code"]) for e in node_host.journal("invoke-error")]
+        assert errors == [("worker.launch.v1", "WORKER_CAPACITY_EXHAUSTED")], node_host.journal("invoke-error")
     finally:
         await client.close()
+
+
+def node_state(node_host: NodeHostProcess) -> dict[str, list[str]]:
+    """What the node host keeps for its gateway, as it lies on its disk."""
+    state = Path(node_host.state_dir)
+    return {
+        folder: sorted(str(path.relative_to(state / folder)) for path in (state / folder).rglob("*"))
+        for folder in ("workspaces", "environments", "bundles", "blobs")
+    }
 
 
 def node_host_gateway(node_host: NodeHostProcess):
@@ -360,7 +458,7 @@ def test_local_control_survives_bundle_loss_disconnect_capacity_and_role_removal
     gateway_factory, mock_openai, workspace_root
 ):
     gateway = gateway_factory(extra_env=model_env(mock_openai, workspace_root))
-    lifecycle(gateway, gateway, mock_openai, workspace_root)
+    lifecycle(gateway, gateway, mock_openai, workspace_root, device_less=True)
 
 
 @pytest.mark.redis
@@ -370,4 +468,4 @@ def test_the_same_with_the_node_on_a_second_gateway_process(gateway_factory, moc
     cluster = {**model_env(mock_openai, workspace_root), "DJANGO_SECRET_KEY": secrets.token_urlsafe(50)}
     gateway_a = gateway_factory(extra_env=cluster)
     gateway_b = gateway_factory(extra_env=cluster)
-    lifecycle(gateway_a, gateway_b, mock_openai, workspace_root)
+    lifecycle(gateway_a, gateway_b, mock_openai, workspace_root, device_less=False)

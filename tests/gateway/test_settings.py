@@ -30,6 +30,9 @@ READS = re.compile(r'(?:env_[a-z_]+|os\.environ\.get|getenv)\(\s*"([A-Z][A-Z0-9_
         ({"OPENCLAW_MODEL_BASE_URL": "ftp://model"}, "OPENCLAW_MODEL_BASE_URL must be a URL starting with http://"),
         ({"DATABASE_URL": "mysql://db/x"}, "DATABASE_URL must be a URL starting with sqlite://"),
         ({"OPENCLAW_LOG_LEVEL": "loud"}, "OPENCLAW_LOG_LEVEL must be a log level"),
+        ({"OPENCLAW_LOG_FORMAT": "xml"}, "OPENCLAW_LOG_FORMAT must be one of plain, json, not 'xml'"),
+        ({"OPENCLAW_LOG_FILE_MAX_BYTES": "100"}, "OPENCLAW_LOG_FILE_MAX_BYTES must be at least 65536, not 100"),
+        ({"OPENCLAW_LOG_FILE": "/dev/null/gateway.log"}, "OPENCLAW_LOG_FILE's directory /dev/null cannot be created"),
         ({"OPENCLAW_WORKSPACE_ROOTS": "relative/dir"}, "OPENCLAW_WORKSPACE_ROOTS must list absolute directories"),
         (
             {"OPENCLAW_PROCESS_STALE_AFTER_MS": "1000", "OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS": "2000"},
@@ -67,6 +70,15 @@ def test_good_settings_pass_the_check(tmp_path):
         OPENCLAW_WORKSPACE_ROOTS=f"{tmp_path}{os.pathsep}/srv",
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_log_file_is_under_the_state_dir_unless_set_empty(tmp_path):
+    written = tmp_path / "written"
+    assert manage_check(written, OPENCLAW_LOG_FORMAT="json").returncode == 0
+    assert (written / "logs").is_dir()
+    disabled = tmp_path / "disabled"
+    assert manage_check(disabled, OPENCLAW_LOG_FILE="").returncode == 0
+    assert not (disabled / "logs").exists()
 
 
 def test_the_readme_documents_every_variable_the_code_reads():

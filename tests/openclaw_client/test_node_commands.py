@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from openclaw_client import node as node_module
-from openclaw_client.client import InvokeContext, NodeCommandError, current_invoke
+from openclaw_client.client import ConnectError, InvokeContext, NodeCommandError, current_invoke
 from openclaw_client.identity import IdentityStore
 from openclaw_client.node import (
     BUNDLE_MANIFEST_NAME,
@@ -30,6 +31,7 @@ from openclaw_client.node import (
     PROGRESS_COALESCE_S,
     BundleInstallError,
     CoalescedDeltas,
+    Journal,
     NodeHost,
     NodeHostConfig,
     gateway_http_origin,
@@ -988,6 +990,28 @@ def test_retain_reports_missing_once_the_bundle_directory_is_gone(tmp_path, serv
     assert before["bundleStatus"] == "installed" and after["bundleStatus"] == "missing"
 
 
+def test_bundle_status_is_read_from_the_disk_not_from_what_the_node_remembers(tmp_path, server):
+    """Issue 26 point 8: a bundle directory removed behind the node's back (not through its own delete) is
+    ``missing`` at the next retain of the same running host, and a launch of it is ``BUNDLE_MISSING``."""
+
+    async def scenario(host: NodeHost):
+        bundle_hash = install_local(host, fake_bundle())
+        prepare_local(host, "env-1", {"a.txt": b"a"})
+        before = await call(
+            host, "worker.workspace.retain.v1", **retain_params(1, ["env-1"], [bundle_hash], bundle_hash)
+        )
+        shutil.rmtree(host.bundles.directory(bundle_hash))
+        after = await call(
+            host, "worker.workspace.retain.v1", **retain_params(2, ["env-1"], [bundle_hash], bundle_hash)
+        )
+        launch = await refused(host, "worker.launch.v1", **launch_params(server, "env-1", bundle_hash))
+        return before, after, launch
+
+    before, after, launch = run(tmp_path, server, scenario)
+    assert (before["bundleStatus"], after["bundleStatus"]) == ("installed", "missing")
+    assert (launch.code, launch.message) == ("BUNDLE_MISSING", "the worker bundle is not installed on this node")
+
+
 def test_retain_never_deletes_a_bundle_a_running_turn_uses(tmp_path, server):
     async def scenario(host: NodeHost):
         bundle_hash = install_local(host, real_bundle())
@@ -1035,3 +1059,91 @@ def test_a_node_removes_staging_directories_an_interrupted_run_left(tmp_path, se
     assert [entry.name for entry in host.bundles.root.iterdir()] == [sha(fake_bundle())]
     assert list(host.environments.workspaces.iterdir()) == []
     assert os.path.isdir(host.bundles.directory(sha(fake_bundle())))
+
+
+# --- a removed pairing ----------------------------------------------------------------------------
+
+
+def pairing_required(reason: str = "not-paired") -> ConnectError:
+    details = {"code": "PAIRING_REQUIRED", "reason": reason, "requestId": "request-1"}
+    return ConnectError({"code": "NOT_PAIRED", "message": "pairing required: device is not paired", "details": details})
+
+
+def state_entries(state: Path) -> dict[str, list[str]]:
+    """What the node keeps for its gateway, as it lies on the disk."""
+
+    def listed(folder: str) -> list[str]:
+        root = state / folder
+        return sorted(str(path.relative_to(root)) for path in root.rglob("*")) if root.is_dir() else []
+
+    return {folder: listed(folder) for folder in ("workspaces", "environments", "bundles", "blobs")}
+
+
+def test_a_node_refused_as_no_longer_paired_deletes_everything_of_that_gateway_and_its_token(tmp_path, server):
+    """Issue 26 "a removed node leaves nothing behind": learning at a connect that its pairing is gone (also
+    after being offline at the removal), the node cancels its turns and deletes its workspaces, environment
+    records, bundles and blobs, then forgets the token; the journal says what went."""
+    journal = tmp_path / "journal.jsonl"
+
+    async def scenario(host: NodeHost):
+        bundle_hash = install_local(host, real_bundle())
+        prepare_local(host, "env-1", {"a.txt": b"a"})
+        prepare_local(host, "env-2", {"b.txt": b"b"}, lease="lease-2")
+        progress = Progress()
+        progress.install()
+        launch = asyncio.create_task(
+            call(host, "worker.launch.v1", **launch_params(server, "env-1", bundle_hash, path="/v1/stall"))
+        )
+        while not progress.sent:
+            await asyncio.sleep(0.02)
+        await host._on_refused(pairing_required())
+        return bundle_hash, await launch
+
+    bundle_hash, turn = run(tmp_path, server, scenario, journal_path=journal)
+    assert turn["status"] == "aborted"
+    assert state_entries(tmp_path / "state") == {"workspaces": [], "environments": [], "bundles": [], "blobs": []}
+    assert IdentityStore(tmp_path / "state").device_token("node") is None
+    (record,) = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert (record["kind"], record["deleted"]) == (
+        "pairing-removed",
+        {"environments": ["env-1", "env-2"], "bundles": [bundle_hash]},
+    )
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "never-paired",  # a new node waiting for its first approval holds no token
+        "token-mismatch",  # a rotated token is not a removal
+        "other-reason",
+    ],
+)
+def test_other_refusals_delete_nothing(tmp_path, server, refusal):
+    async def scenario(host: NodeHost):
+        install_local(host, fake_bundle())
+        prepare_local(host, "env-1", {"a.txt": b"a"})
+        if refusal == "never-paired":
+            IdentityStore(host.config.state_dir).forget_device_token("node")
+            await host._on_refused(pairing_required())
+        elif refusal == "token-mismatch":
+            details = {"code": "AUTH_DEVICE_TOKEN_MISMATCH", "authReason": "device_token_mismatch"}
+            await host._on_refused(ConnectError({"code": "INVALID_REQUEST", "message": "mismatch", "details": details}))
+        else:
+            await host._on_refused(pairing_required(reason="scope-upgrade"))
+
+    before_token = refusal != "never-paired"
+    run(tmp_path, server, scenario)
+    entries = state_entries(tmp_path / "state")
+    assert entries["workspaces"] and entries["environments"] and entries["bundles"] and entries["blobs"]
+    assert (IdentityStore(tmp_path / "state").device_token("node") is not None) == before_token
+
+
+def test_the_journal_keeps_one_previous_file_past_its_bound(tmp_path):
+    journal = Journal(tmp_path / "journal.jsonl", max_bytes=200)
+    for index in range(12):
+        journal.record("invoke-error", command="worker.launch.v1", index=index)
+    current = [json.loads(line)["index"] for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    previous = [json.loads(line)["index"] for line in (tmp_path / "journal.jsonl.1").read_text().splitlines()]
+    assert previous + current == list(range(previous[0], 12)) and current
+    assert {path.name for path in tmp_path.iterdir()} == {"journal.jsonl", "journal.jsonl.1"}
+    assert (tmp_path / "journal.jsonl").stat().st_size < 200 + 120

@@ -65,7 +65,7 @@ def rendered(
     )
     console = console_program(
         url="ws://127.0.0.1:18789",
-        balancer_health="http://127.0.0.1:18789/api/gateway/health",
+        balancer_health="http://127.0.0.1:18789/readyz",
         backends=BACKENDS,
         health_host="localhost",
         config=paths["config"],
@@ -106,6 +106,7 @@ def test_every_process_is_a_program_started_in_priority_order_and_stopped_in_rev
         assert program["stdout_logfile"] == str(tmp_path / "cluster" / "logs" / f"{name}.log")
         assert program["stdout_events_enabled"] == "true"
         assert program["directory"] == str(ROOT)
+        assert program["environment"] == f'OPENCLAW_PROCESS_NAME="{name}"'
     assert command_of(config, "program:gateway-2")[-5:] == ["serve", "--bind", "127.0.0.1", "--port", "18800"]
     # Celery's %h survives supervisord's %(name)s expansion.
     assert "worker-2@%h" in command_of(config, "program:worker-2")
@@ -117,7 +118,7 @@ def test_haproxy_runs_behind_the_wait_for_every_gateway(tmp_path):
     command = command_of(config, "program:haproxy")
 
     assert command[:4] == [sys.executable, "-m", "openclaw_site.supervision", "await-backends"]
-    assert "--backend=gateway-1=http://127.0.0.1:18799/api/gateway/health" in command
+    assert "--backend=gateway-1=http://127.0.0.1:18799/readyz" in command
     assert command[command.index("--") + 1 :] == [HAPROXY, "-db", "-f", str(tmp_path / "cluster" / "haproxy.cfg")]
 
 
@@ -191,7 +192,7 @@ def test_the_haproxy_configuration_checks_every_gateway_and_is_valid(tmp_path):
     text = render_haproxy_config(bind="0.0.0.0", port=18789, backends=BACKENDS, health_host="gw.example", maxconn=4950)
 
     assert "    server gateway-2 127.0.0.1:18800 check" in text
-    assert "http-check send meth GET uri /api/gateway/health ver HTTP/1.1 hdr Host gw.example" in text
+    assert "http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host gw.example" in text
     assert "    maxconn 4950" in text
     if not os.access(HAPROXY, os.X_OK):
         pytest.skip(f"HAProxy ({HAPROXY}) is missing")
@@ -258,15 +259,15 @@ def test_the_cluster_needs_postgresql_and_celery(settings, tmp_path):
 
 class Supervised:
     """The rendered configuration under the real supervisord, with ``python -m http.server`` answering
-    ``/api/gateway/health`` in place of each gateway, a sleeping worker, and the real HAProxy in front."""
+    ``/readyz`` in place of each gateway, a sleeping worker, and the real HAProxy in front."""
 
     def __init__(self, tmp_path: Path, *, restart: bool):
         self.cluster_dir = tmp_path / "cluster"
         self.paths = supervisord_paths(self.cluster_dir)
         self.paths["logs"].mkdir(parents=True)
         site = tmp_path / "site"
-        (site / "api" / "gateway").mkdir(parents=True)
-        (site / "api" / "gateway" / "health").write_text("ok")
+        site.mkdir()
+        (site / "readyz").write_text("ok")
         self.port = free_port()
         backends = [("gateway-1", free_port()), ("gateway-2", free_port())]
         haproxy_config = self.cluster_dir / "haproxy.cfg"
@@ -301,7 +302,7 @@ class Supervised:
         ]
         console = console_program(
             url=f"ws://127.0.0.1:{self.port}",
-            balancer_health=f"http://127.0.0.1:{self.port}/api/gateway/health",
+            balancer_health=f"http://127.0.0.1:{self.port}/readyz",
             backends=backends,
             health_host="localhost",
             config=self.paths["config"],

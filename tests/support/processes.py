@@ -527,6 +527,31 @@ class NodeHostProcess:
         """How many ``command`` invokes the node received (it logs one line per invoke), over all its runs."""
         return len(re.findall(rf"invoke {re.escape(command)} id=", self.log()))
 
+    @property
+    def journal_path(self) -> str:
+        return os.path.join(self.state_dir, "journal.jsonl")
+
+    def journal(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """The node host's journal (``--journal``: invoke errors, removal clean-ups, publishes), of one kind."""
+        try:
+            with open(self.journal_path, encoding="utf-8") as journal:
+                records = [json.loads(line) for line in journal if line.strip()]
+        except FileNotFoundError:
+            return []
+        return [record for record in records if kind is None or record["kind"] == kind]
+
+    def publish_inventory(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Ask the running node host to declare its worker host again on its current connection (``SIGUSR1``);
+        returns the outcome it journaled."""
+        before = len(self.journal("inventory-publish"))
+        self.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while len(published := self.journal("inventory-publish")) == before:
+            if time.monotonic() >= deadline or self.process.poll() is not None:
+                raise RuntimeError(f"the node host journaled no inventory publish:\n{self.log()}")
+            time.sleep(0.05)
+        return published[before]
+
     def connects(self) -> int:
         """How many times the node host connected (and declared its worker host), over all its runs."""
         return len(re.findall(r"connected to \S+ as node ", self.log()))
@@ -576,6 +601,8 @@ def start_node_host(
         str(capacity_wait_ms),
         "--name",
         "test-node-host",
+        "--journal",
+        os.path.join(state_dir, "journal.jsonl"),
     ]
     env = {**os.environ, "OPENCLAW_GATEWAY_TOKEN": server.token, "PYTHONUNBUFFERED": "1"}
     return NodeHostProcess(_spawn(argv, env, log_path), state_dir, log_path, argv, env)

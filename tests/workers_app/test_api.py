@@ -247,6 +247,15 @@ def test_an_archived_session_is_not_dispatched(client, dev_profile):
     refused(dispatch(client, profileId="dev"), 400, "cannot dispatch an archived session", before=before)
 
 
+def test_an_archived_session_is_refused_for_its_state_when_no_profile_is_configured(client, use_profiles):
+    use_profiles({})
+    session = make_session()
+    session_patch(key=session.key, changes={"archived": True})
+    before = world()
+
+    refused(dispatch(client, profileId="dev"), 400, "cannot dispatch an archived session", before=before)
+
+
 def test_dispatch_to_an_unknown_profile_is_not_found(client, dev_profile):
     make_session()
     before = world()

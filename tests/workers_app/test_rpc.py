@@ -240,6 +240,19 @@ def test_dispatch_of_an_archived_session_is_refused(dev_profile):
 
 
 @dispatch_db
+@pytest.mark.parametrize("target", [{"profileId": "dev"}, {"deviceId": NODE}])
+def test_an_archived_session_is_refused_for_its_state_before_any_target_check(use_profiles, target):
+    """Without cloud profiles (or with an unknown node) the session's own state still answers first."""
+    use_profiles({})
+    session = make_session()
+    archive(session)
+    before = world()
+    with refused(InvalidRequest, "cannot dispatch an archived session"):
+        dispatch(ctx(), session.key, **target)
+    assert world() == before
+
+
+@dispatch_db
 def test_a_session_run_by_an_agent_harness_cannot_be_placed_on_a_worker(dev_profile):
     session = make_session()
     Session.objects.filter(pk=session.pk).update(agent_harness_id="native")
@@ -471,6 +484,32 @@ def test_a_dispatch_to_a_stopped_host_fails_unreachable_and_leaves_nothing_lease
     assert placement_states(published, session)[-1] == S.FAILED
     # The failure is terminal but recoverable: the environment is gone, so the placement says restart.
     assert selectors.placement_projection(placement, environment)["recoveryAction"] == "restart"
+
+
+@dispatch_db
+def test_provisioning_on_a_profile_s_paired_node_that_is_not_connected_fails_and_leases_nothing(
+    use_profiles, in_process, published
+):
+    """The provisioning path of point 5 (issue 26): a profile whose provider is ``device`` is not checked when the
+    dispatch is accepted; its provisioning is refused with the node's error, and no lease is recorded."""
+    use_profiles({"node": {"provider": "device", "settings": {"deviceId": NODE}}})
+    paired_node(connected=False)
+    session = make_session()
+    message = (
+        f"Worker dispatch failed in provisioning: device worker node is not connected: {NODE}; "
+        "reconnect it before retrying"
+    )
+
+    with pytest.raises(Unavailable) as failed:
+        dispatch(ctx(), session.key, profileId="node")
+
+    assert failed.value.message == message
+    placement = Placement.objects.get(pk=session.pk)
+    assert (placement.state, placement.recovery_error, placement.active_owner_epoch) == (S.FAILED, message, None)
+    environment = WorkerEnvironment.objects.get(pk=placement.environment_id)
+    assert (environment.state, environment.lease_id, environment.node_device_id) == ("failed", None, None)
+    assert not WorkerEnvironment.objects.filter(lease_id__isnull=False).exists()
+    assert placement_states(published, session) == [S.LOCAL, S.REQUESTED, S.PROVISIONING, S.FAILED]
 
 
 class GatedProvider:

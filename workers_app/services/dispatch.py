@@ -101,11 +101,16 @@ def ensure_placeable(session: Session) -> None:
         raise InvalidRequest(f"runtime {session.agent_harness_id} lacks cloud placement support")
 
 
+def ensure_not_archived(session: Session) -> None:
+    """The session's own state answers before anything about the target (configured profiles, the node)."""
+    if session.archived_at is not None:
+        raise InvalidRequest("cannot dispatch an archived session")
+
+
 def dispatch_start(*, session: Session, target: str, actor: Actor) -> tuple[Placement, bool]:
     """Take the barrier and name the environment; returns ``(placement, started)`` — ``started`` is False
     when an identical dispatch is already under way and this call joins it."""
-    if session.archived_at is not None:
-        raise InvalidRequest("cannot dispatch an archived session")
+    ensure_not_archived(session)
     ensure_placeable(session)
     current = Placement.objects.filter(pk=session.pk).first()
     if current is not None:
@@ -262,6 +267,7 @@ __all__ = [
     "device_ineligibility",
     "dispatch_advance",
     "dispatch_start",
+    "ensure_not_archived",
     "ensure_placeable",
     "resolve_target",
 ]

@@ -9,6 +9,7 @@ changed hands) changes nothing and gets the exact "changed" error. Terminal fact
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -24,6 +25,8 @@ from ..models import (
 )
 from ..providers import WorkerLease, WorkerProfile
 from .placements import bounded_worker_error, now_ms
+
+logger = logging.getLogger(__name__)
 
 E = EnvironmentState
 PROVIDER_LOST_LEASE_ERROR = "Worker provider no longer recognizes the lease"
@@ -60,9 +63,23 @@ def _cas(environment: WorkerEnvironment, changes: dict[str, Any]) -> WorkerEnvir
             environment.owner_epoch,
             WorkerEnvironment.objects.filter(pk=environment.pk).first(),
         )
+    _log_on_commit(environment, changes)
     for name, value in changes.items():
         setattr(environment, name, value)
     return environment
+
+
+def _log_on_commit(environment: WorkerEnvironment, changes: dict[str, Any]) -> None:
+    """A state change or a teardown request, with the error that explains it, once it commits."""
+    to_state = changes.get("state", environment.state)
+    teardown = changes.get("destroy_requested_at_ms") is not None and environment.destroy_requested_at_ms is None
+    if to_state == environment.state and not teardown:
+        return
+    change = f"{environment.state} -> {to_state}" if to_state != environment.state else environment.state
+    if teardown:
+        change += f", teardown requested ({changes.get('teardown_terminal_state')})"
+    line = (environment.pk, change, changes.get("last_error") or "-")
+    transaction.on_commit(lambda: logger.info("worker environment %s: %s: %s", *line))
 
 
 def _state_change(environment: WorkerEnvironment, to_state: str, at: int) -> dict[str, Any]:
@@ -149,6 +166,18 @@ def environment_attach_session(*, environment_id: str, session_id: str) -> Worke
         "attached_session_ids": [session_id],
     }
     return _cas(environment, changes)
+
+
+def environment_follow_session(*, environment_id: str, previous_session_id: str, session_id: str) -> bool:
+    """The session an environment is attached to started a new transcript generation (``sessions.reset``): the
+    attachment follows its new id, under the same owner epoch (the worker and its workspace stay the session's).
+    Called inside the reset's transaction, the session row locked. False when the environment is not attached
+    to exactly the previous id (another owner, released): nothing changes."""
+    environment = WorkerEnvironment.objects.filter(pk=environment_id).first()
+    if environment is None or environment.attached_session_ids != [previous_session_id]:
+        return False
+    _cas(environment, {"attached_session_ids": [session_id], "updated_at_ms": now_ms()})
+    return True
 
 
 @transaction.atomic

@@ -8,6 +8,7 @@ changes nothing and gets the exact "changed" error. Every successful change appe
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -32,6 +33,8 @@ from ..models import (
     TurnClaimOwner,
     WorkerEnvironment,
 )
+
+logger = logging.getLogger(__name__)
 
 S = PlacementState
 MAX_GENERATION = 2**53 - 1
@@ -74,8 +77,23 @@ def _label(session: Session) -> str:
 def _history(
     session: Session, placement: Placement, *, from_state: str, actor: Actor, reason: str = "", at_ms: int
 ) -> None:
-    """The history row of a change, and its ``sessions.changed`` event once the change commits."""
+    """The history row of a change, its ``sessions.changed`` event and its log line once the change commits."""
     placement_changed_on_commit(session, placement)
+    transition = (
+        placement.session_key,
+        from_state or "none",
+        placement.state,
+        placement.generation,
+        actor.label,
+        reason or "-",
+    )
+    transaction.on_commit(
+        lambda: logger.info(
+            "placement of session %s: %s -> %s (generation %s) by %s: %s",
+            *transition,
+            extra={"session_key": transition[0]},
+        )
+    )
     PlacementHistory.objects.create(
         session_id=placement.pk,
         session_key=placement.session_key,

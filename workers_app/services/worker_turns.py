@@ -27,7 +27,7 @@ from django.db.models import QuerySet, Subquery
 
 from approvals_app.gate import ExecGate
 from approvals_app.selectors import effective_exec_policy
-from gateway import publisher
+from gateway import log_context, publisher
 from gateway.background import executor_label
 from gateway.invoke import InvokeTarget, invoke_private
 from gateway.selectors import live_process_boot_ids
@@ -90,6 +90,12 @@ def _node_of(active_placement: QuerySet[Placement]) -> tuple[str, WorkerEnvironm
 
 def execute_worker_turn(run_id: str) -> str | None:
     """Run the turn on the session's node (or here, if the session came back meanwhile)."""
+    # Every line of the turn names it, and its session once claimed; both are put back when it ends.
+    with log_context.bound(run_id=run_id, session_key=None):
+        return _execute_worker_turn(run_id)
+
+
+def _execute_worker_turn(run_id: str) -> str | None:
     place = node_turn_place(run_id)  # with the node's connection: one query on the turn's path, not two
     if place is None:
         return gateway_turns.execute_turn(run_id)
@@ -97,6 +103,7 @@ def execute_worker_turn(run_id: str) -> str | None:
     if claim is None:
         return None
     run, session = claim.run, claim.session
+    log_context.bind(session_key=session.key)
     emitter = TurnEmitter(run, session)
     model = session.model or default_model()
     provider_name = _provider_name()

@@ -32,7 +32,9 @@ from django.db import connections
 from gateway.conf import gateway_setting
 from openclaw_site.supervision import MULTIPROCESS_DIR_ENV
 
-HEALTH_PATH = "/api/gateway/health"
+# Readiness (docs/operations.md, "Health"): a process that lost its database, Redis or broker, or runs before its
+# migrations, gets no new clients.
+HEALTH_PATH = "/readyz"
 # Backends above the public port, clear of the ports next to it that OpenClaw's own gateway uses.
 BACKEND_PORT_OFFSET = 10
 # A start counts once the process stayed up this long; a process that dies sooner is retried after 1 s, 2 s, …
@@ -240,6 +242,8 @@ def _program_section(program: Program, priority: int, directory: Path, logs: Pat
         stdout_logfile_maxbytes=LOG_MAX_BYTES,
         stdout_logfile_backups=LOG_BACKUPS,
         stdout_events_enabled="true",
+        # Each line the program logs names it (gateway/log_context.py); the names are [a-z0-9-] only.
+        environment=f'OPENCLAW_PROCESS_NAME="{program.name}"',
     )
 
 
@@ -410,6 +414,8 @@ class Command(BaseCommand):
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
         os.environ[MULTIPROCESS_DIR_ENV] = str(metrics_dir)
+        # Production logs are JSON lines on standard error too, unless the operator chose otherwise.
+        os.environ.setdefault("OPENCLAW_LOG_FORMAT", "json")
         # Node hosts the gateway starts (local and static-ssh providers) come in through the balancer.
         os.environ["OPENCLAW_WORKER_GATEWAY_URL"] = os.environ.get("OPENCLAW_WORKER_GATEWAY_URL") or url
         connections.close_all()
