@@ -1,4 +1,4 @@
-"""``/metrics``: Prometheus' scrape endpoint (docs/operations.md, Metrics).
+"""``/metrics``: Prometheus' scrape endpoint (docs/operations.md, Metrics); the health probes are in ``views.py``.
 
 Who may scrape: with ``OPENCLAW_METRICS_TOKEN`` set, whoever sends ``Authorization: Bearer <token>`` (loopback
 clients too: one rule, and a proxy in front makes every client look local); without it, only a client on this
