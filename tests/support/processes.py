@@ -107,6 +107,38 @@ def stop_process(
     return time.perf_counter() - started
 
 
+class StopFailed(RuntimeError):
+    """A process that did not stop as asked: it outlived its grace period (and was killed) or exited with an error."""
+
+
+def stop_process_checked(
+    process: subprocess.Popen | None,
+    what: str,
+    *,
+    clean_exit_codes: tuple[int, ...] = (0,),
+    sig: int = signal.SIGTERM,
+    timeout: float = STOP_TIMEOUT_S,
+) -> None:
+    """``stop_process``, then raise ``StopFailed`` unless the process ended by itself within ``timeout`` with one of
+    ``clean_exit_codes``. The process is gone either way; a process that had already exited is judged by its code."""
+    if process is None:
+        return
+    was_running = process.poll() is None
+    if was_running:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+            raise StopFailed(
+                f"{what} (pid {process.pid}) did not stop within {timeout:.0f} s of {signal.Signals(sig).name}; killed"
+            ) from None
+    if process.returncode not in clean_exit_codes:
+        when = "when stopped" if was_running else "before it was stopped"
+        raise StopFailed(f"{what} (pid {process.pid}) exited with {process.returncode} {when}")
+
+
 def _spawn(argv: list[str], env: Mapping[str, str], log_path: str, *, append: bool = False) -> subprocess.Popen:
     with open(log_path, "a" if append else "w", encoding="utf-8") as log:
         return subprocess.Popen(argv, cwd=ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT)
@@ -234,6 +266,18 @@ class GatewayServer:
         if seconds is not None:
             self.worker_stop_seconds = seconds
         return self.worker.returncode
+
+    def stop_checked(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """A graceful stop of the gateway and then of its worker that raises ``StopFailed`` (both tried) unless each
+        exits 0 within ``timeout``: a test that must fail when its gateway does not stop cleanly calls this."""
+        failures = []
+        for what, process in ((f"gateway on port {self.port}", self.process), ("its celery worker", self.worker)):
+            try:
+                stop_process_checked(process, what, timeout=timeout)
+            except StopFailed as failure:
+                failures.append(str(failure))
+        if failures:
+            raise StopFailed("; ".join(failures))
 
     def kill_worker(self) -> None:
         self.stop_worker(signal.SIGKILL, 10)
@@ -457,6 +501,20 @@ class MockOpenAIProcess:
         stop_process(self.process, timeout=timeout)
         if self.process.stdout is not None:
             self.process.stdout.close()
+
+    def stop_checked(self, timeout: float = 10.0) -> None:
+        """``stop`` that raises ``StopFailed`` unless the mock ends on SIGTERM within ``timeout`` (it has no handler
+        of its own: SIGTERM's default action is its clean end)."""
+        try:
+            stop_process_checked(
+                self.process,
+                f"mock OpenAI server {self.base_url}",
+                clean_exit_codes=(0, -signal.SIGTERM),
+                timeout=timeout,
+            )
+        finally:
+            if self.process.stdout is not None:
+                self.process.stdout.close()
 
 
 def start_mock_openai(*, timeout: float = 30.0) -> MockOpenAIProcess:
