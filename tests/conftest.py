@@ -11,7 +11,7 @@ from gateway.conf import shared_token
 from operations_app.errors import error_recorder
 from tests.support.api import API_TOKEN
 from tests.support.browser import AXE_REPORTS, SCREENSHOTS
-from tests.support.processes import start_gateway
+from tests.support.processes import remove_scratch_dir, start_gateway, stop_and_remove
 
 pytest_plugins = [
     "tests.support.device_fixtures",
@@ -44,12 +44,13 @@ def gateway(django_db_setup, django_db_blocker):
     """One gateway process per test worker, on the test database, with default settings."""
     server = start_gateway()
     yield server
-    server.stop()
+    stop_and_remove([server])
 
 
 @pytest.fixture
 def gateway_factory(django_db_setup):
-    """Start dedicated gateway processes (custom settings); all are stopped after the test."""
+    """Start dedicated gateway processes (custom settings); all are stopped after the test and their state folders
+    removed."""
     started = []
 
     def start(**kwargs):
@@ -58,8 +59,23 @@ def gateway_factory(django_db_setup):
         return server
 
     yield start
-    for server in started:
-        server.stop()
+    stop_and_remove(started)
+
+
+@pytest.fixture
+def remove_when_done():
+    """``remove_when_done(folder)``: a folder a launcher made for the test (a cluster's or a node host's state
+    folder) is removed when the test ends, pass or fail — after the test's last look at the logs inside it."""
+    folders: list[str] = []
+    yield folders.append
+    failures = []
+    for folder in folders:
+        try:
+            remove_scratch_dir(folder)
+        except OSError as failure:
+            failures.append(failure)
+    if failures:
+        raise ExceptionGroup("removing the test's folders failed", failures)
 
 
 @pytest.fixture(autouse=True)

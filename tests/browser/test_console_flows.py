@@ -124,6 +124,7 @@ def test_an_operator_approves_a_node_hosts_pairing_request(page, gateway, django
         assert AuditLog.objects.filter(action__contains="approve", actor="user:ops").exists()
     finally:
         node_host.stop()
+        node_host.remove_state()
 
 
 def test_an_operator_dispatches_a_session_to_a_node_and_watches_its_stages(
@@ -180,6 +181,7 @@ def test_an_operator_dispatches_a_session_to_a_node_and_watches_its_stages(
     finally:
         mock_openai.release()
         node_host.stop()
+        node_host.remove_state()
 
 
 def test_an_operator_reads_a_failed_placements_reason_and_recovers_it(page, gateway, django_user_model, screenshots):

@@ -23,3 +23,4 @@ def placed(gateway_factory, mock_openai, tmp_path):
     finally:
         mock_openai.release()
         node_host.stop()
+        node_host.remove_state()

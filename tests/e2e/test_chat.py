@@ -13,7 +13,7 @@ from openclaw_client.client import GatewayError
 from sessions_app.models import Run, Session, TranscriptEvent
 from tests.support import mock_openai as mock
 from tests.support.clients import operator
-from tests.support.processes import start_gateway
+from tests.support.processes import start_gateway, stop_and_remove
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -360,7 +360,7 @@ def test_a_gateway_killed_mid_turn_leaves_an_error_run_and_every_committed_messa
 
         waited, history = asyncio.run(second_half())
     finally:
-        restarted.stop()
+        stop_and_remove([restarted])
     assert waited["status"] == "error"
     assert waited["error"] == "run interrupted: the gateway process running it stopped"
     assert _texts(history) == [("user", "one"), ("assistant", "first answer"), ("user", "two")]

@@ -8,7 +8,7 @@ import pytest
 
 from tests.e2e.test_node_invoke import node_commands
 from tests.support.clients import node, operator
-from tests.support.processes import start_gateway
+from tests.support.processes import start_gateway, stop_and_remove
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -46,7 +46,7 @@ def test_a_node_reconnects_after_the_gateway_restarts(gateway_factory):
         finally:
             stop.set()
             await asyncio.wait_for(runner, 10)
-            restarted.stop()
+            stop_and_remove([restarted])
         return connections, result
 
     connections, result = asyncio.run(scenario())

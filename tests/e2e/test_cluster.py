@@ -117,14 +117,16 @@ def pid_of_boot(boot_id: str) -> int:
     return GatewayProcess.objects.get(boot_id=boot_id).pid
 
 
-def test_clients_spread_over_processes_and_survive_one_being_killed(haproxy, mock_openai, tmp_path):
+def test_clients_spread_over_processes_and_survive_one_being_killed(haproxy, mock_openai, tmp_path, remove_when_done):
     workspace_root = tmp_path / "allowed"
     workspace_root.mkdir()
     published = publish_workspace(workspace_root)
     cluster = start_cluster(
         cluster_settings(model_env(mock_openai, workspace_root)), extra_args=("--no-migrate", "--no-restart")
     )
+    remove_when_done(cluster.state_dir)
     node_host = start_node_host(cluster, capacity=2, capacity_wait_ms=500, gateway_url=cluster.url)
+    remove_when_done(node_host.state_dir)
     try:
         readiness = readiness_through_the_balancer(cluster)
         haproxy_config = (Path(cluster.state_dir) / "cluster" / "haproxy.cfg").read_text()
@@ -296,10 +298,11 @@ async def until(predicate, timeout: float = 30.0) -> None:
             await asyncio.sleep(0.05)
 
 
-def test_the_topology_with_rabbitmq_as_the_celery_broker(haproxy):
+def test_the_topology_with_rabbitmq_as_the_celery_broker(haproxy, remove_when_done):
     _require(_reachable("127.0.0.1", 5672), "RabbitMQ (127.0.0.1:5672)")
     settings = cluster_settings({"CELERY_BROKER_URL": RABBITMQ_URL})
     cluster = start_cluster(settings, extra_args=("--no-migrate", "--no-restart"))
+    remove_when_done(cluster.state_dir)
 
     async def scenario_rabbitmq():
         first, second = operator(cluster), operator(cluster)

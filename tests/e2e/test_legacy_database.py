@@ -30,7 +30,7 @@ import pytest
 
 from openclaw_client.client import ClientOptions, GatewayClient
 from tests.support.clients import operator
-from tests.support.processes import ROOT, start_gateway
+from tests.support.processes import ROOT, start_gateway, stop_and_remove
 
 # django_db: the suite's e2e teardown (tests/conftest.py) waits on the test database; this test's
 # own databases are scratch copies of the fixtures, reached only through subprocesses and raw drivers.
@@ -418,7 +418,7 @@ def migrate_and_use(state_dir: Path, database_url: str, stores: list[Store]) -> 
         print(server.log())
         raise
     finally:
-        server.stop()
+        stop_and_remove([server])
 
     listed = {row["key"]: row for row in seen["listed"]["sessions"]}
     assert sorted(listed) == [row["key"] for row in expected["sessions"]]

@@ -63,9 +63,11 @@ def test_the_node_host_pairs_declares_its_slots_reconnects_and_is_removed():
         assert "workerSlots" not in removed
     finally:
         exit_code = node_host.stop()
+        node_host_log = node_host.log()
         gateway.stop()
         launch.remove_state()
-    assert exit_code == 0, node_host.log()  # SIGTERM is a clean stop
+        node_host.remove_state()
+    assert exit_code == 0, node_host_log  # SIGTERM is a clean stop
 
 
 def node_disk(node_host) -> dict[str, list[str]]:

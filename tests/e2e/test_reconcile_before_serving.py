@@ -18,7 +18,7 @@ from django.db import connection
 
 from sessions_app.services.sessions import SessionSpec, session_create
 from tests.support.clients import call_once
-from tests.support.processes import current_database_url, start_gateway
+from tests.support.processes import current_database_url, start_gateway, stop_and_remove
 from workers_app.models import Placement
 
 from .test_seed_002_cloud_worker_disappearance import PROFILES, seed_unknown_worker_state
@@ -80,4 +80,4 @@ def test_the_first_read_after_a_restart_sees_the_reconciled_placement():
         assert placement["terminalReason"].startswith("cloud worker disappeared:")
     finally:
         if gateway is not None:
-            gateway.stop()
+            stop_and_remove([gateway])

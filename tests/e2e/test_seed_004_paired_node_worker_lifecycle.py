@@ -229,6 +229,7 @@ def lifecycle(
         steps: list[Callable[[], None]] = [mock.release]
         if node_host is not None:
             steps.append(lambda: stopped_cleanly("the node host", node_host.stop()))
+            steps.append(node_host.remove_state)
         if proxy is not None:
             steps.append(lambda: proxy.__exit__(None, None, None))
         steps += [lambda server=server: stopped_cleanly("a gateway", server.stop()) for server in servers]

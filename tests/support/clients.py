@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 from typing import Any
 
 import websockets
 
 from openclaw_client.client import ClientOptions, GatewayClient
 from openclaw_client.identity import DeviceIdentity
+from tests.support.processes import make_scratch_dir
 
 ALL_SCOPES = ["operator.admin", "operator.read", "operator.write", "operator.approvals", "operator.pairing"]
 
@@ -46,7 +46,7 @@ def node(
         display_name="test-node",
         commands=commands if commands is not None else ["echo", "fail", "sleep"],
         caps=["system"],
-        state_dir=state_dir or tempfile.mkdtemp(prefix="node-identity-"),
+        state_dir=state_dir or make_scratch_dir("node-identity-"),
     )
     for key, value in overrides.items():
         setattr(options, key, value)

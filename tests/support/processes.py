@@ -56,12 +56,38 @@ PROFILE_ENV_PREFIXES = (
 # What ``manage.py serve`` prints once Daphne listens (openclaw_site/management/commands/serve.py).
 ANNOUNCEMENT = re.compile(r"listening on (\S+) \(database: ([^,]+), channel layer: ([^)]+)\)")
 MOCK_URL_PREFIX = "MOCK_OPENAI_URL="
+# The folders the launchers below make in the temp directory. In a ``./dev test`` run (``OPENCLAW_TEST_RUN_ID``,
+# its shell's pid) their names carry the run's id, so that the run's clean-up finds what its tests left behind and
+# nothing of a parallel run: ``gateway-state-run4242-k3j2x9``.
+SCRATCH_PREFIXES = ("gateway-state-", "cluster-state-", "node-host-", "node-identity-")
+TEST_RUN_ID_ENV = "OPENCLAW_TEST_RUN_ID"
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def make_scratch_dir(prefix: str) -> str:
+    """A fresh folder in the temp directory named ``<prefix>[run<id>-]<random>``; whoever makes one removes it."""
+    run_id = os.environ.get(TEST_RUN_ID_ENV, "")
+    return tempfile.mkdtemp(prefix=f"{prefix}run{run_id}-" if run_id else prefix)
+
+
+def remove_scratch_dir(path: str | Path) -> None:
+    """Remove a folder a launcher made; raises ``OSError`` when it is still there afterwards."""
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        raise OSError(f"could not remove {path}")
+
+
+def stray_scratch_dirs(run_id: str) -> list[Path]:
+    """The launchers' folders of test run ``run_id`` still in the temp directory."""
+    if not run_id:
+        return []
+    temp = Path(tempfile.gettempdir())
+    return sorted(path for prefix in SCRATCH_PREFIXES for path in temp.glob(f"{prefix}run{run_id}-*") if path.is_dir())
 
 
 def current_database_url(alias: str = "default") -> str:
@@ -282,6 +308,11 @@ class GatewayServer:
     def kill_worker(self) -> None:
         self.stop_worker(signal.SIGKILL, 10)
 
+    def remove_state(self) -> None:
+        """The state folder (logs, SQLite files) once the processes are stopped: a server from ``start_gateway``
+        owns it."""
+        remove_scratch_dir(self.state_dir)
+
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
 
@@ -308,7 +339,7 @@ class GatewayLaunch:
         ``clean_env``), the state dir, ``token``, then ``settings``, which win. Without a ``DATABASE_URL`` or
         ``REDIS_URL`` among them, a clean environment is the embedded profile of ``./dev run``: SQLite in the
         state dir, in-memory channel layer and cache, in-process turns."""
-        state_dir = tempfile.mkdtemp(prefix=state_prefix)
+        state_dir = make_scratch_dir(state_prefix)
         inherited = {k: v for k, v in os.environ.items() if not (clean_env and k.startswith(PROFILE_ENV_PREFIXES))}
         # The browser tests allow themselves async-unsafe queries (tests/browser/conftest.py); a gateway keeps
         # Django's check whatever the test process allows itself.
@@ -372,7 +403,7 @@ class GatewayLaunch:
         return server
 
     def remove_state(self) -> None:
-        shutil.rmtree(self.state_dir, ignore_errors=True)
+        remove_scratch_dir(self.state_dir)
 
 
 def gateway_settings_for_tests(port: int) -> dict[str, str]:
@@ -400,7 +431,25 @@ def start_gateway(
     """A gateway (and its worker) for a test, on the test databases, with ``extra_env`` over the defaults."""
     port = port or free_port()
     launch = GatewayLaunch.prepare(settings={**gateway_settings_for_tests(port), **(extra_env or {})}, port=port)
-    return launch.start(worker=worker)
+    try:
+        return launch.start(worker=worker)
+    except BaseException:
+        launch.remove_state()
+        raise
+
+
+def stop_and_remove(servers: list[GatewayServer]) -> None:
+    """Stop each server and remove its state folder, every one tried whatever the others did; then raise what
+    failed (a test's gateways, at its end)."""
+    failures: list[Exception] = []
+    for server in servers:
+        for step in (server.stop, server.remove_state):
+            try:
+                step()
+            except Exception as failure:  # collected and raised together: none is swallowed
+                failures.append(failure)
+    if failures:
+        raise ExceptionGroup("stopping the test's gateways failed", failures)
 
 
 def delete_redis_keys(redis_url: str, prefix: str) -> int:
@@ -447,8 +496,18 @@ def drop_test_databases(database_url: str, names: list[str]) -> list[str]:
 
 
 def cleanup_test_run() -> None:
-    """What ``./dev test`` runs when the run ends, whatever its outcome (its EXIT trap): the run's Redis keys and the
-    test databases of the PostgreSQL databases it named (``OPENCLAW_TEST_RUN_DATABASES``, space separated)."""
+    """What ``./dev test`` runs when the run ends, whatever its outcome (its EXIT trap): the launchers' folders that
+    the run's tests left in the temp directory (reported, then removed; only this run's, by its id), the run's Redis
+    keys and the test databases of the PostgreSQL databases it named (``OPENCLAW_TEST_RUN_DATABASES``, space
+    separated)."""
+    strays = stray_scratch_dirs(os.environ.get(TEST_RUN_ID_ENV, ""))
+    if strays:
+        print(
+            f"test run cleanup: {len(strays)} folders left behind by tests, removed: {' '.join(map(str, strays))}",
+            file=sys.stderr,
+        )
+        for stray in strays:
+            shutil.rmtree(stray, ignore_errors=True)
     redis_url, prefix = os.environ.get("REDIS_URL", ""), os.environ.get("OPENCLAW_REDIS_PREFIX", "")
     if redis_url and prefix:
         print(f"test run cleanup: {delete_redis_keys(redis_url, prefix)} Redis keys of {prefix}", file=sys.stderr)
@@ -626,6 +685,11 @@ class NodeHostProcess:
         stop_process(self.process, sig)
         return self.process.returncode
 
+    def remove_state(self) -> None:
+        """The state folder (identity, bundles, workspaces, log) once the process is stopped: a node host started
+        without a ``state_dir`` of the caller's owns it."""
+        remove_scratch_dir(self.state_dir)
+
     def start_again(self) -> None:
         """Start the node host again with the same state dir (identity, token, bundles, workspaces)."""
         if self.process.poll() is None:
@@ -643,7 +707,7 @@ def start_node_host(
 ) -> NodeHostProcess:
     """A node host for ``server`` (at ``gateway_url``, default its own URL), with a fresh state dir unless
     one is given; the shared token comes from the environment."""
-    state_dir = state_dir or tempfile.mkdtemp(prefix="node-host-")
+    state_dir = state_dir or make_scratch_dir("node-host-")
     log_path = os.path.join(state_dir, "node-host.log")
     argv = [
         sys.executable,
@@ -731,6 +795,9 @@ class ClusterProcess:
         stop_process(self.process, signal.SIGINT, timeout)
         return self.process.returncode
 
+    def remove_state(self) -> None:
+        remove_scratch_dir(self.state_dir)
+
 
 def start_cluster(
     settings: Mapping[str, str],
@@ -779,5 +846,6 @@ def start_cluster(
         )
     except BaseException:
         cluster.stop()
+        cluster.remove_state()
         raise
     return cluster
