@@ -11,6 +11,7 @@ from gateway.conf import shared_token
 from operations_app.errors import error_recorder
 from tests.support.api import API_TOKEN
 from tests.support.browser import AXE_REPORTS, SCREENSHOTS
+from tests.support.clients import IDENTITY_DIRS, remove_identity_dirs_made_after
 from tests.support.processes import remove_scratch_dir, start_gateway, stop_and_remove
 
 pytest_plugins = [
@@ -60,6 +61,14 @@ def gateway_factory(django_db_setup):
 
     yield start
     stop_and_remove(started)
+
+
+@pytest.fixture(autouse=True)
+def _node_identities_removed():
+    """The identity folders that ``node()`` made for the test go when it ends, pass or fail."""
+    made_before = len(IDENTITY_DIRS)
+    yield
+    remove_identity_dirs_made_after(made_before)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Tests leave nothing behind: every launcher's folder in the temp directory goes when the test that made it is done
-(a gateway's state folder, a node host's), also when the launch fails, and the test run's clean-up reports and
-removes what its tests left — only its own, by the run's id. The temp directory is the test's own here, so that
-what is left is exactly what these launchers made."""
+(a gateway's state folder, a node host's, a node client's identity), also when the launch fails, and the test
+run's clean-up reports and removes what its tests left — only its own, by the run's id. The temp directory is the
+test's own here, so that what is left is exactly what these launchers made."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.clients import call_once
+from tests.support.clients import IDENTITY_DIRS, call_once, node, remove_identity_dirs_made_after
 from tests.support.processes import (
     SCRATCH_PREFIXES,
     TEST_RUN_ID_ENV,
@@ -65,6 +65,16 @@ def test_a_node_host_leaves_no_folder_behind(gateway, own_temp_dir):
     finally:
         node_host.stop()
         node_host.remove_state()
+
+    assert launcher_folders(own_temp_dir) == []
+
+
+def test_a_node_identity_made_for_a_test_goes_when_the_test_ends(gateway, own_temp_dir):
+    made_before = len(IDENTITY_DIRS)
+    client = node(gateway)
+    assert launcher_folders(own_temp_dir) == [Path(client.options.state_dir).name]
+
+    remove_identity_dirs_made_after(made_before)  # what the autouse fixture of tests/conftest.py runs
 
     assert launcher_folders(own_temp_dir) == []
 

@@ -10,8 +10,11 @@ import websockets
 
 from openclaw_client.client import ClientOptions, GatewayClient
 from openclaw_client.identity import DeviceIdentity
-from tests.support.processes import make_scratch_dir
+from tests.support.processes import make_scratch_dir, remove_scratch_dir
 
+# The identity folders ``node()`` made in this process (no ``state_dir`` given), oldest first: each test removes
+# those made while it ran (``remove_identity_dirs_made_after``, an autouse fixture of tests/conftest.py).
+IDENTITY_DIRS: list[str] = []
 ALL_SCOPES = ["operator.admin", "operator.read", "operator.write", "operator.approvals", "operator.pairing"]
 
 
@@ -37,6 +40,9 @@ def node(
     invoke_handler=None,
     **overrides: Any,
 ) -> GatewayClient:
+    if not state_dir:
+        state_dir = make_scratch_dir("node-identity-")
+        IDENTITY_DIRS.append(state_dir)
     options = ClientOptions(
         url=server.url,
         token=server.token if token == "shared" else token,
@@ -46,11 +52,19 @@ def node(
         display_name="test-node",
         commands=commands if commands is not None else ["echo", "fail", "sleep"],
         caps=["system"],
-        state_dir=state_dir or make_scratch_dir("node-identity-"),
+        state_dir=state_dir,
     )
     for key, value in overrides.items():
         setattr(options, key, value)
     return GatewayClient(options, invoke_handler=invoke_handler)
+
+
+def remove_identity_dirs_made_after(count: int) -> None:
+    """Remove the identity folders ``node()`` made after the first ``count``."""
+    made = IDENTITY_DIRS[count:]
+    del IDENTITY_DIRS[count:]
+    for folder in made:
+        remove_scratch_dir(folder)
 
 
 async def paired_node(server, admin: GatewayClient, **kwargs: Any) -> GatewayClient:
