@@ -20,7 +20,7 @@ from django.db import connections
 from openclaw_client.client import GatewayError
 from operations_app.models import RecordedError
 from tests.support.clients import operator, raw_socket
-from tests.support.processes import current_database_url, start_gateway
+from tests.support.processes import current_database_url, start_gateway, stop_and_remove
 from tests.support.tcp_proxy import TcpProxy
 
 # Both databases: the gateway started here opens the harness store too (pytest-django creates only those asked for).
@@ -101,7 +101,7 @@ def test_a_gateway_that_loses_its_database_is_not_ready_until_it_returns(capsys)
         finally:
             runner.close()
             proxy.restore()
-            server.stop()
+            stop_and_remove([server])
 
     assert not_ready["status"] == "not ready"
     assert not_ready["checks"]["database"]["state"] in ("failing", "timeout"), not_ready
