@@ -26,7 +26,7 @@ def haproxy():
         pytest.skip(f"HAProxy ({HAPROXY}) is missing")
 
 
-def test_every_program_logs_json_lines_named_after_it_into_the_shared_file(haproxy):
+def test_every_program_logs_json_lines_named_after_it_into_the_shared_file(haproxy, remove_when_done):
     settings = {
         **gateway_settings_for_tests(os.getpid()),
         # A model that is not there: the turn fails in the Celery worker, which logs why.
@@ -34,6 +34,7 @@ def test_every_program_logs_json_lines_named_after_it_into_the_shared_file(hapro
         "OPENCLAW_MODEL_CONNECT_TIMEOUT_S": "1",
     }
     cluster = start_cluster(settings, extra_args=("--no-migrate", "--no-restart"))
+    remove_when_done(cluster.state_dir)
 
     async def scenario():
         clients = [operator(cluster) for _ in range(4)]
