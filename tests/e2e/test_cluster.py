@@ -361,10 +361,11 @@ def scrape_until_turn_task_counted(cluster, timeout: float = 30.0) -> tuple[str,
         time.sleep(0.5)
 
 
-def test_metrics_through_the_balancer_sum_every_process(haproxy):
+def test_metrics_through_the_balancer_sum_every_process(haproxy, remove_when_done):
     cluster = start_cluster(
         cluster_settings({"OPENCLAW_METRICS_TOKEN": METRICS_TOKEN}), extra_args=("--no-migrate", "--no-restart")
     )
+    remove_when_done(cluster.state_dir)
 
     async def scenario_metrics():
         clients = [operator(cluster) for _ in range(4)]

@@ -111,7 +111,9 @@ def test_a_node_offline_at_its_removal_deletes_what_the_gateway_left_on_it_when_
         assert IdentityStore(node_host.state_dir).device_token("node") is None
     finally:
         exit_code = node_host.stop()
-    assert exit_code == 0, node_host.log()
+        node_host_log = node_host.log()
+        node_host.remove_state()
+    assert exit_code == 0, node_host_log
 
 
 @pytest.mark.parametrize(
