@@ -101,6 +101,7 @@ def readiness_through_the_balancer(cluster) -> dict:
 def assert_ready_with_every_dependency(body: dict) -> None:
     assert body["status"] == "ready", body
     assert {name: check["state"] for name, check in body["checks"].items()} == {
+        "startup": "ok",
         "database": "ok",
         "channelLayer": "ok",
         "broker": "ok",

@@ -13,7 +13,13 @@ import pytest
 from tests.support.clients import operator
 from tests.support.processes import gateway_settings_for_tests, start_cluster
 
-pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.redis,
+    pytest.mark.slow,
+    # Both databases: the cluster's programs open the harness database too (as tests/e2e/test_cluster.py).
+    pytest.mark.django_db(transaction=True, databases="__all__"),
+]
 
 HAPROXY = os.environ.get("OPENCLAW_HAPROXY", "/usr/sbin/haproxy")
 
