@@ -10,7 +10,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -275,3 +275,14 @@ def test_the_processes_of_a_cluster_are_summed(tmp_path, monkeypatch):
     after = scrape()
     assert value(after, "openclaw_gateway_connections", role="operator") is None
     assert value(after, "openclaw_rpc_duration_seconds_count", method="health", outcome="ok") == 7
+
+
+def test_the_pool_gauge_reads_psycopg_pool_stats_through_the_connections_pool_property():
+    """Pins the one undocumented (but public) attribute /metrics reads on the locked Django: the PostgreSQL
+    connection's ``pool`` (docs/architecture.md, "Supported APIs only")."""
+    stats = operations_metrics.database_pool_stats()
+    if connection.vendor != "postgresql":
+        assert stats is None
+        return
+    assert {"pool_size", "pool_available"} <= set(stats)
+    assert stats["pool_size"] >= stats["pool_available"] >= 0
