@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import select
 import shutil
@@ -67,6 +68,32 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# Below Linux's ephemeral range (32768–60999 by default), where outgoing connections take their source ports: a
+# run of consecutive listening ports chosen there can collide with a client socket opened meanwhile.
+CONSECUTIVE_PORTS_RANGE = (20_000, 32_000)
+
+
+def free_consecutive_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports that are free now (``manage.py cluster`` puts its gateway
+    processes on ``--backend-port`` and the ports after it)."""
+    low, high = CONSECUTIVE_PORTS_RANGE
+    for _ in range(200):
+        first = random.randrange(low, high - count)
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports in {low}–{high}")
 
 
 def make_scratch_dir(prefix: str) -> str:
@@ -812,7 +839,7 @@ def start_cluster(
     """``manage.py cluster`` with ``settings`` over this process's environment; returns once it says ready
     (HAProxy up, every gateway process answering its health check). Backends on free ports."""
     launch = GatewayLaunch.prepare(settings=settings, clean_env=clean_env, state_prefix="cluster-state-")
-    first_backend = free_port()
+    first_backend = free_consecutive_ports(gateways)
     log_path = os.path.join(launch.state_dir, "cluster.log")
     argv = [
         sys.executable,
