@@ -890,18 +890,24 @@ def test_cancelling_a_launch_that_waits_for_capacity_aborts_it(tmp_path, server)
 # --- worker.environment.stop.v1 -------------------------------------------------------------------
 
 
+async def stalled_turn_beside_a_second_environment(host: NodeHost, server) -> tuple[str, asyncio.Task]:
+    """env-1 and env-2 prepared, and a turn launched on env-1 that stalls in its model call (already started)."""
+    bundle_hash = install_local(host, real_bundle())
+    prepare_local(host, "env-1", {"a.txt": b"a"})
+    prepare_local(host, "env-2", {"b.txt": b"b"}, lease="lease-2")
+    progress = Progress()
+    progress.install()
+    launch = asyncio.create_task(
+        call(host, "worker.launch.v1", **launch_params(server, "env-1", bundle_hash, path="/v1/stall"))
+    )
+    while not progress.sent:
+        await asyncio.sleep(0.02)
+    return bundle_hash, launch
+
+
 def test_stop_cancels_the_environment_s_turn_and_deletes_its_workspace_idempotently(tmp_path, server):
     async def scenario(host: NodeHost):
-        bundle_hash = install_local(host, real_bundle())
-        prepare_local(host, "env-1", {"a.txt": b"a"})
-        prepare_local(host, "env-2", {"b.txt": b"b"}, lease="lease-2")
-        progress = Progress()
-        progress.install()
-        launch = asyncio.create_task(
-            call(host, "worker.launch.v1", **launch_params(server, "env-1", bundle_hash, path="/v1/stall"))
-        )
-        while not progress.sent:
-            await asyncio.sleep(0.02)
+        _bundle_hash, launch = await stalled_turn_beside_a_second_environment(host, server)
         stopped = await call(host, "worker.environment.stop.v1", environmentId="env-1")
         result = await launch
         again = await call(host, "worker.environment.stop.v1", environmentId="env-1")
@@ -1086,16 +1092,7 @@ def test_a_node_refused_as_no_longer_paired_deletes_everything_of_that_gateway_a
     journal = tmp_path / "journal.jsonl"
 
     async def scenario(host: NodeHost):
-        bundle_hash = install_local(host, real_bundle())
-        prepare_local(host, "env-1", {"a.txt": b"a"})
-        prepare_local(host, "env-2", {"b.txt": b"b"}, lease="lease-2")
-        progress = Progress()
-        progress.install()
-        launch = asyncio.create_task(
-            call(host, "worker.launch.v1", **launch_params(server, "env-1", bundle_hash, path="/v1/stall"))
-        )
-        while not progress.sent:
-            await asyncio.sleep(0.02)
+        bundle_hash, launch = await stalled_turn_beside_a_second_environment(host, server)
         await host._on_refused(pairing_required())
         return bundle_hash, await launch
 
