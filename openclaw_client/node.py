@@ -1119,7 +1119,14 @@ class NodeHost:
         except (OSError, TimeoutError) as error:
             self.journal.record("inventory-publish", ok=False, code="UNREACHABLE", message=type(error).__name__)
         else:
-            self.journal.record("inventory-publish", ok=True, nodeId=accepted.get("nodeId"))
+            # What it declared, and the turns its worker children are running now (a supervisor's "idle" check).
+            self.journal.record(
+                "inventory-publish",
+                ok=True,
+                nodeId=accepted.get("nodeId"),
+                capacity=self.inventory()["workerHost"]["capacity"],
+                runsInFlight=len(self.runs),
+            )
 
     async def handle(self, command: str, params: Any) -> dict[str, Any]:
         """Run one private command (what a ``node.invoke.request`` asks); raises :class:`NodeCommandError`."""

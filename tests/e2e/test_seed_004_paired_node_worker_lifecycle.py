@@ -340,6 +340,7 @@ async def scenario(
         await asyncio.to_thread(node_host.wait_connects, connects + 1, 60.0)
         await wait_connected(wire, node_id)
         await wire.expect_successful_turn(repaired_key, "WIRE-OFFLINE-RETRY")
+        await asyncio.to_thread(node_host.wait_for_workers_idle)
 
         # Two real worker children in flight take both slots; the third turn fails on capacity at the
         # public RPC, history and placement boundaries.

@@ -696,6 +696,17 @@ class NodeHostProcess:
             time.sleep(0.05)
         return published[before]
 
+    def wait_for_workers_idle(self, timeout: float = 60.0) -> None:
+        """Until the node host's worker children run no turn (seed 004's ``waitForWorkersIdle``): asked through
+        its own control surface, a republished inventory whose journal record counts the turns in flight."""
+        deadline = time.monotonic() + timeout
+        while (published := self.publish_inventory(timeout=max(1.0, deadline - time.monotonic()))).get(
+            "runsInFlight"
+        ) != 0:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"the node host's workers never went idle: {published}\n{self.log()}")
+            time.sleep(0.1)
+
     def connects(self) -> int:
         """How many times the node host connected (and declared its worker host), over all its runs."""
         return len(re.findall(r"connected to \S+ as node ", self.log()))
