@@ -261,6 +261,8 @@ class RequestHeads:
     def bounded_address(self, peer) -> str | None:
         """The peer's IP address when its connections count toward the bound; None when exempt (or not IP)."""
         host = getattr(peer, "host", None)
+        if not self.exempt:
+            return host
         try:
             address = ipaddress.ip_address(host)
         except ValueError:
@@ -318,8 +320,8 @@ class GatewayHTTPChannel(http.HTTPChannel):
         self.awaiting_head = False
         # A byte of the awaited head arrived: its timeout answers 408 instead of closing silently.
         self.head_begun = False
-        self.head_deadline: IDelayedCall | None = None
-        self.slow_head_check: IDelayedCall | None = None
+        # The head's timer: at most one at a time (for a counted address the slow-head check, then the deadline).
+        self.head_timer: IDelayedCall | None = None
         # The address whose count of slow heads includes this connection.
         self.counted_as_slow: str | None = None
         self.gone = False
@@ -330,9 +332,11 @@ class GatewayHTTPChannel(http.HTTPChannel):
         if address is not None and self.heads.full(address):
             self.refuse(TOO_MANY_REQUESTS, "address-limit", self.heads.retry_after)
             return
-        self.await_head()
-        if address is not None:
-            self.slow_head_check = self.callLater(self.heads.slow_after_s, self.head_is_slow, address)
+        if address is None:
+            self.await_head(self.heads.timeout_s)
+        else:
+            # A head complete within the second (nearly all) never needs the deadline's timer.
+            self.await_head(self.heads.slow_after_s, self.head_is_slow, address)
 
     def dataReceived(self, data):
         if self.awaiting_head:
@@ -347,7 +351,7 @@ class GatewayHTTPChannel(http.HTTPChannel):
         # Kept alive: the next head's deadline starts now. Pipelined bytes the channel buffered meanwhile are parsed
         # inside super(), and may complete that head at once.
         if self.persistent and not self.gone:
-            self.await_head()
+            self.await_head(self.heads.timeout_s)
         super().requestDone(request)
 
     def connectionLost(self, reason):
@@ -380,17 +384,21 @@ class GatewayHTTPChannel(http.HTTPChannel):
 
     # --- the head deadline and the per-address bound ------------------------------------------------------------
 
-    def await_head(self) -> None:
+    def await_head(self, seconds: float, then=None, *args) -> None:
+        """Await a head: ``then(*args)`` in ``seconds`` unless it is complete by then (default: the deadline)."""
         self.awaiting_head = True
         self.head_begun = False
-        self.head_deadline = self.callLater(self.heads.timeout_s, self.timeoutConnection)
+        self.head_timer = self.callLater(seconds, then or self.timeoutConnection, *args)
 
     def head_is_slow(self, address: str) -> None:
-        self.slow_head_check = None
-        if self.heads.add_slow(address):
-            self.counted_as_slow = address
-        else:
+        if not self.heads.add_slow(address):
             self.refuse(TOO_MANY_REQUESTS, "address-limit", self.heads.retry_after)
+            return
+        self.counted_as_slow = address
+        # The deadline counts from accept, also when this check ran late (a busy reactor).
+        accepted = self.head_timer.getTime() - self.heads.slow_after_s
+        remaining = accepted + self.heads.timeout_s - self.factory.reactor.seconds()
+        self.head_timer = self.callLater(max(0.0, remaining), self.timeoutConnection)
 
     def refuse(self, status: bytes, reason: str, *headers: bytes) -> None:
         metrics.record_http_head_refused(reason)
@@ -399,10 +407,9 @@ class GatewayHTTPChannel(http.HTTPChannel):
 
     def stop_awaiting_head(self) -> None:
         self.awaiting_head = False
-        for call in (self.head_deadline, self.slow_head_check):
-            if call is not None and call.active():
-                call.cancel()
-        self.head_deadline = self.slow_head_check = None
+        if self.head_timer is not None and self.head_timer.active():
+            self.head_timer.cancel()
+        self.head_timer = None
         if self.counted_as_slow is not None:
             self.heads.remove_slow(self.counted_as_slow)
             self.counted_as_slow = None
