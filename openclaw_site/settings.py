@@ -25,6 +25,7 @@ from openclaw_site.env import (
     env_json_object,
     env_list,
     env_log_level,
+    env_networks,
     env_str,
     env_url,
 )
@@ -254,6 +255,13 @@ OPENCLAW_GATEWAY = {
     "MAX_PAYLOAD_BYTES": env_int("OPENCLAW_MAX_PAYLOAD_BYTES", 25 * 1024 * 1024, minimum=64 * 1024),
     "MAX_BUFFERED_BYTES": env_int("OPENCLAW_MAX_BUFFERED_BYTES", 50 * 1024 * 1024, minimum=64 * 1024),
     "MAX_PREAUTH_PAYLOAD_BYTES": 64 * 1024,
+    # Slow request heads (docs/deployment.md, "Slow clients"): a request line and headers must arrive within this
+    # long, from accept for a connection's first request and from the end of the previous response for the next.
+    "HTTP_HEAD_TIMEOUT_MS": env_int("OPENCLAW_HTTP_HEAD_TIMEOUT_MS", 10_000, minimum=100, maximum=600_000),
+    # First request heads still incomplete a second after accept that one client address may hold; past it
+    # that address is answered 429 until one of them ends. Addresses in the exempt list are not counted.
+    "HTTP_SLOW_HEADS_PER_ADDRESS": env_int("OPENCLAW_HTTP_SLOW_HEADS_PER_ADDRESS", 32, minimum=1),
+    "HTTP_SLOW_HEADS_EXEMPT": env_networks("OPENCLAW_HTTP_SLOW_HEADS_EXEMPT"),
     "NODE_INVOKE_TIMEOUT_MS": env_int("OPENCLAW_NODE_INVOKE_TIMEOUT_MS", 30_000, minimum=1),
     # agent.wait sleeps on the run-finished notification and re-reads the run at least this often.
     "AGENT_WAIT_RECHECK_MS": env_int("OPENCLAW_AGENT_WAIT_RECHECK_MS", 5_000, minimum=10),
