@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gateway.protocol import ClosedModel, NulCheckedByService
 from gateway.schemas import OpenSchema
@@ -167,6 +167,71 @@ class ChatAbortParams(AbortTarget):
 class AgentWaitParams(ClosedModel):
     runId: str = Field(min_length=1)
     timeoutMs: WaitTimeoutMs = 30_000
+
+
+# --- agents, models and commands (the clients' start-up reads) -----------------------------------
+# OpenClaw's params of agent.identity.get, models.list, models.authStatus, commands.list and chat.metadata; their
+# NonEmptyString fields are bounded here like every text a caller sends. Agent ids and session keys are then
+# checked by sessions_app/keys.py as everywhere else.
+
+AgentIdText = Annotated[str, Field(min_length=1, max_length=200)]
+SessionKeyText = Annotated[str, Field(min_length=1, max_length=300)]
+# OpenClaw's saved model accounts (none exist here; accepted, with no effect).
+AuthProfileId = Annotated[str, Field(min_length=1, max_length=256)]
+ProviderText = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class AgentIdentityParams(ClosedModel):
+    agentId: AgentIdText | None = None
+    # OpenClaw's schema lets this one be empty; an empty key means "none".
+    sessionKey: Annotated[str, Field(max_length=300)] | None = None
+
+
+class ModelsListParams(ClosedModel):
+    agentId: AgentIdText | None = None
+    sessionKey: SessionKeyText | None = None
+    authProfileId: AuthProfileId | None = None
+    provider: ProviderText | None = None
+    includeDetails: bool | None = None
+    includeProviderCapabilities: bool | None = None
+    includeDefaultModels: bool | None = None
+    preparedOnly: bool | None = None
+    refresh: bool | None = None
+    view: Literal["default", "configured", "provider-config", "all"] | None = None
+
+    @model_validator(mode="after")
+    def _one_mode_one_owner(self) -> ModelsListParams:
+        if self.preparedOnly and self.refresh:
+            raise ValueError("preparedOnly and refresh cannot be combined")
+        if self.sessionKey is not None and self.authProfileId is not None:
+            raise ValueError("sessionKey and authProfileId cannot be combined")
+        return self
+
+
+class ModelsAuthStatusParams(ClosedModel):
+    refresh: bool | None = None
+    # OpenClaw's schema lets this one be empty; an empty id means the default agent.
+    agentId: Annotated[str, Field(max_length=200)] | None = None
+
+
+class CommandsListParams(ClosedModel):
+    sessionKey: SessionKeyText | None = None
+    agentId: AgentIdText | None = None
+    provider: ProviderText | None = None
+    scope: Literal["text", "native", "both"] | None = None
+    includeArgs: bool | None = None
+
+
+class ChatMetadataParams(ClosedModel):
+    agentId: AgentIdText | None = None
+    authProfileId: AuthProfileId | None = None
+    sessionKey: SessionKeyText | None = None
+
+    @model_validator(mode="after")
+    def _one_owner(self) -> ChatMetadataParams:
+        if self.sessionKey is not None and self.authProfileId is not None:
+            raise ValueError("sessionKey and authProfileId cannot be combined")
+        return self
 
 
 class MessageIn(ClosedModel):
