@@ -4,16 +4,13 @@ OpenClaw's params, requires OpenClaw's scope, and is advertised in hello-ok as O
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 
 from gateway import scopes as sc
-from gateway.context import RpcContext
-from gateway.dispatch import run_request
-from gateway.protocol import RequestFrame
 from gateway.registry import registry
+from tests.support.connections import dispatched
 from tests.support.processes import ROOT
 
 CAPTURED = json.loads((ROOT / "tests" / "fixtures" / "openclaw_absent_features.json").read_text())
@@ -37,17 +34,7 @@ OPENCLAW_SCOPES = {
 
 
 def call(method: str, params: dict | None = None, scopes: list[str] | None = None) -> dict:
-    ctx = RpcContext(
-        conn_id="absent",
-        channel_name="inmemory!absent",
-        role=sc.ROLE_OPERATOR,
-        scopes=scopes if scopes is not None else [sc.ADMIN],
-        auth_method="token",
-        client_id="test",
-        client_mode="test",
-    )
-    frame = RequestFrame(type="req", id="r1", method=method, params=params if params is not None else {})
-    return asyncio.run(run_request(ctx, frame))
+    return dispatched(method, params, scopes=scopes if scopes is not None else [sc.ADMIN])
 
 
 def answer(method: str, params: dict | None = None, scopes: list[str] | None = None):

@@ -3,7 +3,6 @@ system-presence (the presence list, read now)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from datetime import timedelta
@@ -14,16 +13,13 @@ from django.utils import timezone
 from devices_app.services import connections as device_connections
 from gateway import conf
 from gateway import scopes as sc
-from gateway.context import RpcContext
-from gateway.dispatch import run_request
 from gateway.effective_config import REDACTED, config_snapshot, shown_url
 from gateway.models import GatewayConnection
-from gateway.protocol import RequestFrame
 from gateway.registry import registry
 from gateway.rpc import system_presence_rpc
 from gateway.selectors import presence_entries
 from gateway.services import connections
-from tests.support.connections import connection_record
+from tests.support.connections import connection_record, dispatched
 from tests.support.processes import ROOT
 
 OPENCLAW = json.loads((ROOT / "tests" / "fixtures" / "openclaw_startup_reads.json").read_text())
@@ -33,17 +29,7 @@ API_KEY = "sk-provider-key-do-not-show-0123456789"
 
 
 def call(method: str, params: dict | None = None, scopes: list[str] | None = None) -> dict:
-    ctx = RpcContext(
-        conn_id="config",
-        channel_name="inmemory!config",
-        role=sc.ROLE_OPERATOR,
-        scopes=scopes if scopes is not None else [sc.READ],
-        auth_method="token",
-        client_id="test",
-        client_mode="test",
-    )
-    frame = RequestFrame(type="req", id="r1", method=method, params=params if params is not None else {})
-    return asyncio.run(run_request(ctx, frame))
+    return dispatched(method, params, scopes=scopes if scopes is not None else [sc.READ])
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ diagnostics.lanes. Names and shapes are OpenClaw's (tests/fixtures/openclaw_star
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -12,13 +11,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from gateway import scopes as sc
-from gateway.context import RpcContext
-from gateway.dispatch import run_request
-from gateway.protocol import RequestFrame
 from gateway.registry import registry
 from sessions_app.commands import GATEWAY_COMMANDS
 from sessions_app.models import Session
 from sessions_app.services import runs, sessions
+from tests.support.connections import dispatched, handled
 from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.django_db
@@ -37,32 +34,13 @@ READS = (
 )
 
 
-def context(scopes: list[str] | None = None) -> RpcContext:
-    return RpcContext(
-        conn_id="reads",
-        channel_name="inmemory!reads",
-        role=sc.ROLE_OPERATOR,
-        scopes=scopes if scopes is not None else [sc.READ],
-        auth_method="token",
-        client_id="test",
-        client_mode="test",
-    )
-
-
 def call(method: str, params: dict | None = None, scopes: list[str] | None = None) -> dict:
-    """Through the dispatcher: authorization, params, the handler, and the error shape."""
-    frame = RequestFrame(type="req", id="r1", method=method, params=params if params is not None else {})
-    return asyncio.run(run_request(context(scopes), frame))
+    return dispatched(method, params, scopes=scopes if scopes is not None else [sc.READ])
 
 
 def answer(method: str, params: dict | None = None, scopes: list[str] | None = None):
-    """The handler's answer to validated params, on this thread: the rows a test made are uncommitted, which the
-    dispatcher's database hop (another thread, another connection) would not see. ``call`` covers the dispatch."""
-    spec = registry.methods[method]
-    ctx = context(scopes)
-    validated = spec.params.model_validate(params if params is not None else {})
-    result = spec.handler(ctx, validated)
-    return asyncio.run(result) if spec.is_async else result
+    """The handler's answer on this thread: the rows a test made are uncommitted (``call`` covers the dispatch)."""
+    return handled(method, params, scopes=scopes if scopes is not None else [sc.READ])
 
 
 def refusal(method: str, params: dict | None = None, scopes: list[str] | None = None) -> tuple[str, str]:
