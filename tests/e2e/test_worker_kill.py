@@ -46,7 +46,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow, pytest.mark.
 
 STARTED = "agent:main:kill-started"
 UNSTARTED = "agent:main:kill-unstarted"
-LOAD_CLIENTS = 4
+LOAD_CLIENTS = 6
 LOAD_TURNS = 3
 # The messages that are not their run id: the turns held at the model.
 PROMPTS = {"a1": "HOLD-STARTED a1", "l0.0": "HOLD-SURVIVOR l0.0"}
