@@ -622,7 +622,7 @@ def runs_recover_stopped_workers() -> StoppedWorkersRecovery:
     dispatch again the oldest queued turn of every idle session: a stopped worker may have taken a turn's task
     without starting it, and late acknowledgement gives that task back only when the broker notices (RabbitMQ: at
     once; Redis: after its visibility timeout). A task delivered twice starts its turn once (the claim's
-    compare-and-set). Run by the gateway loop every few seconds (``lifecycle.on_watch``).
+    compare-and-set). Run by the gateway loop every ``EXECUTOR_WATCH_INTERVAL_MS`` (``lifecycle.on_watch``).
     """
     executors = Run.objects.filter(status=RunStatus.RUNNING).values_list("executor", flat=True).distinct()
     stopped = stopped_executors(executors)
