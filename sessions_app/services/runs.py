@@ -24,6 +24,7 @@ from approvals_app.services import exec_approvals_cancel_for_run
 from gateway import background, metrics, sql_reads, state
 from gateway.audit import Actor, audit
 from gateway.exceptions import Busy, Conflict, InvalidRequest
+from gateway.executor_leases import lease_ttl_s, stopped_executors
 from gateway.selectors import live_process_boot_ids
 from openclaw_client.agent.loop import openai_messages
 
@@ -586,18 +587,50 @@ def runs_recover_dead_gateways() -> list[str]:
 
 
 def runs_redispatch_stuck(*, queued_before) -> list[str]:
-    """Queued turns of idle sessions that nobody started (a lost task): dispatch them again."""
+    """Queued turns of idle sessions that nobody started (a lost task): dispatch each such session's oldest one
+    again (its end dispatches the next, so the session's turns keep their order)."""
     stuck = []
     queued = Run.objects.filter(status=RunStatus.QUEUED, created_at__lt=queued_before).select_related("session")
-    for run in queued.order_by("created_at"):
-        busy = Run.objects.filter(session_id=run.session_id, status=RunStatus.RUNNING).exists()
-        if not busy:
-            with transaction.atomic():
-                dispatch_turn_on_commit(run.run_id, run.session)
-            logger.warning(
-                "turn %s dispatched again: queued with nobody running it",
-                run.run_id,
-                extra={"run_id": run.run_id, "session_key": run.session.key},
-            )
-            stuck.append(run.run_id)
+    busy = set(Run.objects.filter(status=RunStatus.RUNNING).values_list("session_id", flat=True))
+    for run in queued.order_by("created_at", "run_id"):
+        if run.session_id in busy:
+            continue
+        busy.add(run.session_id)  # its oldest queued turn is on its way
+        with transaction.atomic():
+            dispatch_turn_on_commit(run.run_id, run.session)
+        logger.warning(
+            "turn %s dispatched again: queued with nobody running it",
+            run.run_id,
+            extra={"run_id": run.run_id, "session_key": run.session.key},
+        )
+        stuck.append(run.run_id)
     return stuck
+
+
+def worker_stopped_reason() -> str:
+    return f"run interrupted: its worker process stopped (no lease renewal for {lease_ttl_s()} s)"
+
+
+@dataclass(frozen=True)
+class StoppedWorkersRecovery:
+    failed: list[str]
+    redispatched: list[str]
+
+
+def runs_recover_stopped_workers() -> StoppedWorkersRecovery:
+    """Fail the running turns of Celery worker processes that stopped renewing their lease (killed, frozen), and
+    dispatch again the oldest queued turn of every idle session: a stopped worker may have taken a turn's task
+    without starting it, and late acknowledgement gives that task back only when the broker notices (RabbitMQ: at
+    once; Redis: after its visibility timeout). A task delivered twice starts its turn once (the claim's
+    compare-and-set). Run by the gateway loop every ``EXECUTOR_WATCH_INTERVAL_MS`` (``lifecycle.on_watch``).
+    """
+    executors = Run.objects.filter(status=RunStatus.RUNNING).values_list("executor", flat=True).distinct()
+    stopped = stopped_executors(executors)
+    if not stopped:
+        return StoppedWorkersRecovery(failed=[], redispatched=[])
+    logger.warning("worker process(es) stopped renewing their lease: %s", ", ".join(sorted(stopped)))
+    # The idle sessions first: the sessions of the failed turns are still busy here, and failing a turn dispatches
+    # its session's next one itself.
+    redispatched = runs_redispatch_stuck(queued_before=timezone.now())
+    failed = runs_recover(stale_before=None, executors=sorted(stopped), reason=worker_stopped_reason())
+    return StoppedWorkersRecovery(failed=failed, redispatched=redispatched)
