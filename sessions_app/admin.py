@@ -19,12 +19,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from gateway import scopes as sc
 from gateway.admin.common import (
     EstimatedCountPaginator,
     ReadOnlyAdmin,
     ReadOnlyTabularInline,
     ViewOnlyObjectsMixin,
     audit_history_link,
+    operator_action,
     per_object_action,
     short_id,
 )
@@ -204,7 +206,7 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     def audit_history(self, obj: Session) -> str:
         return audit_history_link(obj.key, "session")
 
-    @admin.action(description="Reset selected sessions", permissions=["change"])
+    @operator_action("sessions.reset", description="Reset selected sessions")
     def reset_sessions(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
         """A new transcript generation per session; queued turns fail, a running turn blocks it."""
 
@@ -222,7 +224,7 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             act=reset,
         )
 
-    @admin.action(description="Clear stuck initialization (guarded rollback)", permissions=["change"])
+    @operator_action(scope=sc.ADMIN, description="Clear stuck initialization (guarded rollback)")
     def clear_stuck_initializations(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
         """Remove sessions left initializing (a process died mid-fork) through the guarded rollback:
         exactly what the initialization still owns is undone; anything a successor took is kept."""
@@ -365,7 +367,7 @@ class RunAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     def error_short(self, obj: Run) -> str:
         return _preview(obj.error, 60) or "—"
 
-    @admin.action(description="Abort selected turns", permissions=["change"])
+    @operator_action("chat.abort", description="Abort selected turns")
     def abort_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         """Queued turns end at once; a running turn is asked to stop (its runner keeps the partial text)."""
 

@@ -12,11 +12,13 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
+from gateway import scopes as sc
 from gateway.admin.common import (
     EstimatedCountPaginator,
     ReadOnlyAdmin,
     ViewOnlyObjectsMixin,
     audit_history_link,
+    operator_action,
     per_object_action,
 )
 from gateway.audit import Actor
@@ -42,7 +44,7 @@ class PlacementAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     readonly_fields = [*(field.name for field in Placement._meta.fields), "history", "audit_history"]
     actions = ("stop_workers", "recover_to_gateway", "fail_placements")
 
-    @admin.action(description="Stop the worker / reclaim (sessions.reclaim)", permissions=["change"])
+    @operator_action("sessions.reclaim", description="Stop the worker / reclaim (sessions.reclaim)")
     def stop_workers(self, request: HttpRequest, queryset: QuerySet[Placement]) -> None:
         """Active → reclaimed; a dispatch in flight is canceled; failed → local once its teardown is done."""
 
@@ -53,7 +55,7 @@ class PlacementAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
         per_object_action(self, request, queryset, label=_placement_label, skip_reason=lambda p: None, act=stop)
 
-    @admin.action(description="Recover a failed placement to the gateway", permissions=["change"])
+    @operator_action("sessions.reclaim", description="Recover a failed placement to the gateway")
     def recover_to_gateway(self, request: HttpRequest, queryset: QuerySet[Placement]) -> None:
         """Continue on the gateway: failed@generation → local, even when the worker's teardown cannot finish
         (it stays pending for the sweep). Only for the generation read now: a placement that changed since
@@ -67,7 +69,7 @@ class PlacementAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
         per_object_action(self, request, queryset, label=_placement_label, skip_reason=lambda p: None, act=recover)
 
-    @admin.action(description="Fail placement (gives its worker up; asks for confirmation)", permissions=["change"])
+    @operator_action(scope=sc.ADMIN, description="Fail placement (gives its worker up; asks for confirmation)")
     def fail_placements(self, request: HttpRequest, queryset: QuerySet[Placement]) -> TemplateResponse | None:
         """Fail a dispatch or move that stopped moving, or a worker given up, as recovery fails an interrupted
         one: the worker loses ownership, its environment is torn down, the placement ends ``failed`` (then
@@ -206,7 +208,7 @@ class WorkerEnvironmentAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     def audit_history(self, obj: WorkerEnvironment) -> str:
         return audit_history_link(obj.environment_id, "environment")
 
-    @admin.action(description="Retry teardown (environments.destroy, no force)", permissions=["change"])
+    @operator_action("environments.destroy", description="Retry teardown (environments.destroy, no force)")
     def retry_teardowns(self, request: HttpRequest, queryset: QuerySet[WorkerEnvironment]) -> None:
         """An environment whose teardown was requested but did not finish (its provider failed to release
         the lease): the same service as "Destroy environment" asks the provider again. A refusal or a new
@@ -225,7 +227,7 @@ class WorkerEnvironmentAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             act=retry,
         )
 
-    @admin.action(description="Destroy environment (environments.destroy, no force)", permissions=["change"])
+    @operator_action("environments.destroy", description="Destroy environment (environments.destroy, no force)")
     def destroy_environments(self, request: HttpRequest, queryset: QuerySet[WorkerEnvironment]) -> None:
         """Tear the environment down; one attached to a session is refused (stop its worker first)."""
 
