@@ -245,6 +245,11 @@ def nodes(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _nodes_page(request: HttpRequest) -> str:
+    """Back to the nodes page, or to the pairing page for a login that may pair but not read (``node.list``)."""
+    return "ui:nodes" if user_may_call(request.user, "node.list") else "ui:pairing"
+
+
 @require_POST
 @operator_required("node.pair.approve", "node.pair.reject")
 def node_request_decide(request: HttpRequest, request_id: str, decision: str) -> HttpResponse:
@@ -260,7 +265,7 @@ def node_request_decide(request: HttpRequest, request_id: str, decision: str) ->
             messages.success(request, f"Rejected the pairing request of node {rejected.device_id}.")
     except GatewayError as refused:
         messages.error(request, _refusal(refused))
-    return redirect("ui:nodes")
+    return redirect(_nodes_page(request))
 
 
 @operator_required("node.pair.remove")
@@ -272,7 +277,7 @@ def node_remove(request: HttpRequest, node_id: str) -> HttpResponse:
             messages.success(request, f"Removed node {node_id}.")
         except GatewayError as refused:
             messages.error(request, _refusal(refused))
-        return redirect("ui:nodes")
+        return redirect(_nodes_page(request))
     if request.method != "GET":
         return HttpResponse(status=405, headers={"Allow": "GET, POST"})
     # Not the memoized catalog: the confirmation must show the node as it is now.
