@@ -32,6 +32,7 @@ from gateway.admin.common import (
 )
 from gateway.audit import Actor
 from gateway.exceptions import Conflict
+from gateway.redaction import shown_path
 
 from .model_providers.base import ModelProviderErrorKind
 from .models import Run, RunStatus, Session, SessionWindow, ToolArtifact, TranscriptEvent
@@ -175,8 +176,8 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
                     "fork_source_session_key",
                     "fork_source_session_id",
                     "fork_source_entry_id",
-                    "cwd",
-                    "worktree",
+                    "working_directory",
+                    "worktree_shown",
                 )
             },
         ),
@@ -185,6 +186,20 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     )
     # Every field: a session changes only through services (guarded by sessionId/lifecycleRevision).
     readonly_fields = tuple(flatten_fieldsets(fieldsets))
+
+    # Paths on the gateway host are named as sessions.describe names them (relative to the state directory).
+    @admin.display(description="cwd")
+    def working_directory(self, obj: Session) -> str:
+        return shown_path(obj.cwd) if obj.cwd else "—"
+
+    @admin.display(description="worktree")
+    def worktree_shown(self, obj: Session) -> str:
+        if not obj.worktree:
+            return "—"
+        paths = {
+            name: shown_path(value) for name, value in obj.worktree.items() if name in ("path", "repoRoot") and value
+        }
+        return json.dumps({**obj.worktree, **paths}, sort_keys=True)
 
     @admin.display(description="pending", boolean=True, ordering="initialization_pending")
     def is_pending(self, obj: Session) -> bool:

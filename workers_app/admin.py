@@ -5,6 +5,8 @@ audit row (who, what, before, after)."""
 
 from __future__ import annotations
 
+import json
+
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
@@ -22,8 +24,10 @@ from gateway.admin.common import (
     per_object_action,
 )
 from gateway.audit import Actor
+from gateway.redaction import host_paths_out
 
 from .models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementHistory, PlacementMove, WorkerEnvironment
+from .profiles import profile_shown
 from .services import reclaim
 
 HISTORY_SHOWN = 200
@@ -41,8 +45,18 @@ class PlacementAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     list_select_related = ("session",)
-    readonly_fields = [*(field.name for field in Placement._meta.fields), "history", "audit_history"]
+    # The workspace directory as clients see it (a local worker's lies under this host's state directory).
+    readonly_fields = [
+        *(field.name if field.name != "remote_workspace_dir" else "workspace_dir" for field in Placement._meta.fields),
+        "history",
+        "audit_history",
+    ]
+    exclude = ("remote_workspace_dir",)
     actions = ("stop_workers", "recover_to_gateway", "fail_placements")
+
+    @admin.display(description="remote workspace dir")
+    def workspace_dir(self, obj: Placement) -> str:
+        return host_paths_out(obj.remote_workspace_dir) if obj.remote_workspace_dir else "—"
 
     @operator_action("sessions.reclaim", description="Stop the worker / reclaim (sessions.reclaim)")
     def stop_workers(self, request: HttpRequest, queryset: QuerySet[Placement]) -> None:
@@ -196,10 +210,15 @@ class WorkerEnvironmentAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     search_fields = ("environment_id", "lease_id", "node_device_id")
     show_full_result_count = False
     paginator = EstimatedCountPaginator
-    # The SSH key reference stays out of the admin as it stays out of every API.
-    exclude = ("ssh_key_ref",)
+    # The SSH key reference stays out of the admin as it stays out of every API; the profile is shown with its key
+    # file named, not located (the path is the gateway host's).
+    exclude = ("ssh_key_ref", "profile_snapshot")
     readonly_fields = [
-        *(field.name for field in WorkerEnvironment._meta.fields if field.name != "ssh_key_ref"),
+        *(
+            field.name if field.name != "profile_snapshot" else "profile"
+            for field in WorkerEnvironment._meta.fields
+            if field.name != "ssh_key_ref"
+        ),
         "audit_history",
     ]
     actions = ("destroy_environments", "retry_teardowns")
@@ -207,6 +226,10 @@ class WorkerEnvironmentAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     @admin.display(description="audit")
     def audit_history(self, obj: WorkerEnvironment) -> str:
         return audit_history_link(obj.environment_id, "environment")
+
+    @admin.display(description="profile snapshot")
+    def profile(self, obj: WorkerEnvironment) -> str:
+        return json.dumps(profile_shown(obj.profile_snapshot), indent=2, sort_keys=True)
 
     @operator_action("environments.destroy", description="Retry teardown (environments.destroy, no force)")
     def retry_teardowns(self, request: HttpRequest, queryset: QuerySet[WorkerEnvironment]) -> None:
