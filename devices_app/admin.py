@@ -28,6 +28,7 @@ from gateway.admin.common import (
 )
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError
+from gateway.redaction import operator_text
 from gateway.scopes import ROLES
 from gateway.selectors import live_connections
 
@@ -267,7 +268,7 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             try:
                 pairing.paired_device_remove(device_id=device.device_id, actor=actor)
             except GatewayError as exc:
-                skipped.append(f"{device}: {exc.message}")
+                skipped.append(f"{device}: {operator_text(exc)}")
                 continue
             done += 1
             # The row is gone; the in-memory object still carries its pk and label for history.
@@ -320,7 +321,7 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
                 try:
                     tokens.device_token_revoke(device_id=device.device_id, role=role, actor=actor)
                 except GatewayError as exc:
-                    skipped.append(f"{device} ({role} token): {exc.message}")
+                    skipped.append(f"{device} ({role} token): {operator_text(exc)}")
                     continue
                 revoked.append(role)
             if revoked:
@@ -529,7 +530,7 @@ class DeviceTokenAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
                     device_id=token.device_id, role=token.role, scopes=None, actor=actor, show_to_operator=True
                 )
             except GatewayError as exc:
-                skipped.append(f"{token}: {exc.message}")
+                skipped.append(f"{token}: {operator_text(exc)}")
                 continue
             token.refresh_from_db()
             self.log_change(request, token, "Rotated via admin action.")

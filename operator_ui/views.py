@@ -26,6 +26,7 @@ from gateway import scopes
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError, InvalidRequest
 from gateway.protocol import error_path, validation_message
+from gateway.redaction import operator_text
 from gateway.user_scopes import user_has_scope, user_may_call
 from openclaw_site.admin_site import rate_limited_login
 from sessions_app import keys
@@ -216,7 +217,7 @@ def _page_number(raw: str | None) -> int:
 
 def _refusal(refused: ValidationError | GatewayError) -> str:
     if isinstance(refused, GatewayError):
-        return refused.message
+        return operator_text(refused)
     return "; ".join(
         f"{error_path(tuple(item.get('loc', ())))}: {validation_message(item)}" for item in refused.errors()
     )

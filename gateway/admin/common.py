@@ -18,6 +18,7 @@ from django.utils.http import urlencode
 
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError
+from gateway.redaction import operator_text
 from gateway.selectors import process_stale_before
 from gateway.user_scopes import missing_scope
 
@@ -77,7 +78,7 @@ def per_object_action(
         try:
             history = act(obj, actor)
         except GatewayError as exc:
-            skipped.append(f"{label(obj)}: {exc.message}")
+            skipped.append(f"{label(obj)}: {operator_text(exc)}")
             continue
         done += 1
         if deletes:
