@@ -385,7 +385,7 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 LOGIN_URL = "ui:login"
-LOGIN_REDIRECT_URL = "ui:sessions"
+LOGIN_REDIRECT_URL = "ui:home"
 STATIC_URL = "static/"
 STATIC_ROOT = STATE_DIR / "static"
 # Served from the apps' static folders (no collectstatic step): the admin's, ninja's and ours.

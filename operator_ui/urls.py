@@ -1,13 +1,12 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
-from django.views.generic import RedirectView
 
 from . import approval_views, log_views, pairing_views, system_views, usage_views, views
 
 app_name = "ui"
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="ui:sessions", permanent=False)),
+    path("", views.home, name="home"),
     path("login/", views.login, name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="ui:login"), name="logout"),
     path("sessions/", views.sessions_list, name="sessions"),
