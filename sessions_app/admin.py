@@ -155,6 +155,7 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
                     "agent_id",
                     "session_id",
                     "lifecycle_revision",
+                    "revision",
                     "initialization_pending",
                     "status",
                     "last_run_id",
@@ -181,7 +182,7 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
         ("Model", {"fields": ("model_provider", "model", "input_tokens", "output_tokens")}),
         ("Timestamps", {"fields": ("created_at", "updated_at", "last_interaction_at")}),
     )
-    # Every field: a session changes only through services (guarded by sessionId/lifecycleRevision).
+    # Every field: a session changes only through services (guarded by sessionId/lifecycleRevision/revision).
     readonly_fields = tuple(flatten_fieldsets(fieldsets))
 
     @admin.display(description="pending", boolean=True, ordering="initialization_pending")

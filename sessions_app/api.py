@@ -139,13 +139,15 @@ def session_describe(request: HttpRequest, key: str):
     exclude_unset=True,
 )
 def session_patch(request: HttpRequest, key: str, payload: SessionChanges):
-    """``sessions.patch``: only the fields sent change; ``expectedSessionId`` /
-    ``expectedLifecycleRevision`` refuse the change (409) when the session moved on."""
+    """``sessions.patch``: only the fields sent change; ``expectedRevision`` (the row's ``revision``) refuses the
+    change (409) when the row was written since, ``expectedSessionId`` / ``expectedLifecycleRevision`` when the
+    session was reset or changed owner."""
     session = sessions.session_patch(
         key=_key(key),
         changes=payload.changes(),
         expected_session_id=payload.expectedSessionId,
         expected_lifecycle_revision=payload.expectedLifecycleRevision,
+        expected_revision=payload.expectedRevision,
     )
     return selectors.session_entry_payload(session, resolved=True)
 
@@ -160,6 +162,7 @@ def session_delete(request: HttpRequest, key: str, expected: Query[ExpectedRevis
         key=key,
         expected_session_id=expected.expectedSessionId,
         expected_lifecycle_revision=expected.expectedLifecycleRevision,
+        expected_revision=expected.expectedRevision,
     )
     if not deleted:
         raise NotFound(f"session not found: {key}")
