@@ -104,6 +104,8 @@ def session_detail(request: HttpRequest, key: str) -> HttpResponse:
             # Cloud profiles are an admin's choice on the wire too (operator.admin).
             "dispatch_profiles": [profile.id for profile in profiles_all()] if request.user.is_staff else [],
             "running": any(item.status in (RunStatus.QUEUED, RunStatus.RUNNING) for item in recent),
+            # sessions.patch|reset|delete need operator.admin on the wire (session_settings_views.py).
+            "can_change_session": _staff(request),
             "session": session,
             "history": history,
             "runs": [{"run": run, "duration_ms": _duration_ms(run)} for run in recent],

@@ -117,8 +117,11 @@ def session_patch(
     expected_session_id: str | None = None,
     expected_lifecycle_revision: str | None = None,
     expected_revision: int | None = None,
+    actor: Actor | None = None,
 ) -> Session:
-    """Change display and model fields; with ``expected_revision``, only the row the caller read."""
+    """Change display and model fields; with ``expected_revision``, only the row the caller read.
+
+    With ``actor`` (operator UI) the change is also written to the audit log."""
     if not changes:
         raise InvalidRequest("sessions.patch needs at least one change")
     unknown = set(changes) - PATCHED_FIELDS.keys()
@@ -146,6 +149,8 @@ def session_patch(
         if "model" in changes:
             session.model = (changes["model"] or "").strip()[:200]
         session_write(session, *(PATCHED_FIELDS[name] for name in changes))
+        if actor is not None:
+            audit(actor, "session.patch", "session", key, {"changes": changes, "revision": session.revision})
         events.publish_session_changed_on_commit(session, reason="patch")
     return session
 
@@ -202,11 +207,13 @@ def session_delete(
     expected_session_id: str | None = None,
     expected_lifecycle_revision: str | None = None,
     expected_revision: int | None = None,
+    actor: Actor | None = None,
 ) -> bool:
     """Delete a session with its windows, transcript and runs; a running turn blocks deletion.
 
     A session owned by an agent harness is deleted through the harness's deletion participant
     (which removes its binding after the commit); a pending one only by clearing its initialization.
+    With ``actor`` (operator UI) the deletion is also written to the audit log.
     """
     with transaction.atomic():
         session = Session.objects.select_for_update(no_key=True).filter(key=key).first()
@@ -223,11 +230,16 @@ def session_delete(
         if session.initialization_pending:
             raise Busy(f"Session {key} is initializing; retry later.", retryable=True)
         placements().check_action(session, SessionAction.DELETE)
+        deleted = {"sessionId": session.session_id, "revision": session.revision}
         if not session.agent_harness_id:
             session_delete_row(session)
+            if actor is not None:
+                audit(actor, "session.delete", "session", key, deleted)
             events.publish_session_changed_on_commit(session, reason="delete", deleted=True)
             return True
         expected = {k: v for k, v in Session.objects.filter(pk=session.pk).values().first().items()}
     if not delete_session_guarded(key=key, expected=expected, purpose="delete"):
         raise Conflict(f"Session {key} changed; retry.", details={"code": "SESSION_CHANGED"})
+    if actor is not None:
+        audit(actor, "session.delete", "session", key, deleted)
     return True
