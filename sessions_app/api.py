@@ -22,7 +22,7 @@ from .schemas import (
     AbortTarget,
     ChatAbortOut,
     ChatHistoryOut,
-    ExpectedRevision,
+    DeleteGuards,
     ForkEntry,
     HistoryPage,
     MessageIn,
@@ -155,7 +155,7 @@ def session_patch(request: HttpRequest, key: str, payload: SessionChanges):
 @router.delete(
     "/{key}", response={200: SessionDeletedOut, **error_responses(404, 409, 503)}, summary="Delete a session"
 )
-def session_delete(request: HttpRequest, key: str, expected: Query[ExpectedRevision]):
+def session_delete(request: HttpRequest, key: str, expected: Query[DeleteGuards]):
     """``sessions.delete``, guarded like ``PATCH``; refused while a turn of the session runs."""
     key = _key(key)
     deleted = sessions.session_delete(
@@ -163,6 +163,7 @@ def session_delete(request: HttpRequest, key: str, expected: Query[ExpectedRevis
         expected_session_id=expected.expectedSessionId,
         expected_lifecycle_revision=expected.expectedLifecycleRevision,
         expected_revision=expected.expectedRevision,
+        expected_updated_at_ms=expected.expectedSessionUpdatedAt,
     )
     if not deleted:
         raise NotFound(f"session not found: {key}")

@@ -84,6 +84,7 @@ def sessions_delete_rpc(ctx: RpcContext, params: SessionsDeleteParams) -> dict:
         expected_session_id=params.expectedSessionId,
         expected_lifecycle_revision=params.expectedLifecycleRevision,
         expected_revision=params.expectedRevision,
+        expected_updated_at_ms=params.expectedSessionUpdatedAt,
     )
     return {"ok": True, "key": key, "deleted": deleted, "archived": []}
 

@@ -111,7 +111,15 @@ class SessionsResetParams(ExpectedRevision, SessionRef):
     reason: Literal["new", "reset"] = "reset"
 
 
-class SessionsDeleteParams(ExpectedRevision, SessionRef):
+class DeleteGuards(ExpectedRevision):
+    """``sessions.delete``'s guards: those of every guarded mutation, and OpenClaw's ``expectedSessionUpdatedAt``
+    (the row's ``updatedAt`` in epoch ms, as the rows show it; two writes within one millisecond look alike to
+    it, which ``expectedRevision`` tells apart)."""
+
+    expectedSessionUpdatedAt: Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)] | None = None
+
+
+class SessionsDeleteParams(DeleteGuards, SessionRef):
     deleteTranscript: bool | None = None
 
 

@@ -52,12 +52,14 @@ def check_expected(
     session_id: str | None = None,
     lifecycle_revision: str | None = None,
     revision: int | None = None,
+    updated_at_ms: int | None = None,
 ) -> None:
     """Refuse (:func:`session_changed`) when the locked row is not what the caller says it read."""
     if (
         (session_id is not None and session_id != session.session_id)
         or (lifecycle_revision is not None and lifecycle_revision != session.lifecycle_revision)
         or (revision is not None and revision != session.revision)
+        or (updated_at_ms is not None and updated_at_ms != int(session.updated_at.timestamp() * 1000))
     ):
         raise session_changed(session, expected_revision=revision)
 

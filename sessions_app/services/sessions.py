@@ -207,6 +207,7 @@ def session_delete(
     expected_session_id: str | None = None,
     expected_lifecycle_revision: str | None = None,
     expected_revision: int | None = None,
+    expected_updated_at_ms: int | None = None,
     actor: Actor | None = None,
 ) -> bool:
     """Delete a session with its windows, transcript and runs; a running turn blocks deletion.
@@ -224,6 +225,7 @@ def session_delete(
             session_id=expected_session_id,
             lifecycle_revision=expected_lifecycle_revision,
             revision=expected_revision,
+            updated_at_ms=expected_updated_at_ms,
         )
         if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
             raise Busy("Delete is unavailable while the agent is working; abort the run first.", retryable=True)

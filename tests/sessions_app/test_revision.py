@@ -203,3 +203,19 @@ def test_a_write_to_a_row_that_is_gone_says_so():
 
     with pytest.raises(NotFound, match="session not found: agent:main:rev"):
         session_write(copy, "label")
+
+
+def test_a_delete_guarded_by_openclaws_updated_at_refuses_a_row_written_since():
+    """``expectedSessionUpdatedAt`` (OpenClaw's sessions.delete guard): the row's ``updatedAt`` as rows show it."""
+    session = make()
+    Session.objects.filter(pk=session.pk).update(updated_at=timezone.now() - timedelta(seconds=5))
+    seen = selectors.session_row_of(session.key)["updatedAt"]
+    sessions.session_patch(key=session.key, changes={"label": "written since"})
+
+    with pytest.raises(Conflict, match=r"^Session agent:main:rev changed; retry\.$"):
+        sessions_delete_rpc(None, SessionsDeleteParams(key=session.key, expectedSessionUpdatedAt=seen))
+    current = selectors.session_row_of(session.key)["updatedAt"]
+    deleted = sessions_delete_rpc(None, SessionsDeleteParams(key=session.key, expectedSessionUpdatedAt=current))
+
+    assert deleted["deleted"] is True
+    assert not Session.objects.filter(key=session.key).exists()
