@@ -158,6 +158,7 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
                     "agent_id",
                     "session_id",
                     "lifecycle_revision",
+                    "revision",
                     "initialization_pending",
                     "status",
                     "last_run_id",
@@ -184,7 +185,7 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
         ("Model", {"fields": ("model_provider", "model", "input_tokens", "output_tokens")}),
         ("Timestamps", {"fields": ("created_at", "updated_at", "last_interaction_at")}),
     )
-    # Every field: a session changes only through services (guarded by sessionId/lifecycleRevision).
+    # Every field: a session changes only through services (guarded by sessionId/lifecycleRevision/revision).
     readonly_fields = tuple(flatten_fieldsets(fieldsets))
 
     # Paths on the gateway host are named as sessions.describe names them (relative to the state directory).

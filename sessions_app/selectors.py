@@ -63,6 +63,7 @@ def _own_row(session: Session) -> dict:
         "agentId": session.agent_id,
         "sessionId": session.session_id,
         "lifecycleRevision": session.lifecycle_revision,
+        "revision": session.revision,
     }
     if session.updated_at:
         row["updatedAt"] = int(session.updated_at.timestamp() * 1000)

@@ -33,6 +33,7 @@ from ..events import TurnEmitter
 from ..models import Run, RunStatus, Session, SessionWindow, ToolArtifact, TranscriptEvent, new_id
 from ..ports import SessionAction, placements
 from ..selectors import newest_message_bodies
+from .rows import session_write
 from .sessions import session_for_turn, session_lock
 from .transcripts import message_body, transcript_append
 
@@ -128,7 +129,7 @@ def run_submit(*, session_key: str, message: str, idempotency_key: str, origin_c
             )
             session.last_interaction_at = timezone.now()
             session.last_run_id = run.run_id
-            session.save(update_fields=["last_interaction_at", "last_run_id", "updated_at"])
+            session_write(session, "last_interaction_at", "last_run_id")
             dispatch_turn_on_commit(run.run_id, session)
     except IntegrityError:
         # A concurrent send with the same key won the insert.
@@ -215,7 +216,7 @@ def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
         for field, value in claim.items():
             setattr(run, field, value)
         session.status = "running"
-        session.save(update_fields=["status", "updated_at"])
+        session_write(session, "status")
         history = active_path_messages(run.window)
         events.publish_session_changed_on_commit(session, reason="send", phase="start", run_id=run.run_id)
     return ClaimedTurn(run=run, session=session, history=history)
@@ -457,7 +458,7 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
             session.output_tokens += int(outcome.usage.get("output") or 0)
         if not session.model and outcome.model:
             session.model, session.model_provider = outcome.model, outcome.model_provider
-        session.save(update_fields=["status", "input_tokens", "output_tokens", "model", "model_provider", "updated_at"])
+        session_write(session, "status", "input_tokens", "output_tokens", "model", "model_provider")
         next_run = (
             Run.objects.filter(session=session, status=RunStatus.QUEUED)
             .order_by("created_at")
@@ -561,7 +562,7 @@ def runs_recover(*, stale_before, reason: str, executors: list[str] | None = Non
             _record_turn_end(run)
             _log_failed_turn_on_commit(run, session, reason=reason, kind="interrupted")
             session.status = "failed"
-            session.save(update_fields=["status", "updated_at"])
+            session_write(session, "status")
             events.publish_turn_end_on_commit(run, session)
             _clear_abort_on_commit(run)
             next_run = Run.objects.filter(session=session, status=RunStatus.QUEUED).order_by("created_at").first()
