@@ -1,6 +1,6 @@
 """The session page's settings card: label, archive, reset, delete through sessions.patch|reset|delete's services,
-for logins holding those methods' scope (operator.admin), each form sending the revision the page showed; a page older than the session changes nothing
-and says another operator (or a turn) changed it first."""
+for logins holding those methods' scope (operator.admin), each form sending the revision the page showed; a page
+older than the session changes nothing and says another operator (or a turn) changed it first."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from gateway.audit import Actor
 from gateway.models import AuditLog
 from sessions_app.models import Run, Session, SessionWindow
 from sessions_app.services import runs, sessions
-from tests.support.operators import operator_user
 from tests.operator_ui.test_views import make
+from tests.support.operators import operator_user
 
 pytestmark = pytest.mark.django_db
 
