@@ -68,6 +68,7 @@ def sessions_patch_rpc(ctx: RpcContext, params: SessionsPatchParams) -> dict:
         changes=params.changes(),
         expected_session_id=params.expectedSessionId,
         expected_lifecycle_revision=params.expectedLifecycleRevision,
+        expected_revision=params.expectedRevision,
     )
     return selectors.session_entry_payload(session, resolved=True)
 
@@ -79,6 +80,7 @@ def sessions_reset_rpc(ctx: RpcContext, params: SessionsResetParams) -> dict:
         reason=params.reason,
         expected_session_id=params.expectedSessionId,
         expected_lifecycle_revision=params.expectedLifecycleRevision,
+        expected_revision=params.expectedRevision,
     )
     return selectors.session_entry_payload(session)
 
@@ -90,6 +92,8 @@ def sessions_delete_rpc(ctx: RpcContext, params: SessionsDeleteParams) -> dict:
         key=key,
         expected_session_id=params.expectedSessionId,
         expected_lifecycle_revision=params.expectedLifecycleRevision,
+        expected_revision=params.expectedRevision,
+        expected_updated_at_ms=params.expectedSessionUpdatedAt,
     )
     return {"ok": True, "key": key, "deleted": deleted, "archived": []}
 

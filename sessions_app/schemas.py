@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import Field, model_validator
 
-from gateway.protocol import ClosedModel, NulCheckedByService
+from gateway.protocol import MAX_SAFE_INTEGER, ClosedModel, NulCheckedByService
 from gateway.schemas import OpenSchema
 
 WORKTREE_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
@@ -24,6 +24,8 @@ Label = Annotated[str | None, Field(max_length=200)]
 Category = Annotated[str | None, Field(max_length=100)]
 ModelName = Annotated[str | None, Field(max_length=200)]
 ListLimit = Annotated[int, Field(ge=1, le=1000)]
+# A session row's ``revision`` (``Session.revision``): 1 when created, +1 on every write.
+Revision = Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
 HistoryLimit = Annotated[int, Field(ge=1, le=1000)]
 WaitTimeoutMs = Annotated[int, Field(ge=0, le=MAX_WAIT_MS)]
 # A turn's text: the run service refuses NUL with the reference's own message
@@ -39,10 +41,13 @@ class SessionRef(ClosedModel):
 
 
 class ExpectedRevision(ClosedModel):
-    """Guarded mutations: refused when the session changed since the caller read it."""
+    """Guarded mutations: refused when the session changed since the caller read it. ``expectedSessionId`` /
+    ``expectedLifecycleRevision`` (OpenClaw's) catch a reset or a new owner; ``expectedRevision`` (this
+    gateway's: the row's ``revision``) catches any write of the row."""
 
     expectedSessionId: str | None = None
     expectedLifecycleRevision: str | None = None
+    expectedRevision: Revision | None = None
 
 
 # --- sessions.* -------------------------------------------------------------------------------
@@ -106,7 +111,15 @@ class SessionsResetParams(ExpectedRevision, SessionRef):
     reason: Literal["new", "reset"] = "reset"
 
 
-class SessionsDeleteParams(ExpectedRevision, SessionRef):
+class DeleteGuards(ExpectedRevision):
+    """``sessions.delete``'s guards: those of every guarded mutation, and OpenClaw's ``expectedSessionUpdatedAt``
+    (the row's ``updatedAt`` in epoch ms, as the rows show it; two writes within one millisecond look alike to
+    it, which ``expectedRevision`` tells apart)."""
+
+    expectedSessionUpdatedAt: Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)] | None = None
+
+
+class SessionsDeleteParams(DeleteGuards, SessionRef):
     deleteTranscript: bool | None = None
 
 
@@ -311,6 +324,7 @@ class SessionRowOut(OpenSchema):
     agentId: str
     sessionId: str
     lifecycleRevision: str
+    revision: int
     updatedAt: int | None = None
     createdAt: int | None = None
     lastInteractionAt: int | None = None

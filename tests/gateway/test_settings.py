@@ -38,6 +38,11 @@ READS = re.compile(r'(?:env_[a-z_]+|os\.environ\.get|getenv)\(\s*"([A-Z][A-Z0-9_
             {"OPENCLAW_PROCESS_STALE_AFTER_MS": "1000", "OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS": "2000"},
             "OPENCLAW_PROCESS_STALE_AFTER_MS must be longer than OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS",
         ),
+        (
+            {"OPENCLAW_EXECUTOR_LEASE_TTL_MS": "3000", "OPENCLAW_EXECUTOR_LEASE_RENEW_MS": "2000"},
+            "OPENCLAW_EXECUTOR_LEASE_TTL_MS must be at least twice OPENCLAW_EXECUTOR_LEASE_RENEW_MS",
+        ),
+        ({"OPENCLAW_EXECUTOR_LEASE_TTL_MS": "500"}, "OPENCLAW_EXECUTOR_LEASE_TTL_MS must be at least 1000, not 500"),
         ({"OPENCLAW_AGENT_MAX_STEPS": "0"}, "OPENCLAW_AGENT_MAX_STEPS must be at least 1, not 0"),
         ({"OPENCLAW_HTTP_HEAD_TIMEOUT_MS": "50"}, "OPENCLAW_HTTP_HEAD_TIMEOUT_MS must be at least 100, not 50"),
         (
