@@ -167,7 +167,7 @@ def status_text(status: SessionStatus, *, now: datetime | None = None) -> str:
         "",
         f"🧠 Model: {model}" + (" (configured default)" if model == default else f" (default: {default})"),
         f"🧮 Tokens: {status.input_tokens} in / {status.output_tokens} out",
-        f"📚 Context: {status.messages} message{'s' if status.messages != 1 else ''} in this transcript",
+        f"📚 Transcript: {status.messages} message{'s' if status.messages != 1 else ''}",
         "",
         f"🧵 Session: {status.session_key} · id {status.session_id}" + _updated(status.updated_at, now),
         f"⚙️ Execution: {_execution(status.placement)}",

@@ -112,3 +112,52 @@ def test_a_reset_needs_operator_admin_and_a_command_needs_operator_write(model_g
     assert _reply(allowed).startswith("🦞 OpenClaw gateway")
     assert unwritable.code == "INVALID_REQUEST" and "operator.write" in unwritable.message
     assert mock_openai.requests == []
+
+
+def test_reset_during_a_turn_aborts_it_and_the_fresh_transcript_takes_turns_at_once(model_gateway, mock_openai):
+    mock_openai.hold("HOLD-RESET")
+
+    async def scenario():
+        client = operator(model_gateway)
+        await client.connect()
+        key = (await client.request("sessions.create", {"key": "busy"}))["key"]
+        before = (await client.request("sessions.describe", {"key": key}))["session"]
+        await client.request("chat.send", {"sessionKey": key, "message": "HOLD-RESET now", "idempotencyKey": "t1"})
+        async with asyncio.timeout(20):
+            while "HOLD-RESET" not in mock_openai.held():  # the turn is running: its model call is held
+                await asyncio.sleep(0.05)
+        await client.request("chat.send", {"sessionKey": key, "message": "/reset", "idempotencyKey": "c-reset"})
+        ends = {}  # the terminal chat event of the held turn and the command's reply, in whichever order they come
+        while len(ends) < 2:
+            frame = await client.next_event(
+                "chat",
+                predicate=lambda f: f["payload"]["runId"] in ("t1", "c-reset") and f["payload"]["state"] != "delta",
+            )
+            ends[frame["payload"]["runId"]] = frame
+        reset, aborted = ends["c-reset"], ends["t1"]
+        stopped = await client.request("agent.wait", {"runId": "t1", "timeoutMs": 10_000})
+        await client.request(
+            "chat.send", {"sessionKey": key, "message": "Reply exactly: AFTER", "idempotencyKey": "t2"}
+        )
+        after = await client.request("agent.wait", {"runId": "t2", "timeoutMs": 20_000})
+        history = await client.request("chat.history", {"sessionKey": key})
+        renewed = (await client.request("sessions.describe", {"key": key}))["session"]
+        await client.close()
+        return before, reset, aborted, stopped, after, history, renewed
+
+    try:
+        before, reset, aborted, stopped, after, history, renewed = asyncio.run(scenario())
+    finally:
+        mock_openai.release()
+    assert _reply(reset) == "✅ Session reset."
+    assert aborted["payload"]["state"] == "aborted"
+    assert stopped["status"] == "error" and stopped.get("aborted") is True
+    assert after["status"] == "ok" and after["outputText"] == "AFTER"
+    assert renewed["sessionId"] != before["sessionId"]
+    assert mock_openai.requests[-1]["messages"] == [{"role": "user", "content": "Reply exactly: AFTER"}]
+    assert [(m["role"], m["content"][0]["text"]) for m in history["messages"]] == [
+        ("user", "/reset"),
+        ("assistant", "✅ Session reset."),
+        ("user", "Reply exactly: AFTER"),
+        ("assistant", "AFTER"),
+    ]

@@ -167,7 +167,7 @@ def test_status_reports_the_running_turn_the_queue_and_the_tokens(session):
     reply = reply_of(send("/status", "s1").run.run_id)
     assert "🧮 Tokens: 1200 in / 34 out" in reply
     assert "🪢 Turns: a turn is running, 1 queued" in reply
-    assert "📚 Context: 1 message in this transcript" in reply  # the running turn's user message
+    assert "📚 Transcript: 1 message" in reply  # the running turn's user message
 
 
 def test_help_lists_the_commands_of_the_table(session, mock_model):
