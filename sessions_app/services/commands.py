@@ -31,6 +31,8 @@ from .transcripts import message_body, transcript_append
 # Replies are authored by the gateway, not a model (OpenClaw's provenance of such transcript entries).
 REPLY_PROVIDER = "openclaw"
 REPLY_MODEL = "gateway-injected"
+# sessions.patch's bound on a model name (schemas.ModelName).
+MODEL_MAX_LENGTH = 200
 
 
 def chat_submit(
@@ -125,10 +127,6 @@ def _model(session: Session, request: _Request) -> SubmitResult:
         return _answer(session, request, cmd.model_default_text(provider=provider, default_model=default))
     session_patch(key=session.key, changes={"model": model})
     return _answer(session, request, cmd.model_set_text(provider=provider, model=model))
-
-
-# sessions.patch's bound on a model name (schemas.ModelName).
-MODEL_MAX_LENGTH = 200
 
 
 def _new(session: Session, request: _Request) -> SubmitResult:
