@@ -41,8 +41,19 @@ POSTGRES_SCHEMES = ("postgres", "postgresql", "pgsql")
 # The platform the fixture's devices paired with (make_fixtures.py pins it).
 DEVICE_PLATFORM = "linux"
 # Tables the migration machinery appends to (new migrations, new models' content types and
-# permissions): every row that was there must still be there, unchanged, but rows may be added.
-APPEND_ONLY_TABLES = frozenset({"django_migrations", "django_content_type", "auth_permission"})
+# permissions), and those the operator-scope migration (gateway 0005: one group per scope, existing logins put in
+# the group of what they could do before) appends to: every row that was there must still be there, unchanged, but
+# rows may be added.
+APPEND_ONLY_TABLES = frozenset(
+    {
+        "django_migrations",
+        "django_content_type",
+        "auth_permission",
+        "auth_group",
+        "auth_group_permissions",
+        "auth_user_groups",
+    }
+)
 # Models that moved to another app since: their content type rows are renamed in place (same id, so their
 # permissions and admin history keep pointing at them); every other column of those rows is unchanged.
 MOVED_MODELS = {("gateway", model): "devices_app" for model in ("paireddevice", "devicepairingrequest", "devicetoken")}
