@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from psycopg_pool import PoolTimeout
+
 
 class GatewayError(Exception):
     code = "UNAVAILABLE"
@@ -103,6 +105,18 @@ class InternalError(Unavailable):
     http_status = 500
 
 
+class DatabaseBusy(InternalError):
+    """Every database connection of this process stayed in use for the pool's whole wait
+    (``OPENCLAW_DB_POOL_TIMEOUT_MS``): the operation did not reach the database at that step. ``UNAVAILABLE``,
+    retryable, as every internal error; over HTTP a 503 (the server is overloaded, not broken)."""
+
+    http_status = 503
+
+
+DATABASE_BUSY_MESSAGE = "the gateway's database connections are all in use; retry shortly"
+DATABASE_BUSY_RETRY_MS = 1000
+
+
 class HandshakeRejected(Exception):
     """A connect that must be answered with an error and then closed with ``close_code``."""
 
@@ -172,11 +186,34 @@ def internal_error(
     same reference, so an operator can find it from the client's report.
     """
     error_id = uuid.uuid4().hex[:16]
+    failure = exc if exc is not None else sys.exception()
+    if pool_exhausted(failure):
+        # Load, not a bug: one line, no traceback; the client is told plainly and may retry.
+        logger.warning("%s: no database connection was free (errorId=%s)", context, error_id)
+        _report_internal_error(error_id, context, failure)
+        return DatabaseBusy(
+            DATABASE_BUSY_MESSAGE,
+            details={**(details or {}), "code": "DATABASE_BUSY", "errorId": error_id},
+            retryable=True,
+            retry_after_ms=DATABASE_BUSY_RETRY_MS,
+        )
     logger.error("%s failed (errorId=%s)", context, error_id, exc_info=exc if exc is not None else True)
-    _report_internal_error(error_id, context, exc if exc is not None else sys.exception())
+    _report_internal_error(error_id, context, failure)
     return InternalError(
         f"{summary}; reference {error_id}", details={**(details or {}), "errorId": error_id}, retryable=True
     )
+
+
+def pool_exhausted(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is psycopg's pool giving up on a free connection (Django raises it wrapped in its own
+    ``OperationalError``, the pool's ``PoolTimeout`` as its cause)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, PoolTimeout):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class FrameRejected(InvalidRequest):
