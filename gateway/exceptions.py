@@ -105,16 +105,18 @@ class InternalError(Unavailable):
     http_status = 500
 
 
-class DatabaseBusy(InternalError):
-    """Every database connection of this process stayed in use for the pool's whole wait
-    (``OPENCLAW_DB_POOL_TIMEOUT_MS``): the operation did not reach the database at that step. ``UNAVAILABLE``,
-    retryable, as every internal error; over HTTP a 503 (the server is overloaded, not broken)."""
+class DatabaseUnavailable(InternalError):
+    """No pooled database connection came free within the pool's wait (``OPENCLAW_DB_POOL_TIMEOUT_MS``): every one
+    in use, or the database unreachable. The step that asked did not reach the database. ``UNAVAILABLE``,
+    retryable, as every internal error; over HTTP a 503 (overloaded or cut off, not broken)."""
 
     http_status = 503
 
 
-DATABASE_BUSY_MESSAGE = "the gateway's database connections are all in use; retry shortly"
-DATABASE_BUSY_RETRY_MS = 1000
+DATABASE_UNAVAILABLE_MESSAGE = (
+    "the gateway could not get a database connection in time (all in use, or the database unreachable); retry shortly"
+)
+DATABASE_UNAVAILABLE_RETRY_MS = 1000
 
 
 class HandshakeRejected(Exception):
@@ -188,14 +190,14 @@ def internal_error(
     error_id = uuid.uuid4().hex[:16]
     failure = exc if exc is not None else sys.exception()
     if pool_exhausted(failure):
-        # Load, not a bug: one line, no traceback; the client is told plainly and may retry.
-        logger.warning("%s: no database connection was free (errorId=%s)", context, error_id)
+        # Load or an outage, not a bug: one line, no traceback; the client is told plainly and may retry.
+        logger.warning("%s: no database connection could be had in time (errorId=%s)", context, error_id)
         _report_internal_error(error_id, context, failure)
-        return DatabaseBusy(
-            DATABASE_BUSY_MESSAGE,
-            details={**(details or {}), "code": "DATABASE_BUSY", "errorId": error_id},
+        return DatabaseUnavailable(
+            DATABASE_UNAVAILABLE_MESSAGE,
+            details={**(details or {}), "code": "DATABASE_UNAVAILABLE", "errorId": error_id},
             retryable=True,
-            retry_after_ms=DATABASE_BUSY_RETRY_MS,
+            retry_after_ms=DATABASE_UNAVAILABLE_RETRY_MS,
         )
     logger.error("%s failed (errorId=%s)", context, error_id, exc_info=exc if exc is not None else True)
     _report_internal_error(error_id, context, failure)

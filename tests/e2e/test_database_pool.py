@@ -2,8 +2,8 @@
 one while it waits on something else (issue 27; docs/architecture.md, "Waiting").
 
 1. Every connection in use (the pool held full by a call blocked on a table lock): other calls answer at once
-   with a clear, retryable ``UNAVAILABLE`` (``DATABASE_BUSY``) — before the blocked call is let go, so none waited
-   for a connection to come back — and change nothing; over HTTP a 503 with the same error.
+   with a clear, retryable ``UNAVAILABLE`` (``DATABASE_UNAVAILABLE``) — before the blocked call is let go, so none
+   waited for a connection to come back — and change nothing; over HTTP a 503 with the same error.
 2. A gateway with a single pooled connection still serves calls while a turn waits on the model, dispatches a
    session to a ``local`` worker profile (the provider waits for its node host, whose connect needs the
    connection) and moves it back (the provider's destroy writes the node's records): each would have waited on
@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from django.db import connection
 
+from gateway.exceptions import DATABASE_UNAVAILABLE_MESSAGE
 from openclaw_client.client import GatewayError
 from sessions_app.models import Session
 from tests.e2e.test_seed_004_paired_node_worker_lifecycle import Wire, model_env, publish_workspace
@@ -29,7 +30,7 @@ from tests.support.processes import current_database_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-BUSY = "the gateway's database connections are all in use; retry shortly"
+BUSY = DATABASE_UNAVAILABLE_MESSAGE
 PROFILES = {"local-one": {"provider": "local", "settings": {"capacity": 1, "capacityWaitMs": 500}}}
 
 
@@ -51,7 +52,7 @@ def _waiting_on_a_lock(pid: int) -> bool:
 
 def assert_busy(error: GatewayError) -> None:
     assert (error.code, error.message, error.retryable) == ("UNAVAILABLE", BUSY, True)
-    assert error.details["code"] == "DATABASE_BUSY" and len(error.details["errorId"]) == 16
+    assert error.details["code"] == "DATABASE_UNAVAILABLE" and len(error.details["errorId"]) == 16
     assert error.retry_after_ms == 1000
 
 
@@ -107,7 +108,7 @@ def test_calls_that_find_every_connection_in_use_answer_unavailable_at_once_and_
     assert not Session.objects.filter(key__in=["agent:main:never", "agent:main:never-http"]).exists()
     # Logged as load (one line, with the reference), not as a failure with a traceback.
     log = gateway.log()
-    assert "gateway method sessions.patch: no database connection was free (errorId=" in log
+    assert "gateway method sessions.patch: no database connection could be had in time (errorId=" in log
     assert "Traceback" not in log
 
 
@@ -157,4 +158,4 @@ def test_one_pooled_connection_serves_calls_while_threads_wait_on_the_model_a_pr
             await client.close()
 
     asyncio.run(scenario())
-    assert "no database connection was free" not in gateway.log()
+    assert "no database connection could be had in time" not in gateway.log()

@@ -1,8 +1,8 @@
-"""Running out of database connections is load, told plainly (issue 27): ``internal_error`` — the one place unexpected
-exceptions become client errors, for the RPC, the JSON API and the socket — makes psycopg's pool timeout (as
-Django raises it: its ``OperationalError`` caused by the pool's ``PoolTimeout``) a retryable ``UNAVAILABLE`` that
-says what happened, a 503 over HTTP, logged as one line without a traceback. Any other database error stays an
-internal error told by reference only."""
+"""Getting no database connection in time (all in use, or the database unreachable) is told plainly (issue 27):
+``internal_error`` — the one place unexpected exceptions become client errors, for the RPC, the JSON API and the
+socket — makes psycopg's pool timeout (as Django raises it: its ``OperationalError`` caused by the pool's
+``PoolTimeout``) a retryable ``UNAVAILABLE`` that says what happened, a 503 over HTTP, logged as one line without a
+traceback. Any other database error stays an internal error told by reference only."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ import pytest
 from django.db import OperationalError
 from psycopg_pool import PoolTimeout
 
-from gateway.exceptions import DatabaseBusy, InternalError, internal_error, pool_exhausted
+from gateway.exceptions import (
+    DATABASE_UNAVAILABLE_MESSAGE,
+    DatabaseUnavailable,
+    InternalError,
+    internal_error,
+    pool_exhausted,
+)
 from operations_app.errors import error_recorder
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,25 +44,28 @@ def exhausted() -> OperationalError:
         return wrapped
 
 
-def test_an_exhausted_pool_is_answered_as_busy_and_retryable(caplog):
+def test_an_exhausted_pool_is_answered_as_such_and_retryable(caplog):
     caplog.set_level(logging.WARNING, logger=__name__)
     try:
         raise exhausted()
     except OperationalError:
         error = internal_error(logger, "gateway method sessions.patch")
 
-    assert isinstance(error, DatabaseBusy) and error.http_status == 503
+    assert isinstance(error, DatabaseUnavailable) and error.http_status == 503
     error_id = error.details["errorId"]
     assert error.to_shape() == {
         "code": "UNAVAILABLE",
-        "message": "the gateway's database connections are all in use; retry shortly",
-        "details": {"code": "DATABASE_BUSY", "errorId": error_id},
+        "message": DATABASE_UNAVAILABLE_MESSAGE,
+        "details": {"code": "DATABASE_UNAVAILABLE", "errorId": error_id},
         "retryable": True,
         "retryAfterMs": 1000,
     }
     (record,) = caplog.records
     assert record.levelno == logging.WARNING and record.exc_info is None
-    assert record.getMessage() == f"gateway method sessions.patch: no database connection was free (errorId={error_id})"
+    assert (
+        record.getMessage()
+        == f"gateway method sessions.patch: no database connection could be had in time (errorId={error_id})"
+    )
 
 
 def test_pool_exhaustion_is_found_through_any_chain_of_causes():
