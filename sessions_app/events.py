@@ -46,6 +46,7 @@ def session_event_fields(session: Session) -> dict[str, Any]:
         "agentId": session.agent_id,
         "sessionId": session.session_id,
         "lifecycleRevision": session.lifecycle_revision,
+        "revision": session.revision,
         "updatedAt": _ms(session.updated_at),
         "label": session.label or None,
         "displayName": session.display_name or None,

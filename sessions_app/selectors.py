@@ -6,7 +6,6 @@ import functools
 import time
 from collections.abc import Sequence
 from datetime import datetime
-from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
@@ -14,6 +13,7 @@ from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
 from gateway import sql_reads
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
 from gateway.exceptions import InvalidRequest, NotFound
+from gateway.redaction import shown_path
 
 from . import keys
 from .model_providers import default_model
@@ -63,6 +63,7 @@ def _own_row(session: Session) -> dict:
         "agentId": session.agent_id,
         "sessionId": session.session_id,
         "lifecycleRevision": session.lifecycle_revision,
+        "revision": session.revision,
     }
     if session.updated_at:
         row["updatedAt"] = int(session.updated_at.timestamp() * 1000)
@@ -106,19 +107,6 @@ def _own_row(session: Session) -> dict:
     if session.worktree:
         row["worktree"] = _shown_worktree(session.worktree)
     return row
-
-
-def shown_path(path: str) -> str:
-    """A host path as clients see it: relative to the state directory, never the host's absolute path.
-
-    Every ``operator.read`` client receives session rows; where the gateway keeps its state (or an
-    operator's checkout) is not theirs to know.
-    """
-    candidate = Path(path)
-    try:
-        return candidate.resolve().relative_to(Path(settings.STATE_DIR).resolve()).as_posix()
-    except ValueError:
-        return candidate.name
 
 
 def _shown_worktree(worktree: dict) -> dict:

@@ -24,6 +24,7 @@ from approvals_app.services import exec_approvals_cancel_for_run
 from gateway import background, metrics, sql_reads, state
 from gateway.audit import Actor, audit
 from gateway.exceptions import Busy, Conflict, InvalidRequest
+from gateway.executor_leases import lease_ttl_s, stopped_executors
 from gateway.selectors import live_process_boot_ids
 from openclaw_client.agent.loop import openai_messages
 
@@ -32,6 +33,7 @@ from ..events import TurnEmitter
 from ..models import Run, RunStatus, Session, SessionWindow, ToolArtifact, TranscriptEvent, new_id
 from ..ports import SessionAction, placements
 from ..selectors import newest_message_bodies
+from .rows import session_write
 from .sessions import session_for_turn, session_lock
 from .transcripts import message_body, transcript_append
 
@@ -127,7 +129,7 @@ def run_submit(*, session_key: str, message: str, idempotency_key: str, origin_c
             )
             session.last_interaction_at = timezone.now()
             session.last_run_id = run.run_id
-            session.save(update_fields=["last_interaction_at", "last_run_id", "updated_at"])
+            session_write(session, "last_interaction_at", "last_run_id")
             dispatch_turn_on_commit(run.run_id, session)
     except IntegrityError:
         # A concurrent send with the same key won the insert.
@@ -214,7 +216,7 @@ def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
         for field, value in claim.items():
             setattr(run, field, value)
         session.status = "running"
-        session.save(update_fields=["status", "updated_at"])
+        session_write(session, "status")
         history = active_path_messages(run.window)
         events.publish_session_changed_on_commit(session, reason="send", phase="start", run_id=run.run_id)
     return ClaimedTurn(run=run, session=session, history=history)
@@ -456,7 +458,7 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
             session.output_tokens += int(outcome.usage.get("output") or 0)
         if not session.model and outcome.model:
             session.model, session.model_provider = outcome.model, outcome.model_provider
-        session.save(update_fields=["status", "input_tokens", "output_tokens", "model", "model_provider", "updated_at"])
+        session_write(session, "status", "input_tokens", "output_tokens", "model", "model_provider")
         next_run = (
             Run.objects.filter(session=session, status=RunStatus.QUEUED)
             .order_by("created_at")
@@ -560,7 +562,7 @@ def runs_recover(*, stale_before, reason: str, executors: list[str] | None = Non
             _record_turn_end(run)
             _log_failed_turn_on_commit(run, session, reason=reason, kind="interrupted")
             session.status = "failed"
-            session.save(update_fields=["status", "updated_at"])
+            session_write(session, "status")
             events.publish_turn_end_on_commit(run, session)
             _clear_abort_on_commit(run)
             next_run = Run.objects.filter(session=session, status=RunStatus.QUEUED).order_by("created_at").first()
@@ -586,18 +588,50 @@ def runs_recover_dead_gateways() -> list[str]:
 
 
 def runs_redispatch_stuck(*, queued_before) -> list[str]:
-    """Queued turns of idle sessions that nobody started (a lost task): dispatch them again."""
+    """Queued turns of idle sessions that nobody started (a lost task): dispatch each such session's oldest one
+    again (its end dispatches the next, so the session's turns keep their order)."""
     stuck = []
     queued = Run.objects.filter(status=RunStatus.QUEUED, created_at__lt=queued_before).select_related("session")
-    for run in queued.order_by("created_at"):
-        busy = Run.objects.filter(session_id=run.session_id, status=RunStatus.RUNNING).exists()
-        if not busy:
-            with transaction.atomic():
-                dispatch_turn_on_commit(run.run_id, run.session)
-            logger.warning(
-                "turn %s dispatched again: queued with nobody running it",
-                run.run_id,
-                extra={"run_id": run.run_id, "session_key": run.session.key},
-            )
-            stuck.append(run.run_id)
+    busy = set(Run.objects.filter(status=RunStatus.RUNNING).values_list("session_id", flat=True))
+    for run in queued.order_by("created_at", "run_id"):
+        if run.session_id in busy:
+            continue
+        busy.add(run.session_id)  # its oldest queued turn is on its way
+        with transaction.atomic():
+            dispatch_turn_on_commit(run.run_id, run.session)
+        logger.warning(
+            "turn %s dispatched again: queued with nobody running it",
+            run.run_id,
+            extra={"run_id": run.run_id, "session_key": run.session.key},
+        )
+        stuck.append(run.run_id)
     return stuck
+
+
+def worker_stopped_reason() -> str:
+    return f"run interrupted: its worker process stopped (no lease renewal for {lease_ttl_s()} s)"
+
+
+@dataclass(frozen=True)
+class StoppedWorkersRecovery:
+    failed: list[str]
+    redispatched: list[str]
+
+
+def runs_recover_stopped_workers() -> StoppedWorkersRecovery:
+    """Fail the running turns of Celery worker processes that stopped renewing their lease (killed, frozen), and
+    dispatch again the oldest queued turn of every idle session: a stopped worker may have taken a turn's task
+    without starting it, and late acknowledgement gives that task back only when the broker notices (RabbitMQ: at
+    once; Redis: after its visibility timeout). A task delivered twice starts its turn once (the claim's
+    compare-and-set). Run by the gateway loop every ``EXECUTOR_WATCH_INTERVAL_MS`` (``lifecycle.on_watch``).
+    """
+    executors = Run.objects.filter(status=RunStatus.RUNNING).values_list("executor", flat=True).distinct()
+    stopped = stopped_executors(executors)
+    if not stopped:
+        return StoppedWorkersRecovery(failed=[], redispatched=[])
+    logger.warning("worker process(es) stopped renewing their lease: %s", ", ".join(sorted(stopped)))
+    # The idle sessions first: the sessions of the failed turns are still busy here, and failing a turn dispatches
+    # its session's next one itself.
+    redispatched = runs_redispatch_stuck(queued_before=timezone.now())
+    failed = runs_recover(stale_before=None, executors=sorted(stopped), reason=worker_stopped_reason())
+    return StoppedWorkersRecovery(failed=failed, redispatched=redispatched)
