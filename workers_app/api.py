@@ -124,7 +124,8 @@ def _move_started(request: HttpRequest, key: str, move: MoveRequest) -> tuple[in
 async def placement_move(request: HttpRequest, key: str, payload: MoveRequest):
     """``sessions.move`` of the placement named by ``expected`` (its generation, environment and owner
     epoch, as the placement showed them): back to the gateway (``target: {"kind": "gateway"}``), or on to
-    a profile or node. A placement that moved on since is refused (409) and nothing changes."""
+    a profile or node. A placement that moved on since is refused (409) and nothing changes; the same move
+    already under way is joined (its outcome is the answer)."""
     return await operations.move_result(*await provider_bound(_move_started)(request, key, payload))
 
 
