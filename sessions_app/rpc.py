@@ -29,7 +29,7 @@ from .schemas import (
     SessionsPatchParams,
     SessionsResetParams,
 )
-from .services import creation, forks, runs, sessions
+from .services import commands, creation, forks, runs, sessions
 from .waiters import wait_for_run
 
 method = registry.method
@@ -126,12 +126,13 @@ def sessions_adopt_rpc(ctx: RpcContext, params: SessionsAdoptParams) -> dict:
 
 @method("chat.send", params=ChatSendParams, scope=sc.WRITE)
 def chat_send_rpc(ctx: RpcContext, params: ChatSendParams) -> dict:
-    submitted = runs.chat_send(
+    submitted = commands.chat_submit(
         session_key=_key(params.sessionKey, params.agentId),
         message=params.message,
         idempotency_key=params.idempotencyKey,
         expected_session_id=params.sessionId,
         origin_channel=ctx.channel_name,
+        scopes=ctx.scopes,
     )
     return selectors.chat_send_payload(submitted.run, created=submitted.created)
 

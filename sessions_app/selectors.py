@@ -5,14 +5,16 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
 from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
 
-from gateway import sql_reads
+from gateway import sql_reads, state
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
 from gateway.exceptions import InvalidRequest, NotFound
+from gateway.protocol import SERVER_VERSION
 from gateway.redaction import shown_path
 
 from . import keys
@@ -378,6 +380,56 @@ def chat_history(session: Session, *, limit: int = 200) -> dict:
         "totalMessages": window.message_count,
         "hasMore": window.message_count > limit,
     }
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    """What ``/status`` typed in chat reports of a session and the gateway serving it."""
+
+    gateway_version: str
+    gateway_uptime_ms: int
+    session_key: str
+    session_id: str
+    model_provider: str
+    model: str
+    default_model: str
+    input_tokens: int
+    output_tokens: int
+    messages: int
+    updated_at: datetime | None
+    # The session row's ``placement`` (workers_app's projection), None for a session never placed.
+    placement: dict | None
+    running: bool
+    queued: int
+    last_turn: str
+
+
+def session_status(session: Session) -> SessionStatus:
+    """The facts of ``/status``: the row's own fields, its placement, the transcript's size, its turns now."""
+    turns = dict(
+        Run.objects.filter(session=session, status__in=(RunStatus.QUEUED, RunStatus.RUNNING))
+        .values_list("status")
+        .annotate(count=Count("run_id"))
+        .order_by("status")
+    )
+    model = resolved_model(session)
+    return SessionStatus(
+        gateway_version=SERVER_VERSION,
+        gateway_uptime_ms=state.uptime_ms(),
+        session_key=session.key,
+        session_id=session.session_id,
+        model_provider=model["modelProvider"],
+        model=model["model"],
+        default_model=default_model(),
+        input_tokens=session.input_tokens,
+        output_tokens=session.output_tokens,
+        messages=SessionWindow.objects.filter(pk=session.session_id).values_list("message_count", flat=True).get(),
+        updated_at=session.updated_at,
+        placement=session_row(session).get("placement"),
+        running=turns.get(RunStatus.RUNNING.value, 0) > 0,
+        queued=turns.get(RunStatus.QUEUED.value, 0),
+        last_turn=session.status,
+    )
 
 
 def recent_runs(session: Session, *, limit: int = 20) -> list[Run]:

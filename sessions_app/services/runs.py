@@ -104,14 +104,22 @@ class SubmitResult:
     created: bool
 
 
+def submitted_before(*, session_key: str, idempotency_key: str) -> SubmitResult | None:
+    """The run a repeated idempotency key names (whatever its state); a key of another session is refused."""
+    existing = Run.objects.filter(run_id=idempotency_key).first()
+    if existing is None:
+        return None
+    if existing.session_key != session_key:
+        raise Conflict("idempotencyKey already used for another session", details={"code": "RUN_KEY_REUSED"})
+    return SubmitResult(existing, created=False)
+
+
 def run_submit(*, session_key: str, message: str, idempotency_key: str, origin_channel: str = "") -> SubmitResult:
     """Record a turn (queued); a repeated idempotency key is the same run, whatever its state."""
     text = clean_message(message)
-    existing = Run.objects.filter(run_id=idempotency_key).first()
+    existing = submitted_before(session_key=session_key, idempotency_key=idempotency_key)
     if existing is not None:
-        if existing.session_key != session_key:
-            raise Conflict("idempotencyKey already used for another session", details={"code": "RUN_KEY_REUSED"})
-        return SubmitResult(existing, created=False)
+        return existing
     try:
         with transaction.atomic():
             session = session_lock(session_key)
@@ -133,11 +141,17 @@ def run_submit(*, session_key: str, message: str, idempotency_key: str, origin_c
             dispatch_turn_on_commit(run.run_id, session)
     except IntegrityError:
         # A concurrent send with the same key won the insert.
-        existing = Run.objects.get(run_id=idempotency_key)
-        if existing.session_key != session_key:
-            raise Conflict("idempotencyKey already used for another session") from None
-        return SubmitResult(existing, created=False)
+        return submitted_concurrently(session_key=session_key, idempotency_key=idempotency_key)
     return SubmitResult(run, created=True)
+
+
+def submitted_concurrently(*, session_key: str, idempotency_key: str) -> SubmitResult:
+    """After an insert lost to a concurrent send with the same key: that send's run (or the refusal of a key of
+    another session)."""
+    existing = Run.objects.get(run_id=idempotency_key)
+    if existing.session_key != session_key:
+        raise Conflict("idempotencyKey already used for another session") from None
+    return SubmitResult(existing, created=False)
 
 
 def chat_send(
@@ -534,6 +548,32 @@ def run_abort(*, session_key: str, run_id: str | None = None, actor: Actor | Non
             outcomes = {run.run_id: "aborted" if run.status == RunStatus.ABORTED else "stop requested" for run in runs}
             audit(actor, "session.run.abort", "session", session.key, {"runs": outcomes})
     return [run.run_id for run in runs]
+
+
+def run_end_running(*, session: Session) -> Run | None:
+    """End the session's running turn now as ``aborted`` (a reset in chat, OpenClaw's ``/reset`` during a turn);
+    the caller holds the session lock. Returns that run, or None when none was running.
+
+    Its runner is asked to stop as by ``chat.abort`` and records nothing more (each of its writes checks that the
+    run still runs); the partial text it held is not kept. The end events go out after commit, as for any end.
+    """
+    run = Run.objects.filter(session=session, status=RunStatus.RUNNING).first()
+    if run is None:
+        return None
+    now = timezone.now()
+    ended = {"status": RunStatus.ABORTED, "stop_reason": "aborted", "abort_requested_at": now, "ended_at": now}
+    # Under the session lock no runner transition can race this; the compare-and-set stays the guard.
+    if Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(**ended) != 1:
+        return None
+    for field, value in ended.items():
+        setattr(run, field, value)
+    request_abort_on_commit(run)
+    transaction.on_commit(lambda: exec_approvals_cancel_for_run(run.run_id, RUN_ABORTED))
+    session.status = "killed"
+    session.save(update_fields=["status", "updated_at"])
+    events.publish_turn_end_on_commit(run, session)
+    transaction.on_commit(lambda: _record_turn_end(run))
+    return run
 
 
 def runs_recover(*, stale_before, reason: str, executors: list[str] | None = None) -> list[str]:

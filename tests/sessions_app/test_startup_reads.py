@@ -235,7 +235,13 @@ def test_commands_list_lists_the_gateway_commands_in_openclaws_shape():
     assert "args" not in listed[-1]
     # Arguments are described unless asked not to; "native" surfaces (channel command menus) have none here.
     model = answer("commands.list")["commands"][-1]
-    assert model["args"] == [{"name": "model", "description": "Model id", "type": "string"}]
+    assert model["args"] == [
+        {
+            "name": "model",
+            "description": "provider/model, a model id of the configured provider, or default",
+            "type": "string",
+        }
+    ]
     assert answer("commands.list", {"scope": "native", "provider": "discord"}) == {"commands": []}
     assert len(answer("commands.list", {"scope": "both", "sessionKey": "agent:main:main"})["commands"]) == len(
         GATEWAY_COMMANDS
