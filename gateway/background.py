@@ -49,8 +49,9 @@ CELERY_EXECUTOR_PREFIX = "celery:"
 
 
 def executor_label() -> str:
-    """Which process is executing right now: this gateway process, or a Celery worker process."""
-    if state.in_process_task():
+    """Which process is executing right now: this gateway process (a task, a request or a gateway method, whichever
+    of its threads asks; recovery can tell by its boot id when it is gone), or a Celery worker process."""
+    if state.in_process_task() or state.main_loop() is not None:
         return f"gateway:{state.BOOT_ID}"
     return worker_process_label()
 
@@ -103,11 +104,13 @@ def _run_task(fn: Callable[..., Any], args: tuple) -> None:
 
 
 def release_database_connections() -> None:
-    """Give this thread's database connections back to the pool (PostgreSQL) before it waits a long time.
+    """Give this thread's database connections back to the pool (PostgreSQL) before it waits on anything: a
+    provider, a node, a model, an operator or another thread (docs/architecture.md, "Waiting").
 
-    A Celery worker's threads and its pool are the same size: tasks that held their connection while
-    they waited (a node's answer, an operator's decision, a turn) could hold all of them, and the waits'
-    own connection lookups then queue for one until the pool's timeout. Never inside a transaction (it
-    would end it); SQLite's connections are kept (no pool, nothing to run out of)."""
+    A process's threads outnumber its pooled connections: threads that held their connection while they waited
+    could hold all of them, and what they waited for (a provider's or a node's own queries, a turn's steps) then
+    queued for one until the pool's timeout. The next query takes a connection again. Never inside a transaction
+    (it would end it; a wait has no business there); SQLite's connections are kept (no pool, nothing to run out
+    of)."""
     if not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
         close_old_connections()

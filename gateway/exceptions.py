@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from psycopg_pool import PoolTimeout
+
 
 class GatewayError(Exception):
     code = "UNAVAILABLE"
@@ -103,6 +105,20 @@ class InternalError(Unavailable):
     http_status = 500
 
 
+class DatabaseUnavailable(InternalError):
+    """No pooled database connection came free within the pool's wait (``OPENCLAW_DB_POOL_TIMEOUT_MS``): every one
+    in use, or the database unreachable. The step that asked did not reach the database. ``UNAVAILABLE``,
+    retryable, as every internal error; over HTTP a 503 (overloaded or cut off, not broken)."""
+
+    http_status = 503
+
+
+DATABASE_UNAVAILABLE_MESSAGE = (
+    "the gateway could not get a database connection in time (all in use, or the database unreachable); retry shortly"
+)
+DATABASE_UNAVAILABLE_RETRY_MS = 1000
+
+
 class HandshakeRejected(Exception):
     """A connect that must be answered with an error and then closed with ``close_code``."""
 
@@ -172,11 +188,34 @@ def internal_error(
     same reference, so an operator can find it from the client's report.
     """
     error_id = uuid.uuid4().hex[:16]
+    failure = exc if exc is not None else sys.exception()
+    if pool_exhausted(failure):
+        # Load or an outage, not a bug: one line, no traceback; the client is told plainly and may retry.
+        logger.warning("%s: no database connection could be had in time (errorId=%s)", context, error_id)
+        _report_internal_error(error_id, context, failure)
+        return DatabaseUnavailable(
+            DATABASE_UNAVAILABLE_MESSAGE,
+            details={**(details or {}), "code": "DATABASE_UNAVAILABLE", "errorId": error_id},
+            retryable=True,
+            retry_after_ms=DATABASE_UNAVAILABLE_RETRY_MS,
+        )
     logger.error("%s failed (errorId=%s)", context, error_id, exc_info=exc if exc is not None else True)
-    _report_internal_error(error_id, context, exc if exc is not None else sys.exception())
+    _report_internal_error(error_id, context, failure)
     return InternalError(
         f"{summary}; reference {error_id}", details={**(details or {}), "errorId": error_id}, retryable=True
     )
+
+
+def pool_exhausted(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is psycopg's pool giving up on a free connection (Django raises it wrapped in its own
+    ``OperationalError``, the pool's ``PoolTimeout`` as its cause)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, PoolTimeout):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class FrameRejected(InvalidRequest):

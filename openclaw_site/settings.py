@@ -127,6 +127,10 @@ DB_CONN_MAX_AGE = env_int("DB_CONN_MAX_AGE", 300, minimum=0)
 # PostgreSQL connections one process holds at most (each gateway process, each Celery worker): the
 # ceiling that lets several processes share one server's max_connections.
 DB_POOL_MAX_SIZE = env_int("OPENCLAW_DB_POOL_MAX_SIZE", 8, minimum=1, maximum=1000)
+# How long a caller waits for a free PostgreSQL connection before its operation answers UNAVAILABLE (retryable).
+# Nothing holds a connection while it waits on anything else (docs/architecture.md, "Waiting"), so every
+# connection comes back within milliseconds unless the process is truly overloaded.
+DB_POOL_TIMEOUT_MS = env_int("OPENCLAW_DB_POOL_TIMEOUT_MS", 3000, minimum=100, maximum=600_000)
 
 
 def _database(url: str, sqlite_test_name: str) -> dict:
@@ -153,7 +157,7 @@ def _database(url: str, sqlite_test_name: str) -> dict:
             "pool": {
                 "min_size": 1,
                 "max_size": DB_POOL_MAX_SIZE,
-                "timeout": 10,
+                "timeout": DB_POOL_TIMEOUT_MS / 1000,
             },
             # Which process holds a connection, in pg_stat_activity.
             "application_name": f"openclaw-{os.getpid()}",

@@ -379,7 +379,7 @@ def session_move_to_gateway(request: HttpRequest, key: str) -> HttpResponse:
     """Compare-and-set on the placement the page showed (generation, environment, owner epoch)."""
 
     def move(session, actor) -> str:
-        operations.start_move(
+        started = operations.start_move(
             session=session,
             target="gateway",
             expected_generation=_int(request.POST.get("generation")),
@@ -388,6 +388,10 @@ def session_move_to_gateway(request: HttpRequest, key: str) -> HttpResponse:
             abandon_source=False,
             actor=actor,
         )
+        if started.joined is not None:
+            return (
+                "This move is already under way (another request drives it); its outcome shows on the placement card."
+            )
         return "Moved back to this gateway."
 
     return _session_action(request, key, move)

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import transaction
 
-from gateway import publisher, state
+from gateway import background, publisher, state
 from gateway import scopes as sc
 from gateway.events import PublicationBatch, publish_on_commit, publish_rollback_unsafe, send_direct_rollback_unsafe
 from gateway.registry import registry
@@ -297,7 +297,8 @@ def _publish_end_on_commit(run: Run, emitter: TurnEmitter, emit_end: Callable[[]
             emitter.batch = None
         sent = batch.post(what=f"end of run {run.run_id}")
         # Waits until it went out, so that a task's end (a Celery worker may stop after it) does not
-        # outrun the turn's events.
+        # outrun the turn's events; without a database connection (the run's outcome is committed).
+        background.release_database_connections()
         with contextlib.suppress(Exception):  # logged by the publisher
             sent.result(publisher.PUBLISH_TIMEOUT_S)
 

@@ -73,6 +73,7 @@ class _TurnProbe:
         if now - self.beat_at >= HEARTBEAT_INTERVAL_S:
             self.beat_at = now
             self.lost = not runs.run_heartbeat(run_id=self.run_id)
+            background.release_database_connections()  # back to waiting on the model or a tool
         if not self.aborted and (self.checked_at is None or now - self.checked_at >= ABORT_POLL_INTERVAL_S):
             self.checked_at = now
             self.aborted = runs.abort_requested(self.run)
@@ -145,6 +146,8 @@ class GatewayTurnHooks:
         self.emitter.new_message()
         parts: list[str] = []
         finish: Finish | None = None
+        # The model is waited for without a database connection (the abort flag it is polled for is in the cache).
+        background.release_database_connections()
         started = time.perf_counter()
         try:
             for item in provider.stream(
@@ -192,6 +195,7 @@ class GatewayTurnHooks:
 
     def tool_started(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
         self.emitter.tool_started(call_id, name, arguments)
+        background.release_database_connections()  # the tool is waited for without a database connection
 
     def tool_finished(self, call_id: str, name: str, message: dict[str, Any]) -> None:
         self.emitter.tool_finished(call_id, name, message)

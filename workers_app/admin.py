@@ -272,7 +272,15 @@ class WorkerEnvironmentAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 class PlacementMoveAdmin(ReadOnlyAdmin):
     """Moves in flight (a row outlives its driver only until recovery finishes or fails the move)."""
 
-    list_display = ("operation_id", "session", "source_environment_id", "target_kind", "target_id", "last_error")
+    list_display = (
+        "operation_id",
+        "session",
+        "source_environment_id",
+        "target_kind",
+        "target_id",
+        "driver",
+        "last_error",
+    )
     list_filter = ("target_kind",)
     search_fields = ("operation_id", "source_environment_id")
     list_select_related = ("session",)

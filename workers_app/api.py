@@ -25,7 +25,6 @@ from devices_app.http_auth import NODE_OR_OPERATOR_AUTH
 from gateway.exceptions import NotFound
 from gateway.http_auth import request_actor
 from gateway.schemas import error_responses
-from sessions_app.models import Session
 
 from . import operations, selectors
 from .bundle import current_bundle
@@ -107,10 +106,12 @@ async def placement_dispatch(request: HttpRequest, key: str, payload: DispatchTa
     return await operations.settled_result(session_pk, failure_code="WORKER_DISPATCH_FAILED")
 
 
-def _move_started(request: HttpRequest, key: str, move: MoveRequest) -> tuple[int, str]:
+def _move_started(request: HttpRequest, key: str, move: MoveRequest) -> tuple[int, str, str | None]:
     session = operations.session_for(key, None)
-    target = operations.move_requested(session=session, request=move, is_admin=True, actor=request_actor(request))
-    return session.pk, target
+    target, joined = operations.move_requested(
+        session=session, request=move, is_admin=True, actor=request_actor(request)
+    )
+    return session.pk, target, joined
 
 
 @router.post(
@@ -123,12 +124,9 @@ def _move_started(request: HttpRequest, key: str, move: MoveRequest) -> tuple[in
 async def placement_move(request: HttpRequest, key: str, payload: MoveRequest):
     """``sessions.move`` of the placement named by ``expected`` (its generation, environment and owner
     epoch, as the placement showed them): back to the gateway (``target: {"kind": "gateway"}``), or on to
-    a profile or node. A placement that moved on since is refused (409) and nothing changes."""
-    session_pk, target = await provider_bound(_move_started)(request, key, payload)
-    if target == "gateway":
-        session = await database_sync_to_async(Session.objects.get)(pk=session_pk)
-        return await database_sync_to_async(selectors.placement_result)(session)
-    return await operations.settled_result(session_pk, failure_code="WORKER_DISPATCH_FAILED")
+    a profile or node. A placement that moved on since is refused (409) and nothing changes; the same move
+    already under way is joined (its outcome is the answer)."""
+    return await operations.move_result(*await provider_bound(_move_started)(request, key, payload))
 
 
 def _reclaimed(request: HttpRequest, key: str, options: ReclaimOptions) -> dict:

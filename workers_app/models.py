@@ -258,7 +258,7 @@ class MoveTargetKind(models.TextChoices):
 
 class PlacementMove(models.Model):
     """A persisted ``sessions.move`` intent (``worker_session_placement_moves``): a restart mid-move
-    finds it and finishes or fails the move; an identical request joins it."""
+    finds it and finishes or fails the move; an identical request joins it (waits for its driver)."""
 
     operation_id = models.CharField(max_length=80, unique=True)
     session = models.OneToOneField(Session, on_delete=models.CASCADE, related_name="placement_move")
@@ -269,6 +269,9 @@ class PlacementMove(models.Model):
     target_id = models.CharField(max_length=200, blank=True)
     abandon_source = models.BooleanField(default=False)
     last_error = models.TextField(null=True, blank=True)  # noqa: DJ001
+    # The call driving the move now (``<process label>/<token>``; "" between attempts): only it tears the source
+    # down, an identical request waits for its outcome. ``updated_at_ms`` is its last sign of life.
+    driver = models.CharField(max_length=200, blank=True, default="")
     created_at_ms = models.BigIntegerField()
     updated_at_ms = models.BigIntegerField()
 

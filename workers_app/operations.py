@@ -84,13 +84,14 @@ def start_move(
     expected_owner_epoch: int,
     abandon_source: bool,
     actor: Actor,
-) -> Placement:
-    """``sessions.move``: back to the gateway (``target="gateway"``) or on to a resolved worker target."""
+) -> moves.MoveStart:
+    """``sessions.move``: back to the gateway (``target="gateway"``) or on to a resolved worker target. A call
+    that joined the move another call drives returns at once (:func:`move_result` waits for its outcome)."""
     if session.archived_at is not None:
         raise InvalidRequest("cannot move an archived session")
     if target != "gateway":
         dispatch.ensure_placeable(session)  # before anything moves
-    placement = moves.move_session(
+    started = moves.move_session(
         session=session,
         expected_generation=expected_generation,
         expected_environment_id=expected_environment_id,
@@ -99,16 +100,23 @@ def start_move(
         abandon_source=abandon_source,
         actor=actor,
     )
+    placement = started.placement
+    if started.joined is not None:
+        return started
     if target != "gateway" and placement.state == S.PROVISIONING:
         dispatch_on_commit(dispatch_advance, session.pk, placement.generation)
     elif placement.state != S.LOCAL:
-        # The source could not be torn down: the move is kept (with its error) for the same move to resume.
-        raise Unavailable(
-            placement.recovery_error or f"session move stopped in {placement.state}",
-            details={"code": "WORKER_MOVE_FAILED"},
-            retryable=True,
-        )
-    return placement
+        raise _move_failed(placement.recovery_error, placement.state)
+    return started
+
+
+def _move_failed(error: str | None, state: str) -> Unavailable:
+    """The source could not be torn down: the move is kept (with its error) for the same move to resume."""
+    return Unavailable(
+        error or f"session move stopped in {state}; retry the move",
+        details={"code": "WORKER_MOVE_FAILED"},
+        retryable=True,
+    )
 
 
 # --- sessions.move --------------------------------------------------------------------------------
@@ -125,13 +133,13 @@ def move_target(request: MoveRequest, *, is_admin: bool) -> str:
     return dispatch.resolve_target(profile_id=None, device_id=target.deviceId)
 
 
-def move_requested(*, session: Session, request: MoveRequest, is_admin: bool, actor: Actor) -> str:
+def move_requested(*, session: Session, request: MoveRequest, is_admin: bool, actor: Actor) -> tuple[str, str | None]:
     """``sessions.move`` as a caller asks for it; returns the resolved target (``"gateway"`` or a worker
-    target, whose dispatch the caller may wait for with :func:`settled_result`)."""
+    target) and the driver of the move this call joined (None: this call drove it), for :func:`move_result`."""
     if session.archived_at is not None:
         raise InvalidRequest("cannot move an archived session")
     target = move_target(request, is_admin=is_admin)
-    start_move(
+    started = start_move(
         session=session,
         target=target,
         expected_generation=request.expected.generation,
@@ -140,7 +148,39 @@ def move_requested(*, session: Session, request: MoveRequest, is_admin: bool, ac
         abandon_source=bool(request.abandonSource),
         actor=actor,
     )
-    return target
+    return target, started.joined
+
+
+async def move_result(session_pk: int, target: str, joined: str | None) -> dict:
+    """What ``sessions.move`` answers: back to the gateway, the placement at once; on to a profile or device, once
+    the destination's dispatch settled (like ``sessions.dispatch``). A call that joined a move another call
+    drives first waits for that driver's outcome, and answers it as the driver's caller is answered."""
+    if joined is not None:
+        await _move_finished(session_pk)
+    if target != "gateway":
+        return await settled_result(session_pk, failure_code="WORKER_DISPATCH_FAILED")
+    session = await database_sync_to_async(Session.objects.get)(pk=session_pk)
+    return await database_sync_to_async(selectors.placement_result)(session)
+
+
+async def _move_finished(session_pk: int) -> None:
+    """Until the move is over (its intent goes with its last step) or ``OPENCLAW_WORKER_DISPATCH_WAIT_MS`` ran
+    out; UNAVAILABLE with the driver's reason when its attempt failed (nobody drives it then: the same move,
+    retried, resumes it). Polls, holding no thread and no connection in between."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.OPENCLAW_WORKERS["DISPATCH_WAIT_MS"] / 1000
+    pause = 0.02
+    while True:
+        progress = await database_sync_to_async(selectors.move_progress)(session_pk)
+        if progress is None:
+            return
+        driver, error, state = progress
+        if not driver:
+            raise _move_failed(error, state)
+        if loop.time() >= deadline:
+            return
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 # --- sessions.reclaim -----------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from gateway.background import dispatch_on_commit
 from gateway.context import RpcContext
 from gateway.exceptions import InvalidRequest, NotFound
 from gateway.registry import registry
-from sessions_app.models import Session
 
 from . import operations, selectors
 from .nodes import hosts as node_hosts
@@ -52,21 +51,19 @@ async def sessions_dispatch_rpc(ctx: RpcContext, params: SessionsDispatchParams)
     return await operations.settled_result(session_pk, failure_code="WORKER_DISPATCH_FAILED")
 
 
-def _move_started(ctx: RpcContext, params: SessionsMoveParams) -> tuple[int, str]:
+def _move_started(ctx: RpcContext, params: SessionsMoveParams) -> tuple[int, str, str | None]:
     session = operations.session_for(params.key, params.agentId)
-    target = operations.move_requested(session=session, request=params, is_admin=ctx.is_admin, actor=_actor(ctx))
-    return session.pk, target
+    target, joined = operations.move_requested(
+        session=session, request=params, is_admin=ctx.is_admin, actor=_actor(ctx)
+    )
+    return session.pk, target, joined
 
 
 @method("sessions.move", params=SessionsMoveParams, scope=sc.WRITE)
 async def sessions_move_rpc(ctx: RpcContext, params: SessionsMoveParams) -> dict:
-    """Back to the gateway (answers at once), or on to a profile or device (answers once the destination's
-    dispatch settled, like ``sessions.dispatch``)."""
-    session_pk, target = await provider_bound(_move_started)(ctx, params)
-    if target == "gateway":
-        session = await database_sync_to_async(Session.objects.get)(pk=session_pk)
-        return await database_sync_to_async(selectors.placement_result)(session)
-    return await operations.settled_result(session_pk, failure_code="WORKER_DISPATCH_FAILED")
+    """Back to the gateway (answers once moved), or on to a profile or device (answers once the destination's
+    dispatch settled, like ``sessions.dispatch``). An identical move under way is joined: its outcome is the answer."""
+    return await operations.move_result(*await provider_bound(_move_started)(ctx, params))
 
 
 @method("sessions.reclaim", params=SessionsReclaimParams, scope=sc.WRITE)

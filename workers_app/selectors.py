@@ -24,6 +24,7 @@ from .models import (
     NodeWorkerHost,
     Placement,
     PlacementHistory,
+    PlacementMove,
     PlacementState,
     WorkerEnvironment,
 )
@@ -125,6 +126,16 @@ def _placements_sql(count: int) -> str:
 
 def placement_for(session: Session) -> Placement | None:
     return Placement.objects.filter(pk=session.pk).first()
+
+
+def move_progress(session_pk: int) -> tuple[str, str | None, str] | None:
+    """The session's move in flight as ``(driver, last error, placement state)`` ("" driver: nobody drives it
+    now, after a failed attempt), or None when it has none (finished, or never made)."""
+    row = PlacementMove.objects.filter(session_id=session_pk).values_list("driver", "last_error").first()
+    if row is None:
+        return None
+    state = Placement.objects.filter(pk=session_pk).values_list("state", flat=True).first()
+    return row[0], row[1], state or "local"
 
 
 def placement_result(session: Session) -> dict[str, Any]:

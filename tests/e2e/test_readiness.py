@@ -17,6 +17,7 @@ import urllib.request
 import pytest
 from django.db import connections
 
+from gateway.exceptions import DATABASE_UNAVAILABLE_MESSAGE
 from openclaw_client.client import GatewayError
 from operations_app.models import RecordedError
 from tests.support.clients import operator, raw_socket
@@ -109,8 +110,11 @@ def test_a_gateway_that_loses_its_database_is_not_ready_until_it_returns(capsys)
     # Liveness asks nothing of the database: the process is not to be restarted for it.
     assert live == (200, {"status": "ok"})
     assert ready_again["status"] == "ready" and ready_again["checks"]["database"]["state"] == "ok"
-    # The client got a reference, never the database's error text; the System page has it once the database is back.
-    assert refused["code"] == "UNAVAILABLE" and refused["message"].startswith("internal error; reference ")
+    # The client was told no connection could be had (with a reference), never the database's error text; the System
+    # page has it once the database is back.
+    assert refused["code"] == "UNAVAILABLE" and refused["retryable"] is True
+    # No connection could be had (told as such, psycopg's pool timeout) or the one it had broke (told by reference).
+    assert refused["message"] == DATABASE_UNAVAILABLE_MESSAGE or refused["message"].startswith("internal error; ")
     assert (recorded.context, recorded.pid) == ("gateway method sessions.list", server.pid)
     assert recorded.exception_class
     with capsys.disabled():

@@ -41,7 +41,7 @@ import pytest
 
 from openclaw_client.client import ConnectError, GatewayClient
 from openclaw_client.identity import IdentityStore
-from tests.support.clients import ALL_SCOPES, call_once, node, operator
+from tests.support.clients import ALL_SCOPES, call_once, move_back_params, node, operator
 from tests.support.mock_openai import MockOpenAI
 from tests.support.processes import GatewayServer, NodeHostProcess, start_node_host
 from tests.support.tcp_proxy import TcpProxy
@@ -151,19 +151,7 @@ class Wire:
         """``sessions.move`` back to the gateway with the exact source facts the placement shows."""
         source = await self.describe_placement(key)
         assert source["state"] == "active", source
-        moved = await self.client.request(
-            "sessions.move",
-            {
-                "key": key,
-                "expected": {
-                    "generation": source["generation"],
-                    "environmentId": source["environmentId"],
-                    "ownerEpoch": source["activeOwnerEpoch"],
-                },
-                "target": {"kind": "gateway"},
-            },
-            timeout=120,
-        )
+        moved = await self.client.request("sessions.move", move_back_params(key, source), timeout=120)
         return moved["placement"]
 
     async def describe_placement(self, key: str) -> dict[str, Any]:

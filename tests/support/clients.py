@@ -31,6 +31,19 @@ def operator(server, *, scopes: list[str] | None = None, **overrides: Any) -> Ga
     return GatewayClient(options)
 
 
+def move_back_params(key: str, placement: dict[str, Any]) -> dict[str, Any]:
+    """``sessions.move`` of ``key`` back to the gateway, naming the exact source its ``placement`` projection shows."""
+    return {
+        "key": key,
+        "expected": {
+            "generation": placement["generation"],
+            "environmentId": placement["environmentId"],
+            "ownerEpoch": placement["activeOwnerEpoch"],
+        },
+        "target": {"kind": "gateway"},
+    }
+
+
 def node(
     server,
     *,

@@ -26,6 +26,7 @@ import time
 from devices_app.services import pairing
 from gateway import selectors as gateway_selectors
 from gateway.audit import Actor
+from gateway.background import release_database_connections
 from gateway.exceptions import NotFound
 from openclaw_client.identity import DeviceIdentity
 from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
@@ -170,6 +171,7 @@ def ensure_ssh_node(environment: WorkerEnvironment) -> str:
     profile = profile_for_environment(environment.provider_id, environment.profile_id, environment.profile_snapshot)
     target = ssh_target(profile)
     probe = f"BASE = {json.dumps(target.work_dir)}\n{PROBE_SCRIPT}"
+    release_database_connections()  # the host is waited for without a database connection
     probed = json.loads(ssh_run(target, "python3 -", stdin=probe, timeout_s=PROBE_TIMEOUT_S) or "{}")
     device_id = probed.get("deviceId")
     if device_id and probed.get("running") and _hosting(device_id):
@@ -209,6 +211,7 @@ def ensure_ssh_node(environment: WorkerEnvironment) -> str:
     }
     stdin = json.dumps(params) + "\n"
     try:
+        release_database_connections()
         ssh_run(target, "python3 -c " + _quoted(INSTALL_SCRIPT), stdin=stdin, timeout_s=INSTALL_TIMEOUT_S)
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         while not _hosting(device_id):
@@ -217,6 +220,8 @@ def ensure_ssh_node(environment: WorkerEnvironment) -> str:
                     f"the node host on {target.address} did not connect to {url} within {int(CONNECT_TIMEOUT_S)} s "
                     f"(see {target.work_dir}/node-host.log there)"
                 )
+            # The node host's connect needs a connection of this process's pool: none is held while it is awaited.
+            release_database_connections()
             time.sleep(0.1)
     except WorkerProviderError:
         # No node came of this enrollment: it is withdrawn (the next attempt enrolls again).

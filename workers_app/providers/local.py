@@ -30,6 +30,7 @@ from devices_app.models import PairedDevice
 from devices_app.services import pairing
 from gateway import selectors as gateway_selectors
 from gateway.audit import Actor
+from gateway.background import release_database_connections
 from gateway.exceptions import NotFound
 from openclaw_client.identity import IdentityStore
 from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
@@ -118,6 +119,8 @@ class LocalProvider:
                 raise WorkerProviderError(f"local node host exited before it connected (log: {state_dir.name})")
             if time.monotonic() >= deadline:
                 raise WorkerProviderError("local node host did not connect in time")
+            # The node host's connect needs a connection of this process's pool: none is held while it is awaited.
+            release_database_connections()
             time.sleep(0.05)
         return WorkerLease(lease_id=lease_id, shared_host=False, node_device_id=device_id)
 

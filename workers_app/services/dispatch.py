@@ -116,6 +116,10 @@ def ensure_not_archived(session: Session) -> None:
         raise InvalidRequest("cannot dispatch an archived session")
 
 
+def _identical_in_flight(placement: Placement | None, target: str) -> bool:
+    return placement is not None and placement.state in IN_FLIGHT and placement.dispatch_target == target
+
+
 def dispatch_start(*, session: Session, target: str, actor: Actor) -> tuple[Placement, bool]:
     """Take the barrier and name the environment; returns ``(placement, started)`` — ``started`` is False
     when an identical dispatch is already under way and this call joins it."""
@@ -123,7 +127,7 @@ def dispatch_start(*, session: Session, target: str, actor: Actor) -> tuple[Plac
     ensure_placeable(session)
     current = Placement.objects.filter(pk=session.pk).first()
     if current is not None:
-        if current.state in IN_FLIGHT and current.dispatch_target == target:
+        if _identical_in_flight(current, target):
             return current, False
         if current.state in (*IN_FLIGHT, S.ACTIVE, S.DRAINING, S.RECONCILING):
             raise InvalidRequest(f"session cannot dispatch from placement {current.state}")
@@ -133,11 +137,21 @@ def dispatch_start(*, session: Session, target: str, actor: Actor) -> tuple[Plac
                     "device worker placement must be abandoned before redispatch; use Continue on Gateway"
                 )
             raise InvalidRequest("cloud worker environment must be stopped before redispatch; use Stop cloud worker")
+    try:
+        return _take_barrier(session, target=target, actor=actor), True
+    except InvalidRequest:
+        # A concurrent identical dispatch took the barrier after the check above: this call joins it.
+        current = Placement.objects.filter(pk=session.pk).first()
+        if _identical_in_flight(current, target):
+            return current, False
+        raise
+
+
+def _take_barrier(session: Session, *, target: str, actor: Actor) -> Placement:
     kind, _, target_id = target.partition(":")
-    owner = executor_label()
     with transaction.atomic():
         placement = store.placement_start_dispatch(
-            session=session, target=target, owner=owner, actor=actor, reason=f"dispatch to {target}"
+            session=session, target=target, owner=executor_label(), actor=actor, reason=f"dispatch to {target}"
         )
         idempotency_key = envs.dispatch_idempotency_key(session.session_id, placement.generation)
         environment_id = envs.environment_id_for(idempotency_key)
@@ -146,7 +160,7 @@ def dispatch_start(*, session: Session, target: str, actor: Actor) -> tuple[Plac
             envs.environment_request(
                 environment_id=environment_id, profile=profile, operation_id=f"provision:{environment_id}"
             )
-        placement = store.placement_transition(
+        return store.placement_transition(
             session=session,
             from_state=S.REQUESTED,
             to_state=S.PROVISIONING,
@@ -155,7 +169,6 @@ def dispatch_start(*, session: Session, target: str, actor: Actor) -> tuple[Plac
             actor=actor,
             reason=f"provisioning {environment_id}",
         )
-    return placement, True
 
 
 def dispatch_advance(*, session_pk: int, generation: int) -> str:
@@ -206,7 +219,8 @@ def _advance(session: Session, placement: Placement, actor: Actor) -> Placement:
             owner_epoch=environment.owner_epoch,
         )
     if environment.state == E.PROVISIONING:
-        lease = call_provider(provider.id, "provision", provider.provision, profile, environment.provision_operation_id)
+        operation_id = environment.provision_operation_id
+        lease = call_provider(provider.id, "provision", provider.provision, profile, operation_id, key=operation_id)
         try:
             environment = envs.environment_record_lease(environment_id=environment.pk, lease=lease)
         except GatewayError:
@@ -269,7 +283,7 @@ def _release_unrecorded_lease(
     recorded the same lease first leaves the environment alive: its lease is not touched.)"""
     current = envs.environment_get(environment_id)
     if current is None or current.destroy_requested_at_ms is not None or current.state in TERMINAL_ENVIRONMENT_STATES:
-        call_provider(provider.id, "destroy", provider.destroy, lease_id, profile)
+        call_provider(provider.id, "destroy", provider.destroy, lease_id, profile, key=lease_id)
 
 
 __all__ = [

@@ -221,26 +221,37 @@ def environment_finish_destroy(*, environment_id: str) -> WorkerEnvironment:
         raise InvalidRequest(f"Worker environment {environment_id} not found")
     if environment.state in TERMINAL_ENVIRONMENT_STATES:
         return environment
+    try:
+        return _cas(environment, _finished(environment))
+    except Conflict:
+        # Another teardown of the same environment (a concurrent reclaim, the sweep) finished it first: the
+        # outcome this one wanted. Any other change is a real conflict.
+        current = WorkerEnvironment.objects.filter(pk=environment_id).first()
+        if current is not None and current.state in TERMINAL_ENVIRONMENT_STATES:
+            return current
+        raise
+
+
+def _finished(environment: WorkerEnvironment) -> dict[str, Any]:
+    """The changes that end a teardown: its terminal state, with the lease and owners released."""
     at = now_ms()
     released: dict[str, Any] = {"attached_session_ids": [], "updated_at_ms": at, "state_changed_at_ms": at}
     if environment.teardown_terminal_state == TeardownTerminalState.FAILED or environment.lease_id is None:
-        changes = {
+        return {
             **released,
             **dict.fromkeys(LEASE_FIELDS),
             "state": E.FAILED,
             "teardown_terminal_state": TeardownTerminalState.FAILED,
             "destroy_requested_at_ms": environment.destroy_requested_at_ms or at,
         }
-        return _cas(environment, changes)
     # destroyed keeps its lease id: the provider's record of what was released.
-    changes = {
+    return {
         **released,
         "state": E.DESTROYED,
         "teardown_terminal_state": TeardownTerminalState.DESTROYED,
         "destroy_requested_at_ms": environment.destroy_requested_at_ms or at,
         "idle_since_at_ms": None,
     }
-    return _cas(environment, changes)
 
 
 @transaction.atomic

@@ -186,7 +186,8 @@ def recover_placement(
         if not _driver_gone(placement, live_boot_ids, startup=startup):
             return "in-flight"
         if placement.state in (S.DRAINING, S.RECONCILING) and moves.move_pending(session):
-            return f"move-{moves.move_recover(session, actor=actor).state}"
+            recovered = moves.move_recover(session, actor=actor)
+            return "in-flight" if recovered is None else f"move-{recovered.state}"
         fail_in_flight(session, placement, f"Worker dispatch interrupted in {placement.state}", actor=actor)
         return "interrupted"
     if placement.state == S.FAILED and not startup:

@@ -2,20 +2,24 @@
 
 Provider calls run in a small thread pool so that a provider that hangs (a third party's, or a
 host that accepts and never answers) costs its deadline, not the sweep: the call is abandoned and
-recorded as a transient failure, and nothing else changes.
+recorded as a transient failure, and nothing else changes. The caller waits for it without a database
+connection (a provider's own queries need one from the same pool), and identical calls made at the same
+time (the same operation on the same lease) share one provider call.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections
 
+from gateway.background import release_database_connections
 from sessions_app.models import Session
 
 from ..models import TERMINAL_ENVIRONMENT_STATES, EnvironmentState, Placement, PlacementState, WorkerEnvironment
@@ -41,6 +45,10 @@ DESTROY_ERROR_SEPARATOR = "; environment destroy: "
 UNAVAILABLE_STATES = frozenset({E.DRAINING, E.DESTROYING, *TERMINAL_ENVIRONMENT_STATES})
 
 _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-provider")
+# (provider, operation, lease or operation id) → the provider call under way for it, which a caller asking
+# for the same thing at the same time waits for instead of starting another.
+_in_flight: dict[tuple[str, str, str], Future] = {}
+_in_flight_lock = threading.Lock()
 
 
 def provider_timeout_s() -> float:
@@ -57,9 +65,31 @@ def _run_provider_call[T](fn: Callable[..., T], *args: Any) -> T:
         close_old_connections()
 
 
-def call_provider[T](provider_id: str, operation: str, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` bounded by the provider deadline; a hang or a crash becomes a ``WorkerProviderError``."""
-    future = _pool.submit(_run_provider_call, fn, *args)
+def _shared_call(key: tuple[str, str, str], fn: Callable[..., Any], args: tuple) -> Future:
+    with _in_flight_lock:
+        future = _in_flight.get(key)
+        if future is not None:
+            return future
+        future = _in_flight[key] = _pool.submit(_run_provider_call, fn, *args)
+    future.add_done_callback(lambda done: _forget(key, done))
+    return future
+
+
+def _forget(key: tuple[str, str, str], done: Future) -> None:
+    with _in_flight_lock:
+        if _in_flight.get(key) is done:
+            del _in_flight[key]
+
+
+def call_provider[T](provider_id: str, operation: str, fn: Callable[..., T], *args: Any, key: str) -> T:
+    """``fn(*args)`` bounded by the provider deadline; a hang or a crash becomes a ``WorkerProviderError``.
+
+    ``key`` names what the call acts on (the lease, or the provision's operation id): a call for the same
+    provider, operation and key already under way is waited for instead of made again."""
+    future = _shared_call((provider_id, operation, key), fn, args)
+    # The provider's queries (the local and device providers read and write the node's records) take a
+    # connection from the same pool: one held here while waiting could be the one they wait for.
+    release_database_connections()
     try:
         return future.result(timeout=provider_timeout_s())
     except FutureTimeout:
@@ -85,7 +115,9 @@ def inspect_environment(environment: WorkerEnvironment) -> Inspection:
     """The provider's view of the lease, validated (workers.md §3.1); raises on a transient failure."""
     provider = provider_for(environment)
     profile = profile_for_environment(environment.provider_id, environment.profile_id, environment.profile_snapshot)
-    result = call_provider(environment.provider_id, "inspect", provider.inspect, environment.lease_id, profile)
+    result = call_provider(
+        environment.provider_id, "inspect", provider.inspect, environment.lease_id, profile, key=environment.lease_id
+    )
     if not isinstance(result, Inspection) or result.status not in INSPECTION_STATUSES:
         raise WorkerProviderError("Worker provider returned an invalid inspection status")
     if result.shared_host is not None and result.status != "active":
@@ -110,7 +142,14 @@ def teardown_environment(environment_id: str | None, *, terminal_state: str, err
             profile = profile_for_environment(
                 environment.provider_id, environment.profile_id, environment.profile_snapshot
             )
-            call_provider(environment.provider_id, "destroy", provider.destroy, environment.lease_id, profile)
+            call_provider(
+                environment.provider_id,
+                "destroy",
+                provider.destroy,
+                environment.lease_id,
+                profile,
+                key=environment.lease_id,
+            )
         except WorkerProviderError as failure:
             # The cause of the teardown stays first; only the latest destroy failure follows it.
             cause = (environment.last_error or "").split(DESTROY_ERROR_SEPARATOR)[0]

@@ -401,6 +401,7 @@ class NodeTurn:
                 target=self.target,
             )
 
+        release_database_connections()  # the node is waited for without a database connection
         try:
             publisher.submit(deliver).result(APPROVAL_DELIVERY_TIMEOUT_MS / 1000 + 5)
         except NodeCommandFailed as failure:
