@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import unicodedata
 from dataclasses import dataclass
 
@@ -83,14 +84,16 @@ def _clear_abort_on_commit(run: Run) -> None:
 
 # --- chat runs ------------------------------------------------------------------------------
 
-_CONTROL_CHARS = {c for c in map(chr, range(32)) if c not in "\n\t\r"} | {"\x7f"}
+# Control characters but tab, line feed and carriage return (OpenClaw strips the same). A pattern, not a
+# character loop: a message may be a megabyte (schemas.MAX_MESSAGE_CHARS).
+_CONTROL_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def clean_message(message: str) -> str:
     """NFC-normalized text without control characters; NUL bytes and empty text are refused."""
     if "\x00" in message:
         raise InvalidRequest("message must not contain null bytes")
-    text = "".join(ch for ch in unicodedata.normalize("NFC", message) if ch not in _CONTROL_CHARS)
+    text = _CONTROL_CHARS.sub("", unicodedata.normalize("NFC", message))
     if not text.strip():
         raise InvalidRequest("message or attachment required")
     return text
