@@ -1,10 +1,11 @@
 """Huge frames: ``health`` latency over the wire while other connections send 1 MB ``chat.send`` frames (issue 27).
 
 Starts a gateway the way ``bench/gateway_bench.py`` does (``manage.py migrate`` + ``manage.py serve``, embedded
-profile unless URLs are given), then measures ``health`` round trips on one connection of their own process:
-first with nothing else going on, then while ``--connections`` connections (in ``--client-procs`` other
-processes) each send ``chat.send`` frames of ``--message-bytes`` of text back to back, every connection to a main
-session of its own. See ``bench/README.md`` ("Huge frames").
+profile unless URLs are given, with the benchmarks' framework floor in the same process), then measures ``health``
+round trips, alternating with calls to the floor, from a process of their own: first with nothing else going on,
+then while ``--connections`` connections (in ``--client-procs`` other processes) each send ``chat.send`` frames of
+``--message-bytes`` of text back to back, every connection to a main session of its own. See ``bench/README.md``
+("Huge frames").
 
     .venv/bin/python bench/big_frames.py
     .venv/bin/python bench/big_frames.py --database-url postgres://postgres@127.0.0.1:5432/postgres \\
@@ -17,9 +18,11 @@ import argparse
 import asyncio
 import contextlib
 import multiprocessing
+import os
 import sys
 import time
 import uuid
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +41,7 @@ from bench.common import (  # noqa: E402  (the repository root must be importabl
     run_benchmark,
     summarize,
 )
-from bench.gateway_bench import OurGateway, hello_facts, split_evenly  # noqa: E402
+from bench.gateway_bench import OurGateway, Target, hello_facts, split_evenly  # noqa: E402
 from openclaw_client.client import ConnectionClosed, GatewayError  # noqa: E402
 
 # Text a model might be sent (words, spaces, line breaks), not one repeated character that compresses to nothing.
@@ -48,6 +51,7 @@ _PARAGRAPH = (
 )
 # Between two health calls: the prober measures the gateway, it does not load it.
 HEALTH_PAUSE_S = 0.005
+HEALTH_TIMEOUT_S = 10.0
 # Time for the senders to connect before the measured window opens.
 SENDERS_READY_TIMEOUT_S = 120.0
 
@@ -56,26 +60,61 @@ def message_text(size: int) -> str:
     return (_PARAGRAPH * (size // len(_PARAGRAPH) + 1))[:size]
 
 
-async def _health_calls(url: str, token: str, seconds: float) -> tuple[list[float], list[str]]:
-    client = await connected_client(url, token)
-    samples: list[float] = []
-    errors: list[str] = []
+@dataclass
+class _Calls:
+    """Round trips of one connection. A call that times out counts as a sample of its timeout, one whose
+    connection closed as a sample of the time it waited (and the connection is not used again)."""
+
+    samples: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    timeouts: int = 0
+
+    async def time(self, client: Any) -> bool:
+        """One call; False when the connection is gone."""
+        started = time.perf_counter()
+        try:
+            await client.request("health", timeout=HEALTH_TIMEOUT_S)
+        except TimeoutError:
+            self.timeouts += 1
+        except GatewayError as error:
+            self.errors.append(str(error))
+            return True
+        except ConnectionClosed as closed:
+            self.samples.append(time.perf_counter() - started)
+            self.errors.append(f"connection closed: {closed}")
+            return False
+        self.samples.append(time.perf_counter() - started)
+        return True
+
+
+async def _probe(url: str, floor_url: str, token: str, seconds: float) -> dict[str, _Calls]:
+    """``health`` on the gateway and the same call on the floor (bench/floor.py), one after the other, for
+    ``seconds``. The floor does no work of its own in the same process: its round trip is what the machine,
+    Daphne and the process's event loop add at that moment; what ``health`` takes beyond it is the gateway's
+    own path for the call."""
+    calls = {"health": _Calls(), "floor": _Calls()}
+    clients: dict[str, Any] = {}
     try:
-        for _ in range(20):  # warm-up, not measured
-            await client.request("health")
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            started = time.perf_counter()
+        for name, target in (("health", url), ("floor", floor_url)):
             try:
-                await client.request("health", timeout=30)
-            except (GatewayError, TimeoutError) as error:
-                errors.append(str(error))
-            else:
-                samples.append(time.perf_counter() - started)
-            await asyncio.sleep(HEALTH_PAUSE_S)
+                clients[name] = await connected_client(target, token)
+            except Exception as exc:  # a gateway that takes no connection: that is the figure
+                calls[name].errors.append(f"could not connect: {type(exc).__name__}: {exc}")
+                return calls
+        for _ in range(20):  # warm-up, not measured
+            for client in clients.values():
+                with contextlib.suppress(GatewayError, TimeoutError, ConnectionClosed):
+                    await client.request("health", timeout=HEALTH_TIMEOUT_S)
+        deadline = time.perf_counter() + seconds
+        live = dict(clients)
+        while live and time.perf_counter() < deadline:
+            for name, client in list(live.items()):
+                if not await calls[name].time(client):
+                    del live[name]
+                await asyncio.sleep(HEALTH_PAUSE_S)
     finally:
-        await client.close()
-    return samples, errors
+        await asyncio.gather(*(client.close() for client in clients.values()), return_exceptions=True)
+    return calls
 
 
 async def _send_loop(client: Any, session_key: str, text: str, deadline: float, tally: dict[str, Any]) -> None:
@@ -115,10 +154,9 @@ def _sender_process(url: str, token: str, keys: list[str], message_bytes: int, r
         out.put({"failure": f"{type(exc).__name__}: {exc}"})
 
 
-def _prober_process(url: str, token: str, seconds: float, out: Any) -> None:
+def _prober_process(url: str, floor_url: str, token: str, seconds: float, out: Any) -> None:
     try:
-        samples, errors = asyncio.run(_health_calls(url, token, seconds))
-        out.put({"samples": samples, "errors": errors})
+        out.put({name: asdict(part) for name, part in asyncio.run(_probe(url, floor_url, token, seconds)).items()})
     except BaseException as exc:
         out.put({"failure": f"{type(exc).__name__}: {exc}"})
 
@@ -130,19 +168,26 @@ def _collect(queue: Any, timeout: float) -> dict:
     return result
 
 
-def measure_health(url: str, token: str, seconds: float) -> dict[str, Any]:
+def measure_health(target: Target, seconds: float) -> dict[str, Any]:
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    prober = context.Process(target=_prober_process, args=(url, token, seconds, out), daemon=True)
+    prober = context.Process(
+        target=_prober_process, args=(target.url, target.floor_url, target.token, seconds, out), daemon=True
+    )
     prober.start()
     try:
-        result = _collect(out, seconds + 120)
+        result = _collect(out, seconds + 300)
     finally:
         prober.join(10)
-    return {"health": summarize(result["samples"]), "healthErrors": result["errors"][:5]}
+    report: dict[str, Any] = {}
+    for name in ("health", "floor"):
+        part = result[name]
+        report[name] = {**summarize(part["samples"]), "timeouts": part["timeouts"], "errors": part["errors"][:5]}
+    return report
 
 
-def measure_under_load(url: str, token: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+def measure_under_load(target: Target, args: argparse.Namespace) -> dict[str, Any]:
+    url, token = target.url, target.token
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     shares = [n for n in split_evenly(args.connections, args.client_procs) if n > 0]
@@ -165,13 +210,13 @@ def measure_under_load(url: str, token: str, pid: int, args: argparse.Namespace)
     try:
         for ready in readies:
             ready.wait(SENDERS_READY_TIMEOUT_S)
-        cpu_before = process_cpu_seconds(pid)
+        cpu_before = process_cpu_seconds(target.pid)
         for go in gos:
             go.put(args.seconds)
         time.sleep(1.0)  # the senders' first frames are in flight before the prober starts
-        health = measure_health(url, token, args.seconds - 2.0)
+        health = measure_health(target, args.seconds - 2.0)
         parts = [_collect(out, args.seconds + 180) for _ in senders]
-        cpu = process_cpu_seconds(pid) - cpu_before
+        cpu = process_cpu_seconds(target.pid) - cpu_before
     finally:
         for process in senders:
             process.join(10)
@@ -200,12 +245,15 @@ def run(args: argparse.Namespace, cleanups: contextlib.ExitStack) -> dict[str, A
     target = gateway.start()
     facts = asyncio.run(hello_facts(target))
     progress(f"health alone for {args.idle_seconds:g} s")
-    idle = measure_health(target.url, target.token, args.idle_seconds)
+    idle = measure_health(target, args.idle_seconds)
     progress(
         f"health while {args.connections} connections send {args.message_bytes:,}-byte chat.send frames"
         f" for {args.seconds:g} s"
     )
-    loaded = measure_under_load(target.url, target.token, target.pid, args)
+    load_before = os.getloadavg()[0]
+    loaded = measure_under_load(target, args)
+    # The machine may be shared: its load says how much the figures owe to other work.
+    loaded["machineLoadAverage"] = [load_before, os.getloadavg()[0]]
     report = {
         "environment": gateway.environment(facts),
         "settings": {
@@ -227,7 +275,7 @@ def run(args: argparse.Namespace, cleanups: contextlib.ExitStack) -> dict[str, A
 
 
 def render(report: dict[str, Any], args: argparse.Namespace) -> str:
-    settings, load = report["settings"], report["load"]
+    settings, idle, load = report["settings"], report["idle"], report["load"]
     target = "sessions that do not exist (no turn runs)" if settings["missingSessions"] else "main sessions (turns run)"
     lines = [
         "OpenClaw gateway under huge frames",
@@ -236,18 +284,31 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
         f" chat.send with {settings['messageBytes']:,} bytes of text back to back, {settings['seconds']:g} s,"
         f" to {target}",
         "",
-        latency_header("health round trip (ms)"),
-        latency_row("alone", report["idle"]["health"]),
-        latency_row("under the chat.send load", load["health"]),
+        latency_header("round trip (ms)", width=44),
+        latency_row("health, alone", idle["health"], width=44),
+        latency_row("floor, alone", idle["floor"], width=44),
+        latency_row("health, under the chat.send load", load["health"], width=44),
+        latency_row("floor, under the chat.send load", load["floor"], width=44),
         "",
         f"chat.send frames answered   {load['chatSendFrames']:>8} ({load['framesPerSecond']:.1f}/s,"
         f" {load['megabytesPerSecond']:.1f} MB/s of text), ok {load['chatSendOk']}",
         f"gateway CPU under load      {load['gatewayCpuSeconds']:>8.1f} s; peak RSS {report['peakRssMiB']:.0f} MiB",
+        "machine load average (1 min) {:.1f} before the load, {:.1f} after".format(*load["machineLoadAverage"]),
     ]
-    for message, count in sorted(load["chatSendErrors"].items(), key=lambda item: -item[1]):
+    errors = sorted(load["chatSendErrors"].items(), key=lambda item: -item[1])
+    for message, count in errors[:3]:
         lines.append(f"  chat.send error x{count}: {message[:160]}")
-    for message in report["idle"]["healthErrors"] + load["healthErrors"]:
-        lines.append(f"  health error: {message[:160]}")
+    if len(errors) > 3:
+        rest = sum(count for _message, count in errors[3:])
+        lines.append(f"  ... and {rest} more, of {len(errors) - 3} other messages")
+    for phase, figures in (("alone", idle), ("under load", load)):
+        for name in ("health", "floor"):
+            if figures[name]["timeouts"]:
+                lines.append(
+                    f"  {name} {phase}: {figures[name]['timeouts']} calls timed out"
+                    f" ({HEALTH_TIMEOUT_S:g} s, counted at that)"
+                )
+            lines.extend(f"  {name} {phase} error: {message[:160]}" for message in figures[name]["errors"])
     log = report.get("gatewayLog") or {}
     lines.append(f"gateway log: {log.get('errorRecords', '-')} ERROR records, exit code {log.get('exitCode', '-')}")
     return "\n".join(lines)

@@ -283,8 +283,8 @@ def read_frame_head(text: str) -> FrameHead:
 
     For what must be decided before a big frame is parsed (its size against its method's limit) or when it
     cannot be parsed at all (nested past the decoder): members are read in order up to the first object
-    or array (``params``: clients send ``type``, ``id``, ``method`` first) or the end of the head. A later
-    duplicate of a member is not seen; after parsing, the frame's own members decide.
+    or array (``params``: clients send ``type``, ``id``, ``method`` first) or the end of the head. A duplicate
+    of a member past that is not seen; after parsing, the frame's own members decide.
     """
     end = min(len(text), FRAME_HEAD_CHARS)
     found: dict[str, str] = {}
