@@ -22,11 +22,13 @@ from gateway.admin.common import (
     EstimatedCountPaginator,
     ViewOnlyObjectsMixin,
     audit_history_link,
+    operator_action,
     per_object_action,
     short_id,
 )
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError
+from gateway.user_scopes import user_may_call
 from openclaw_client.agent import exec_policy
 
 from .models import ApprovalDecision, ApprovalStatus, ExecApproval, ExecApprovalPolicy
@@ -152,7 +154,7 @@ class ExecApprovalAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             return "expired (awaiting the expiry sweep)"
         return None
 
-    @admin.action(description="Deny selected pending approvals", permissions=["change"])
+    @operator_action("exec.approval.resolve", description="Deny selected pending approvals")
     def deny_pending(self, request: HttpRequest, queryset: QuerySet[ExecApproval]) -> None:
         def deny(obj: ExecApproval, actor: Actor) -> str:
             approvals.exec_approval_resolve(approval_id=obj.id, decision=ApprovalDecision.DENY, actor=actor)
@@ -257,6 +259,13 @@ class ExecApprovalPolicyAdmin(admin.ModelAdmin):
             "updated_by",
             "audit_history",
         ]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Writing a policy is ``exec.approvals.set``: the wire's scope on top of the model permission.
+        return super().has_add_permission(request) and user_may_call(request.user, "exec.approvals.set")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_change_permission(request, obj) and user_may_call(request.user, "exec.approvals.set")
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # an empty document is written through the form, with its hash and an audit row

@@ -21,12 +21,14 @@ from gateway.admin.common import (
     ViewOnlyObjectsMixin,
     audit_history_link,
     join_or_dash,
+    operator_action,
     per_object_action,
     report_outcome,
     short_id,
 )
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError
+from gateway.redaction import operator_text
 from gateway.scopes import ROLES
 from gateway.selectors import live_connections
 
@@ -251,7 +253,7 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
         codename = get_permission_codename("delete", self.opts)
         return request.user.has_perm(f"{self.opts.app_label}.{codename}")
 
-    @admin.action(description="Remove selected devices", permissions=["remove"])
+    @operator_action("device.pair.remove", description="Remove selected devices", permissions=["remove"])
     def remove_devices(self, request: HttpRequest, queryset: QuerySet[PairedDevice]) -> TemplateResponse | None:
         """Destructive: tokens die with the device and its live connections are closed.
 
@@ -266,7 +268,7 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             try:
                 pairing.paired_device_remove(device_id=device.device_id, actor=actor)
             except GatewayError as exc:
-                skipped.append(f"{device}: {exc.message}")
+                skipped.append(f"{device}: {operator_text(exc)}")
                 continue
             done += 1
             # The row is gone; the in-memory object still carries its pk and label for history.
@@ -305,7 +307,7 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/devices_app/paireddevice/remove_confirmation.html", context)
 
-    @admin.action(description="Revoke all device tokens", permissions=["change"])
+    @operator_action("device.token.revoke", description="Revoke all device tokens")
     def revoke_device_tokens(self, request: HttpRequest, queryset: QuerySet[PairedDevice]) -> None:
         actor = Actor.for_user(request.user)
         done, skipped = 0, []
@@ -319,7 +321,7 @@ class PairedDeviceAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
                 try:
                     tokens.device_token_revoke(device_id=device.device_id, role=role, actor=actor)
                 except GatewayError as exc:
-                    skipped.append(f"{device} ({role} token): {exc.message}")
+                    skipped.append(f"{device} ({role} token): {operator_text(exc)}")
                     continue
                 revoked.append(role)
             if revoked:
@@ -430,7 +432,7 @@ class DevicePairingRequestAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             return "expired (awaiting the expiry sweep)"
         return None
 
-    @admin.action(description="Approve selected pairing requests", permissions=["change"])
+    @operator_action("device.pair.approve", description="Approve selected pairing requests")
     def approve_requests(self, request: HttpRequest, queryset: QuerySet[DevicePairingRequest]) -> None:
         def approve(obj: DevicePairingRequest, actor: Actor) -> str:
             device = pairing.pairing_request_approve(request_id=str(obj.request_id), actor=actor)
@@ -438,7 +440,7 @@ class DevicePairingRequestAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
         per_object_action(self, request, queryset, label=_request_label, skip_reason=self._not_open_reason, act=approve)
 
-    @admin.action(description="Reject selected pairing requests", permissions=["change"])
+    @operator_action("device.pair.reject", description="Reject selected pairing requests")
     def reject_requests(self, request: HttpRequest, queryset: QuerySet[DevicePairingRequest]) -> None:
         def reject(obj: DevicePairingRequest, actor: Actor) -> str:
             pairing.pairing_request_reject(request_id=str(obj.request_id), actor=actor)
@@ -494,7 +496,7 @@ class DeviceTokenAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     def audit_history(self, obj: DeviceToken) -> str:
         return audit_history_link(obj.device_id, "device")
 
-    @admin.action(description="Revoke selected tokens", permissions=["change"])
+    @operator_action("device.token.revoke", description="Revoke selected tokens")
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[DeviceToken]) -> None:
         def revoke(token: DeviceToken, actor: Actor) -> str:
             tokens.device_token_revoke(device_id=token.device_id, role=token.role, actor=actor)
@@ -509,7 +511,7 @@ class DeviceTokenAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             act=revoke,
         )
 
-    @admin.action(description="Rotate selected tokens (shows the new tokens once)", permissions=["change"])
+    @operator_action("device.token.rotate", description="Rotate selected tokens (shows the new tokens once)")
     def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[DeviceToken]) -> TemplateResponse:
         """Destructive: the old secret stops working and the device's connections with that role close.
 
@@ -528,7 +530,7 @@ class DeviceTokenAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
                     device_id=token.device_id, role=token.role, scopes=None, actor=actor, show_to_operator=True
                 )
             except GatewayError as exc:
-                skipped.append(f"{token}: {exc.message}")
+                skipped.append(f"{token}: {operator_text(exc)}")
                 continue
             token.refresh_from_db()
             self.log_change(request, token, "Rotated via admin action.")

@@ -8,4 +8,4 @@ class GatewayConfig(AppConfig):
 
     def ready(self) -> None:
         # Filling the method registry is a side effect of importing the handler modules.
-        from . import rpc  # noqa: F401
+        from . import absent_features, rpc  # noqa: F401

@@ -15,6 +15,7 @@ from django.db import transaction
 
 from . import scopes as sc
 from .models import AuditLog
+from .user_scopes import user_scopes
 
 logger = logging.getLogger(__name__)
 # The audit data's keys that explain a change; the rest (documents, lists of runs) stays in the audit row.
@@ -34,8 +35,11 @@ class Actor:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def for_user(cls, user: AbstractBaseUser) -> Actor:
-        return cls(label=f"user:{user.get_username()}", user=user)
+    def for_user(cls, user: AbstractBaseUser, *, scopes: tuple[str, ...] | None = None) -> Actor:
+        """A Django user, with the scopes their permissions give (``scopes``: what authenticated the request
+        instead, as the gateway token does on the JSON API)."""
+        held = user_scopes(user) if scopes is None else scopes
+        return cls(label=f"user:{user.get_username()}", user=user, scopes=held)
 
     @classmethod
     def system(cls, label: str = "gateway") -> Actor:

@@ -45,11 +45,19 @@ def dispatch_on_commit(task: Any, *args: Any) -> None:
     transaction.on_commit(functools.partial(dispatch_now, task, *args))
 
 
+CELERY_EXECUTOR_PREFIX = "celery:"
+
+
 def executor_label() -> str:
     """Which process is executing right now: this gateway process, or a Celery worker process."""
     if state.in_process_task():
         return f"gateway:{state.BOOT_ID}"
-    return f"celery:{socket.gethostname()}:{os.getpid()}"
+    return worker_process_label()
+
+
+def worker_process_label() -> str:
+    """This process as a Celery worker process: the executor of the tasks it runs, the name of its lease."""
+    return f"{CELERY_EXECUTOR_PREFIX}{socket.gethostname()}:{os.getpid()}"
 
 
 def run_in_process(fn: Callable[..., Any], *args: Any) -> None:

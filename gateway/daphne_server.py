@@ -20,18 +20,28 @@ frame published as droppable (``dropIfSlow``) is skipped, any other closes the c
 consumer``. Nothing more is written to it, and the close handshake waits at most
 :data:`SLOW_CONSUMER_CLOSE_TIMEOUT_S` before the TCP connection is aborted, which frees what was held.
 
+Slow request heads: each request head (request line and headers) has a deadline, from accept for a connection's
+first and from the end of the previous response for the next (408, or a silent close when nothing of it came), and
+one client address may hold only so many first heads still incomplete a second after accept (429 beyond), see
+:class:`GatewayHTTPChannel` and :class:`RequestHeads`; Twisted's own idle timeout restarts with every byte.
+
 Before the reactor stops, every local connection receives the ``shutdown`` event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import ipaddress
 import logging
+import math
 from collections import deque
+from collections.abc import Sequence
 
 from daphne import ws_protocol
 from daphne.server import Server
 from twisted.internet import interfaces
+from twisted.internet.interfaces import IDelayedCall
 from twisted.web import http
 
 from . import lifecycle, metrics
@@ -193,37 +203,226 @@ class GatewayWebSocketProtocol(ws_protocol.WebSocketProtocol):
         return True
 
 
-# A connection that has not sent a complete request line and headers within this many seconds
-# (garbage, a port scanner, a stalled client) is closed, instead of Twisted's 60 s. Upgraded
-# WebSockets are not affected: their channel no longer times out once the upgrade request arrived.
+# Twisted's idle timeout (each byte resets it): the gap a request body may leave between two reads. Request heads
+# have a deadline of their own (HTTP_HEAD_TIMEOUT_MS). Upgraded WebSockets are not affected: their channel no longer
+# times out once the upgrade request arrived.
 HTTP_IDLE_TIMEOUT_S = 10
+
+# A client on a working network sends its request head within milliseconds of connecting. Only first heads still
+# incomplete this long after accept count toward the per-address bound, so a burst of fresh connections from one
+# address (a benchmark opening hundreds of sockets at once, a proxy's busy second) is never refused.
+SLOW_HEAD_AFTER_S = 1.0
+
+URI_TOO_LONG = b"414 URI Too Long"
+HEADER_FIELDS_TOO_LARGE = b"431 Request Header Fields Too Large"
+REQUEST_TIMEOUT = b"408 Request Timeout"
+TOO_MANY_REQUESTS = b"429 Too Many Requests"
+
+
+def bodiless_answer(status: bytes, *headers: bytes) -> bytes:
+    """A complete response the channel writes itself, before any request reached Daphne; the connection closes."""
+    lines = [b"HTTP/1.1 " + status, b"Connection: close", *headers, b"Content-Length: 0"]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+class RequestHeads:
+    """The request head deadline and the bound on slow first heads per client address, shared by one server's HTTP
+    channels (all of it runs on the reactor's thread).
+
+    ``slow`` counts, per address, the connections whose first request head is still incomplete
+    :data:`SLOW_HEAD_AFTER_S` after accept. An address holding ``per_address`` of them gets ``429`` for every further
+    connection, at accept, until one of them ends (its head completes, its deadline closes it, the client leaves).
+    Addresses in ``exempt`` (a TCP-level proxy in front, which forwards every client's bytes as they come) are not
+    counted.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float,
+        per_address: int,
+        exempt: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = (),
+    ):
+        self.timeout_s = timeout_s
+        self.slow_after_s = min(SLOW_HEAD_AFTER_S, timeout_s / 2)
+        self.per_address = per_address
+        self.exempt = tuple(exempt)
+        self.slow: dict[str, int] = {}
+        self.retry_after = b"Retry-After: %d" % math.ceil(timeout_s)
+
+    @classmethod
+    def from_settings(cls) -> RequestHeads:
+        return cls(
+            timeout_s=gateway_setting("HTTP_HEAD_TIMEOUT_MS") / 1000,
+            per_address=gateway_setting("HTTP_SLOW_HEADS_PER_ADDRESS"),
+            exempt=gateway_setting("HTTP_SLOW_HEADS_EXEMPT"),
+        )
+
+    def bounded_address(self, peer) -> str | None:
+        """The peer's IP address when its connections count toward the bound; None when exempt (or not IP)."""
+        host = getattr(peer, "host", None)
+        if not self.exempt:
+            return host
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return None
+        return None if any(address in network for network in self.exempt) else host
+
+    def full(self, address: str) -> bool:
+        return self.slow.get(address, 0) >= self.per_address
+
+    def add_slow(self, address: str) -> bool:
+        """Count one more slow head of ``address``; False, counting nothing, when it already holds the limit."""
+        held = self.slow.get(address, 0)
+        if held >= self.per_address:
+            return False
+        self.slow[address] = held + 1
+        if held + 1 == self.per_address:
+            logger.warning(
+                "HTTP client %s holds %d request heads incomplete after %.1f s (the limit, "
+                "OPENCLAW_HTTP_SLOW_HEADS_PER_ADDRESS): its further connections get 429 until one of them ends",
+                address,
+                self.per_address,
+                self.slow_after_s,
+            )
+        return True
+
+    def remove_slow(self, address: str) -> None:
+        held = self.slow[address] - 1
+        if held:
+            self.slow[address] = held
+        else:
+            del self.slow[address]
 
 
 class GatewayHTTPChannel(http.HTTPChannel):
-    """Twisted's HTTP/1.1 channel, which Daphne's requests run on, with an answer for overlong lines.
+    """Twisted's HTTP/1.1 channel, which Daphne's requests run on, with a deadline for request heads, a bound on slow
+    ones per client address, and an answer for overlong lines.
 
-    Twisted drops the TCP connection when a line passes its 16 KiB limit; a client then learns
-    nothing. An overlong request line gets ``414 URI Too Long``, an overlong header ``431``.
-    (Twisted's default channel factory would pick HTTP/2 when TLS negotiates it; the gateway listens on
-    plain TCP, where that never happens.)
+    Twisted's idle timeout restarts with every byte: a client sending one byte of its headers every few seconds
+    would hold the connection forever. Each request head must arrive within ``heads.timeout_s``: the first counted
+    from accept, each next one on a kept-alive connection from the end of the previous response. At the deadline a
+    connection that sent part of its head gets ``408 Request Timeout``; one that sent nothing (an idle kept-alive
+    connection, a browser's preconnect) is closed without an answer. Both close as Twisted's idle timeout does
+    (``timeoutConnection``: aborted if the peer does not read what it was sent). Once a head is complete nothing
+    here runs until its response ends: a request's body has Twisted's idle timeout, and a WebSocket upgrade leaves
+    the channel for good.
+
+    Twisted drops the TCP connection when a line passes its 16 KiB limit; a client then learns nothing. An overlong
+    request line gets ``414 URI Too Long``, an overlong header ``431``. (Twisted's default channel factory would
+    pick HTTP/2 when TLS negotiates it; the gateway listens on plain TCP, where that never happens.)
     """
+
+    def __init__(self, heads: RequestHeads):
+        super().__init__()
+        self.heads = heads
+        self.awaiting_head = False
+        # A byte of the awaited head arrived: its timeout answers 408 instead of closing silently.
+        self.head_begun = False
+        # The head's timer: at most one at a time (for a counted address the slow-head check, then the deadline).
+        self.head_timer: IDelayedCall | None = None
+        # The address whose count of slow heads includes this connection.
+        self.counted_as_slow: str | None = None
+        self.gone = False
+
+    def connectionMade(self):
+        super().connectionMade()
+        address = self.heads.bounded_address(self.transport.getPeer())
+        if address is not None and self.heads.full(address):
+            self.refuse(TOO_MANY_REQUESTS, "address-limit", self.heads.retry_after)
+            return
+        if address is None:
+            self.await_head(self.heads.timeout_s)
+        else:
+            # A head complete within the second (nearly all) never needs the deadline's timer.
+            self.await_head(self.heads.slow_after_s, self.head_is_slow, address)
+
+    def dataReceived(self, data):
+        if self.awaiting_head:
+            self.head_begun = True
+        super().dataReceived(data)
+
+    def allHeadersReceived(self):
+        self.stop_awaiting_head()
+        super().allHeadersReceived()
+
+    def requestDone(self, request):
+        # Kept alive: the next head's deadline starts now. Pipelined bytes the channel buffered meanwhile are parsed
+        # inside super(), and may complete that head at once.
+        if self.persistent and not self.gone:
+            self.await_head(self.heads.timeout_s)
+        super().requestDone(request)
+
+    def connectionLost(self, reason):
+        self.gone = True
+        self.stop_awaiting_head()
+        super().connectionLost(reason)
+
+    def loseConnection(self):
+        # Every way the channel ends a connection comes here (400, 414/431, 408, 429, a response with
+        # ``Connection: close``): nothing awaits a head any more.
+        self.stop_awaiting_head()
+        super().loseConnection()
+
+    def timeoutConnection(self):
+        # The head deadline, or Twisted's idle timeout when it is shorter (OPENCLAW_HTTP_HEAD_TIMEOUT_MS above 10 s):
+        # a head cut short gets 408 whichever ends it. Then Twisted's own ending of an idle connection: a clean close,
+        # aborted after ``abortTimeout`` when the peer does not read what is left to send (the 408, a response to a
+        # request it pipelined). One ending: the idle timeout must not fire again while the connection closes.
+        self.setTimeout(None)
+        if self.awaiting_head and self.head_begun:
+            metrics.record_http_head_refused("timeout")
+            self.transport.write(bodiless_answer(REQUEST_TIMEOUT))
+        super().timeoutConnection()
 
     def lineLengthExceeded(self, line):
         # The channel holds a request from its request line until it is answered (the next one is parsed only
         # then), so none held means the overlong line is a request line.
-        status = b"431 Request Header Fields Too Large" if self.requests else b"414 URI Too Long"
-        self.transport.write(b"HTTP/1.1 " + status + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+        self.transport.write(bodiless_answer(HEADER_FIELDS_TOO_LARGE if self.requests else URI_TOO_LONG))
         self.loseConnection()
+
+    # --- the head deadline and the per-address bound ------------------------------------------------------------
+
+    def await_head(self, seconds: float, then=None, *args) -> None:
+        """Await a head: ``then(*args)`` in ``seconds`` unless it is complete by then (default: the deadline)."""
+        self.awaiting_head = True
+        self.head_begun = False
+        self.head_timer = self.callLater(seconds, then or self.timeoutConnection, *args)
+
+    def head_is_slow(self, address: str) -> None:
+        if not self.heads.add_slow(address):
+            self.refuse(TOO_MANY_REQUESTS, "address-limit", self.heads.retry_after)
+            return
+        self.counted_as_slow = address
+        # The deadline counts from accept, also when this check ran late (a busy reactor).
+        accepted = self.head_timer.getTime() - self.heads.slow_after_s
+        remaining = accepted + self.heads.timeout_s - self.factory.reactor.seconds()
+        self.head_timer = self.callLater(max(0.0, remaining), self.timeoutConnection)
+
+    def refuse(self, status: bytes, reason: str, *headers: bytes) -> None:
+        metrics.record_http_head_refused(reason)
+        self.transport.write(bodiless_answer(status, *headers))
+        self.loseConnection()
+
+    def stop_awaiting_head(self) -> None:
+        self.awaiting_head = False
+        if self.head_timer is not None and self.head_timer.active():
+            self.head_timer.cancel()
+        self.head_timer = None
+        if self.counted_as_slow is not None:
+            self.heads.remove_slow(self.counted_as_slow)
+            self.counted_as_slow = None
 
 
 def install_gateway_protocols(server: Server) -> None:
     """Point the factories ``server.run()`` has just built at the gateway's classes; documented attributes only:
-    ``Factory.protocol`` (what ``buildProtocol`` makes), ``HTTPFactory.timeOut`` (the idle timeout) and autobahn's
-    ``failByDrop`` protocol option."""
+    ``Factory.protocol`` (the callable ``buildProtocol`` calls for each connection), ``HTTPFactory.timeOut`` (the
+    idle timeout) and autobahn's ``failByDrop`` protocol option."""
     server.ws_factory.protocol = GatewayWebSocketProtocol
     # Frames over the hard size limit get a 1009 close frame instead of a dropped TCP stream.
     server.ws_factory.setProtocolOptions(failByDrop=False)
-    server.http_factory.protocol = GatewayHTTPChannel
+    server.http_factory.protocol = functools.partial(GatewayHTTPChannel, RequestHeads.from_settings())
     server.http_factory.timeOut = HTTP_IDLE_TIMEOUT_S
 
 

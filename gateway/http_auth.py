@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja.security import APIKeyHeader, HttpBearer
 
+from . import scopes as sc
 from .audit import Actor
 from .auth import secret_matches
 from .conf import shared_token
@@ -34,8 +35,9 @@ OPERATOR_AUTH = [GatewayBearer(), GatewayTokenHeader()]
 
 
 def request_actor(request: HttpRequest) -> Actor:
-    """Who a JSON API change is audited as: the logged-in user, else the gateway token (a full operator)."""
+    """Who a JSON API change is audited as: the logged-in user, else the gateway token. Either way it acts
+    with the token's rights (a full operator): the token is what authenticated the request."""
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
-        return Actor.for_user(user)
+        return Actor.for_user(user, scopes=(sc.ADMIN,))
     return Actor.system("api:token")

@@ -1,9 +1,10 @@
 """Starting, running and stopping one gateway process.
 
 At start (``serve``): register the process, start the background loop (ticks, heartbeat, the
-embedded profile's sweeps) and the process listener, run the apps' startup hooks. At ``SIGTERM``:
-tell every local connection ``shutdown``, close them, leave the process registry. Apps add their
-own startup hooks and sweeps with :func:`on_startup` / :func:`on_sweep` from their ``ready()``.
+embedded profile's sweeps, the executor watches) and the process listener, run the apps' startup hooks. At
+``SIGTERM``: tell every local connection ``shutdown``, close them, leave the process registry. Apps add their
+own startup hooks, sweeps and watches with :func:`on_startup` / :func:`on_sweep` / :func:`on_watch` from their
+``ready()``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.core.cache import cache
 
-from . import broadcast, state
+from . import background, broadcast, state
 from .conf import gateway_setting
 from .events import BROADCAST_GROUP
 from .ports import connection_authority
@@ -33,7 +35,10 @@ logger = logging.getLogger(__name__)
 PROCESS_GROUP_RENEW_S = 3600
 
 _sweeps: list[Callable[[], Any]] = []
+_watches: list[Callable[[], Any]] = []
 _startup_hooks: list[Callable[[], Any]] = []
+# Taken by the gateway process that runs the watches this interval (the others skip it).
+WATCH_TURN_KEY = "gateway:executor-watch"
 
 
 class _Tasks:
@@ -52,6 +57,13 @@ _tasks = _Tasks()
 def on_sweep(fn: Callable[[], Any]) -> None:
     """A periodic recovery function run by the gateway loop when embedded (Celery beat otherwise)."""
     _sweeps.append(fn)
+
+
+def on_watch(fn: Callable[[], Any]) -> None:
+    """A check of the Celery worker processes' leases (``executor_leases``), run every
+    ``EXECUTOR_WATCH_INTERVAL_MS`` by one gateway process of the deployment. Not a beat task: it must not wait
+    behind a queue of turns for a free worker, nor stop with beat."""
+    _watches.append(fn)
 
 
 def on_startup(fn: Callable[[], Any]) -> None:
@@ -165,6 +177,31 @@ async def _run_sweeps() -> None:
             logger.exception("sweep %s failed", getattr(sweep, "__name__", sweep))
 
 
+def watch_turn_taken() -> bool:
+    """Whether this process runs the watches this interval: the first process to ask in an interval does."""
+    interval_s = gateway_setting("EXECUTOR_WATCH_INTERVAL_MS") / 1000
+    return cache.add(WATCH_TURN_KEY, state.BOOT_ID, timeout=interval_s)
+
+
+def run_watches() -> None:
+    """The watches, when it is this process's turn."""
+    if not watch_turn_taken():
+        return
+    for watch in _watches:
+        try:
+            watch()
+        except Exception:
+            logger.exception("watch %s failed", getattr(watch, "__name__", watch))
+
+
+async def _run_watches() -> None:
+    try:
+        await _off_the_request_thread(run_watches)
+    except Exception:
+        # The cache is unreachable (the turn could not be taken): the next interval retries.
+        logger.exception("executor watch failed")
+
+
 async def _process_listener() -> None:
     """Receives what is sent to this process as a whole: notifications and the broadcast events."""
     layer = get_channel_layer()
@@ -193,18 +230,23 @@ async def _process_listener() -> None:
 
 
 async def _background_loop() -> None:
-    """Ticks to local connections, this process's heartbeat and (embedded profile) the sweeps."""
+    """Ticks to local connections, this process's heartbeat, the executor watches (when turns run in Celery
+    workers) and (embedded profile) the sweeps."""
     tick_s = gateway_setting("TICK_INTERVAL_MS") / 1000
     heartbeat_s = gateway_setting("PROCESS_HEARTBEAT_INTERVAL_MS") / 1000
     run_sweeps_here = not settings.REDIS_URL  # production runs the sweeps in Celery beat
     sweep_s = gateway_setting("SWEEP_INTERVAL_MS") / 1000
+    run_watches_here = background.task_mode() == "celery"
+    watch_s = gateway_setting("EXECUTOR_WATCH_INTERVAL_MS") / 1000
     now = time.monotonic()
-    next_tick, next_heartbeat, next_sweep = now + tick_s, now + heartbeat_s, now + sweep_s
-    # A sweep and the heartbeat run beside the ticks, never in their way.
+    next_tick, next_heartbeat, next_sweep, next_watch = now + tick_s, now + heartbeat_s, now + sweep_s, now + watch_s
+    # A sweep, a watch and the heartbeat run beside the ticks, never in their way.
     sweeping: asyncio.Task | None = None
+    watching: asyncio.Task | None = None
     heartbeating: asyncio.Task | None = None
     while not state.is_stopping():
-        await asyncio.sleep(max(0.05, min(next_tick, next_heartbeat, next_sweep) - time.monotonic()))
+        wake_at = min(next_tick, next_heartbeat, next_sweep, next_watch if run_watches_here else next_tick)
+        await asyncio.sleep(max(0.05, wake_at - time.monotonic()))
         now = time.monotonic()
         try:
             if now >= next_tick:
@@ -220,6 +262,10 @@ async def _background_loop() -> None:
                 next_sweep = now + sweep_s
                 if sweeping is None or sweeping.done():
                     sweeping = asyncio.create_task(_run_sweeps())
+            if run_watches_here and now >= next_watch:
+                next_watch = now + watch_s
+                if watching is None or watching.done():
+                    watching = asyncio.create_task(_run_watches())
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -128,6 +128,12 @@ SLOW_CONSUMER_DISCONNECTS = Counter(
     "openclaw_gateway_slow_consumer_disconnects",
     "Connections closed because more than maxBufferedBytes waited for them (1008 slow consumer).",
 )
+HTTP_HEADS_REFUSED = Counter(
+    "openclaw_gateway_http_heads_refused",
+    "HTTP connections answered before their request head was complete, by reason: timeout (408, the head deadline "
+    "passed) or address-limit (429, the client address holds too many slow heads).",
+    ("reason",),
+)
 handshake_reason_label = BoundedLabel(64)
 
 
@@ -155,6 +161,12 @@ def record_handshake_failure(reason: str) -> None:
 def record_slow_consumer_disconnect() -> None:
     if metrics_enabled():
         SLOW_CONSUMER_DISCONNECTS.inc()
+
+
+def record_http_head_refused(reason: str) -> None:
+    """``reason``: ``timeout`` or ``address-limit`` (fixed by the code)."""
+    if metrics_enabled():
+        HTTP_HEADS_REFUSED.labels(reason).inc()
 
 
 # --- authentication -------------------------------------------------------------------------------

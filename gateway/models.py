@@ -74,3 +74,22 @@ class AuditLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target_type}:{self.target_id}"
+
+
+class OperatorScope(models.Model):
+    """No table and no rows: the holder of the permissions that give a Django user operator scopes
+    (``gateway/user_scopes.py`` maps each scope to one of them; the console and the admin ask there)."""
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [
+            ("operator_read", "operator.read: sessions, turns, nodes, environments, usage and logs"),
+            ("operator_write", "operator.write: send, stop, create, fork, dispatch and move sessions (and read)"),
+            ("operator_pairing", "operator.pairing: approve, reject and remove devices and nodes, their tokens"),
+            ("operator_approvals", "operator.approvals: decide exec approvals"),
+            ("operator_admin", "operator.admin: every operator scope"),
+        ]
+
+    def __str__(self) -> str:
+        return "operator scopes"

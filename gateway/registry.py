@@ -54,6 +54,9 @@ class MethodRegistry:
     events: dict[str, EventSpec] = field(default_factory=dict)
     # Callables (ctx) -> dict merged into hello-ok.snapshot, e.g. sessionDefaults from sessions_app.
     snapshot_providers: list[Callable[[Any], dict]] = field(default_factory=list)
+    # Callables (ctx) -> dict merged into the `status` payload, e.g. the stored sessions from sessions_app; run
+    # in the handler's database hop. ctx may be None (a caller outside a connection).
+    status_providers: list[Callable[[Any], dict]] = field(default_factory=list)
     # node.event name -> handler(ctx, payload) -> {"handled": bool, "reason"?: str}; filled by apps.
     node_event_handlers: dict[str, Callable[[Any, Any], dict]] = field(default_factory=dict)
 
@@ -105,6 +108,10 @@ class MethodRegistry:
 
     def snapshot_provider(self, provider: Callable[[Any], dict]) -> Callable[[Any], dict]:
         self.snapshot_providers.append(provider)
+        return provider
+
+    def status_provider(self, provider: Callable[[Any], dict]) -> Callable[[Any], dict]:
+        self.status_providers.append(provider)
         return provider
 
     def frame_limit(self, method: str | None) -> int | None:

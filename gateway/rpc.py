@@ -1,4 +1,5 @@
-"""Gateway-core methods: health, status, and routing ``node.invoke`` to a node and its result back."""
+"""Gateway-core methods: health, status, system-presence, config.get, and routing ``node.invoke`` to a node and its
+result back."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import os
 from . import health, invoke, selectors, state
 from . import scopes as sc
 from .context import RpcContext
+from .effective_config import config_snapshot
 from .exceptions import FrameRejected, InvalidRequest, internal_error
 from .protocol import SERVER_VERSION, decode_frame
 from .registry import registry
-from .schemas import NodeInvokeError, NodeInvokeParams, NodeInvokeResultParams
+from .schemas import NodeInvokeError, NodeInvokeParams, NodeInvokeResultParams, StatusParams
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +41,8 @@ def _rss_bytes() -> int | None:
         return None
 
 
-@method("status", scope=sc.READ)
-def status_rpc(ctx: RpcContext, params) -> dict:
+def gateway_status() -> dict:
+    """The core's part of ``status``: this process and the cluster's processes and connections (one query)."""
     processes, counts = selectors.live_processes_and_connection_counts()
     return {
         "runtimeVersion": SERVER_VERSION,
@@ -50,7 +52,30 @@ def status_rpc(ctx: RpcContext, params) -> dict:
         "processMemory": {"rssBytes": _rss_bytes()},
         "gatewayProcesses": processes,
         "connections": {**counts, "local": len(state.local_connections)},
+        # OpenClaw's fields for its messaging channels and queued system events: neither exists here.
+        "channelSummary": [],
+        "queuedSystemEvents": [],
     }
+
+
+@method("status", params=StatusParams, scope=sc.READ)
+def status_rpc(ctx: RpcContext | None, params: StatusParams | None) -> dict:
+    payload = gateway_status()
+    # The apps' parts (stored sessions, default model, agents' heartbeats).
+    for provider in registry.status_providers:
+        payload.update(provider(ctx))
+    return payload
+
+
+@method("system-presence", scope=sc.READ)
+def system_presence_rpc(ctx: RpcContext, params) -> list[dict]:
+    """The presence list hello-ok's snapshot and the ``presence`` events carry, read now."""
+    return selectors.presence_entries()
+
+
+@method("config.get", scope=sc.READ)
+async def config_get_rpc(ctx: RpcContext, params) -> dict:
+    return config_snapshot()
 
 
 # --- node.invoke -------------------------------------------------------------------------------

@@ -13,9 +13,11 @@ WRITE = "operator.write"
 ADMIN = "operator.admin"
 APPROVALS = "operator.approvals"
 PAIRING = "operator.pairing"
+# Answering an agent's questions (question.*); only operator.admin implies it.
+QUESTIONS = "operator.questions"
 TALK_SECRETS = "operator.talk.secrets"
 
-KNOWN_OPERATOR_SCOPES = (READ, WRITE, ADMIN, APPROVALS, PAIRING, TALK_SECRETS)
+KNOWN_OPERATOR_SCOPES = (READ, WRITE, ADMIN, APPROVALS, PAIRING, QUESTIONS, TALK_SECRETS)
 CLI_DEFAULT_SCOPES = [ADMIN, READ, WRITE, APPROVALS, PAIRING]
 
 

@@ -72,6 +72,7 @@ PLAIN_TYPES = frozenset(
         "IntegerField",
         "JSONField",
         "OneToOneField",
+        "PositiveBigIntegerField",
         "PositiveIntegerField",
         "SmallIntegerField",
         "TextField",

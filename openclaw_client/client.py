@@ -491,6 +491,7 @@ class GatewayClient:
         *,
         on_connected: Callable[[GatewayClient], Awaitable[None]] | None = None,
         on_refused: Callable[[ConnectError], Awaitable[None] | None] | None = None,
+        on_closed: Callable[[int | None, str | None], Awaitable[None]] | None = None,
         backoff_initial: float = 1.0,
         backoff_max: float = 30.0,
         stop: asyncio.Event | None = None,
@@ -517,6 +518,8 @@ class GatewayClient:
                     await self.close()
                     return
                 logger.warning("gateway connection closed (%s %s); reconnecting", self.close_code, self.close_reason)
+                if on_closed is not None:
+                    await on_closed(self.close_code, self.close_reason)
             except ConnectError as error:
                 if on_refused is not None:
                     refused = on_refused(error)

@@ -19,9 +19,10 @@ retain what the gateway still needs. State directory layout::
     workspaces/<environment>/ materialized workspaces
     environments/<environment>.json  what was prepared / exported there (manifests by ref)
 
-A node whose pairing was removed (a connect refused ``NOT_PAIRED`` while it holds a node token) deletes
-what it kept for the gateway — workspaces, environment records, bundles, blobs — and forgets its token,
-so that nothing of that gateway stays on its disk, also when it was offline at the removal.
+A node whose pairing was removed (its connection closed ``4001 device removed``, or a connect refused
+``NOT_PAIRED`` while it holds a node token) deletes what it kept for the gateway — workspaces, environment
+records, bundles, blobs — and forgets its token, so that nothing of that gateway stays on its disk, also
+when it was offline at the removal.
 
 With ``--journal PATH`` it appends what a supervisor (or a test) checks to a JSON-lines file: every
 ``node.invoke`` it answered with an error, each removal clean-up, and each inventory publish asked for
@@ -126,6 +127,9 @@ NODE_HOST_COMMANDS = tuple(
 NODE_HOST_CAPS = ("worker-host",)
 # Why a gateway asks a node that holds its token to pair again: it is not (or no longer) paired as a node there.
 NOT_A_NODE_REASONS = frozenset({"not-paired", "role-upgrade"})
+# How a gateway closes a removed device's socket (workers.md §5.4: code 4001, either reason).
+REMOVED_CLOSE_CODE = 4001
+REMOVED_CLOSE_REASONS = frozenset({"device removed", "client invalidated: device-pair-removed"})
 
 MAX_BUNDLE_BYTES = 256 * 1024 * 1024
 MAX_BUNDLE_FILES = 10_000
@@ -1115,7 +1119,14 @@ class NodeHost:
         except (OSError, TimeoutError) as error:
             self.journal.record("inventory-publish", ok=False, code="UNREACHABLE", message=type(error).__name__)
         else:
-            self.journal.record("inventory-publish", ok=True, nodeId=accepted.get("nodeId"))
+            # What it declared, and the turns its worker children are running now (a supervisor's "idle" check).
+            self.journal.record(
+                "inventory-publish",
+                ok=True,
+                nodeId=accepted.get("nodeId"),
+                capacity=self.inventory()["workerHost"]["capacity"],
+                runsInFlight=len(self.runs),
+            )
 
     async def handle(self, command: str, params: Any) -> dict[str, Any]:
         """Run one private command (what a ``node.invoke.request`` asks); raises :class:`NodeCommandError`."""
@@ -1573,6 +1584,14 @@ class NodeHost:
         if removed and await asyncio.to_thread(self._identity.device_token, "node"):
             await self.forget_gateway()
 
+    async def _on_closed(self, code: int | None, reason: str | None) -> None:
+        """The gateway closed our connection because it removed this node: the same end of the pairing as a
+        refused connect, learnt at once (a node that holds no shared secret could not learn it otherwise: its
+        device token is refused as a mismatch from then on)."""
+        if code == REMOVED_CLOSE_CODE and reason in REMOVED_CLOSE_REASONS:
+            if await asyncio.to_thread(self._identity.device_token, "node"):
+                await self.forget_gateway()
+
     async def forget_gateway(self) -> dict[str, list[str]]:
         """The gateway no longer pairs this node (it asks for a new pairing though we hold its token): nothing
         it placed here may stay. Its turns are cancelled, then its workspaces, environment records, bundles and
@@ -1618,7 +1637,9 @@ class NodeHost:
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.to_thread(self.remove_leftovers)
         try:
-            await self.client.run_forever(on_connected=self._on_connected, stop=stop, on_refused=self._on_refused)
+            await self.client.run_forever(
+                on_connected=self._on_connected, stop=stop, on_refused=self._on_refused, on_closed=self._on_closed
+            )
         finally:
             await self.shutdown()
 

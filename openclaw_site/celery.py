@@ -1,8 +1,9 @@
 import os
 
 from celery import Celery
-from celery.signals import task_failure, task_retry, task_success
+from celery.signals import task_failure, task_retry, task_success, worker_process_init, worker_ready
 
+from gateway.executor_leases import hold_lease
 from gateway.metrics import record_task_outcome
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "openclaw_site.settings")
@@ -32,3 +33,16 @@ def _count_task_failure(sender=None, **kwargs):
 @task_retry.connect(weak=False)
 def _count_task_retry(sender=None, **kwargs):
     record_task_outcome(_task_name(sender), "retry")
+
+
+# Every process that runs tasks holds a lease, so that a killed one is known within seconds
+# (gateway/executor_leases.py): the worker itself (threads and solo pools run tasks in it) and each forked child of
+# the prefork pool.
+@worker_ready.connect(weak=False)
+def _hold_lease_of_the_worker(sender=None, **kwargs):
+    hold_lease()
+
+
+@worker_process_init.connect(weak=False)
+def _hold_lease_of_a_pool_process(sender=None, **kwargs):
+    hold_lease()

@@ -8,6 +8,7 @@ each one.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -100,6 +101,17 @@ def env_absolute_paths(name: str) -> list[Path]:
         if not path.is_absolute():
             raise SettingsError(f"{name} must list absolute directories, not {str(path)!r}")
     return paths
+
+
+def env_networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Comma-separated IP addresses or networks (``127.0.0.1``, ``10.0.0.0/8``, ``::1``); unset: none."""
+    networks = []
+    for item in env_list(name):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise SettingsError(f"{name} must list IP addresses or networks (10.0.0.0/8), not {item!r}") from None
+    return tuple(networks)
 
 
 def env_json_object(name: str) -> dict[str, Any]:

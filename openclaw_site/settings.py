@@ -25,6 +25,7 @@ from openclaw_site.env import (
     env_json_object,
     env_list,
     env_log_level,
+    env_networks,
     env_str,
     env_url,
 )
@@ -254,6 +255,13 @@ OPENCLAW_GATEWAY = {
     "MAX_PAYLOAD_BYTES": env_int("OPENCLAW_MAX_PAYLOAD_BYTES", 25 * 1024 * 1024, minimum=64 * 1024),
     "MAX_BUFFERED_BYTES": env_int("OPENCLAW_MAX_BUFFERED_BYTES", 50 * 1024 * 1024, minimum=64 * 1024),
     "MAX_PREAUTH_PAYLOAD_BYTES": 64 * 1024,
+    # Slow request heads (docs/deployment.md, "Slow clients"): a request line and headers must arrive within this
+    # long, from accept for a connection's first request and from the end of the previous response for the next.
+    "HTTP_HEAD_TIMEOUT_MS": env_int("OPENCLAW_HTTP_HEAD_TIMEOUT_MS", 10_000, minimum=100, maximum=600_000),
+    # First request heads still incomplete a second after accept that one client address may hold; past it
+    # that address is answered 429 until one of them ends. Addresses in the exempt list are not counted.
+    "HTTP_SLOW_HEADS_PER_ADDRESS": env_int("OPENCLAW_HTTP_SLOW_HEADS_PER_ADDRESS", 32, minimum=1),
+    "HTTP_SLOW_HEADS_EXEMPT": env_networks("OPENCLAW_HTTP_SLOW_HEADS_EXEMPT"),
     "NODE_INVOKE_TIMEOUT_MS": env_int("OPENCLAW_NODE_INVOKE_TIMEOUT_MS", 30_000, minimum=1),
     # agent.wait sleeps on the run-finished notification and re-reads the run at least this often.
     "AGENT_WAIT_RECHECK_MS": env_int("OPENCLAW_AGENT_WAIT_RECHECK_MS", 5_000, minimum=10),
@@ -270,6 +278,12 @@ OPENCLAW_GATEWAY = {
     # and the connections it registered are no longer routable.
     "PROCESS_HEARTBEAT_INTERVAL_MS": env_int("OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS", 10_000, minimum=100),
     "PROCESS_STALE_AFTER_MS": env_int("OPENCLAW_PROCESS_STALE_AFTER_MS", 35_000, minimum=100),
+    # Each Celery worker process renews a lease in the cache this often; one not renewed for EXECUTOR_LEASE_TTL_MS
+    # (whole seconds: the cache's expiry) is a stopped worker, and the gateway loop, which looks every
+    # EXECUTOR_WATCH_INTERVAL_MS, fails its running turns: a killed worker's turns end within TTL + interval.
+    "EXECUTOR_LEASE_RENEW_MS": env_int("OPENCLAW_EXECUTOR_LEASE_RENEW_MS", 1_000, minimum=100),
+    "EXECUTOR_LEASE_TTL_MS": env_int("OPENCLAW_EXECUTOR_LEASE_TTL_MS", 5_000, minimum=1_000),
+    "EXECUTOR_WATCH_INTERVAL_MS": env_int("OPENCLAW_EXECUTOR_WATCH_INTERVAL_MS", 1_000, minimum=100),
     # Right after a start, operators' reads (RPC, JSON API, console, admin) wait for startup recovery to have
     # reconciled the placements, at most this long; then they are answered UNAVAILABLE (retryable).
     "STARTUP_READ_WAIT_MS": env_int("OPENCLAW_STARTUP_READ_WAIT_MS", 30_000, minimum=0),
@@ -280,6 +294,11 @@ if OPENCLAW_GATEWAY["PROCESS_STALE_AFTER_MS"] <= OPENCLAW_GATEWAY["PROCESS_HEART
     raise SettingsError(
         "OPENCLAW_PROCESS_STALE_AFTER_MS must be longer than OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS "
         "(a live process would be declared dead between two heartbeats)"
+    )
+if OPENCLAW_GATEWAY["EXECUTOR_LEASE_TTL_MS"] < 2 * OPENCLAW_GATEWAY["EXECUTOR_LEASE_RENEW_MS"]:
+    raise SettingsError(
+        "OPENCLAW_EXECUTOR_LEASE_TTL_MS must be at least twice OPENCLAW_EXECUTOR_LEASE_RENEW_MS "
+        "(one late renewal would declare a live worker stopped)"
     )
 
 # --- Exec approvals -----------------------------------------------------------------------------
@@ -366,7 +385,7 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 LOGIN_URL = "ui:login"
-LOGIN_REDIRECT_URL = "ui:sessions"
+LOGIN_REDIRECT_URL = "ui:home"
 STATIC_URL = "static/"
 STATIC_ROOT = STATE_DIR / "static"
 # Served from the apps' static folders (no collectstatic step): the admin's, ninja's and ours.

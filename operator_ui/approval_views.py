@@ -1,6 +1,6 @@
 """The console's exec approvals: the commands agents wait to run, and the operator's decision on each.
 
-Staff only, like the pairing page (an approval lets an agent run a command on a host). The page reads the
+For logins holding ``operator.approvals``, as ``exec.approval.*`` ask on the wire. The page reads the
 approvals selectors; a decision calls the service behind ``exec.approval.resolve`` with the logged-in user
 as the actor, so the service writes the audit row (and, for "Always allow here", the policy document's
 entry) and its refusal — an approval decided, expired or withdrawn meanwhile — is shown word for word.
@@ -22,7 +22,7 @@ from approvals_app.services import approvals as approval_services
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError
 
-from .pairing_views import staff_required
+from .access import operator_required
 from .views import _refusal
 
 # The gateway events after which the page's parts are fetched again (``console.js``).
@@ -37,7 +37,7 @@ DONE = {
 
 
 @require_GET
-@staff_required
+@operator_required("exec.approval.list")
 def approvals(request: HttpRequest) -> HttpResponse:
     return render(
         request,
@@ -52,7 +52,7 @@ def approvals(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@operator_required("exec.approval.resolve")
 def approval_decide(request: HttpRequest, approval_id: str, decision: str) -> HttpResponse:
     """``exec.approval.resolve`` for the approval; back to the page the form was on (``next``: the approvals
     page, or a session's page where the approval was shown inline)."""

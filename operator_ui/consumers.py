@@ -6,9 +6,10 @@ and the ``agent`` events of stream ``tool`` (a tool call starting, its result) o
 "payload"}`` frames. It acts on nothing it receives.
 
 A page asks for its topics in the query string (``?topics=pairing,approvals``; none means ``sessions``).
-Two topics join the gateway's broadcast group, for staff users only: ``pairing`` passes on the
-``device.pair.*`` and ``node.pair.*`` events (what an operator client with ``operator.pairing`` gets),
-``approvals`` the ``exec.approval.requested|resolved`` events (what one with ``operator.approvals`` gets).
+Each topic is joined only with the scope an operator client needs for those events (the user's, from their
+Django permissions): ``sessions`` with ``operator.read``; ``pairing``, the ``device.pair.*`` and ``node.pair.*``
+events, with ``operator.pairing``; ``approvals``, the ``exec.approval.requested|resolved`` events, with
+``operator.approvals``. The last two join the gateway's broadcast group.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ import json
 from typing import Any
 from urllib.parse import parse_qs
 
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from gateway import scopes as sc
 from gateway.broadcast import EVENT_MESSAGE_TYPE
 from gateway.events import BROADCAST_GROUP, subscription_group
+from gateway.user_scopes import user_scopes
 
 SESSIONS_GROUP = subscription_group("sessions")
 FORWARDED_EVENTS = frozenset({"sessions.changed", "chat", "agent"})
@@ -51,14 +55,15 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_NOT_LOGGED_IN)
             return
         topics = _topics(self.scope)
+        held = await database_sync_to_async(user_scopes)(user)
         groups: list[str] = []
         forwarded: set[str] = set()
-        if "sessions" in topics:
+        if "sessions" in topics and sc.scope_satisfied(held, sc.READ):
             groups.append(SESSIONS_GROUP)
             forwarded |= FORWARDED_EVENTS
-        if "pairing" in topics and user.is_staff:
+        if "pairing" in topics and sc.scope_satisfied(held, sc.PAIRING):
             forwarded |= PAIRING_EVENTS
-        if "approvals" in topics and user.is_staff:
+        if "approvals" in topics and sc.scope_satisfied(held, sc.APPROVALS):
             forwarded |= APPROVAL_EVENTS
         if forwarded & (PAIRING_EVENTS | APPROVAL_EVENTS):
             groups.append(BROADCAST_GROUP)

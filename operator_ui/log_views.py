@@ -1,9 +1,8 @@
 """The console's Logs page: the newest lines of the gateway's log file, a level filter, and live follow.
 
-Staff only, like the pairing and approvals pages (log lines name sessions, devices and errors of every user).
-The page is complete without JavaScript (the filter is a GET form, the lines are rendered on the server); with
-it, ``logs.js`` asks ``logs/tail`` every few seconds for the lines after the page's cursor, as ``logs.tail``
-answers them, filtered the same way.
+For logins holding ``operator.read``, as ``logs.tail`` asks on the wire. The page is complete without JavaScript
+(the filter is a GET form, the lines are rendered on the server); with it, ``logs.js`` asks ``logs/tail`` every
+few seconds for the lines after the page's cursor, as ``logs.tail`` answers them, filtered the same way.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from django.views.decorators.http import require_GET
 from gateway.exceptions import GatewayError
 from operations_app import logs
 
-from .pairing_views import staff_required
+from .access import operator_required
 
 LINE_COUNTS = (100, 500, 1000)
 DEFAULT_LINE_COUNT = 500
@@ -49,7 +48,7 @@ def _entry_payload(entry: logs.LogEntry) -> dict[str, str]:
 
 
 @require_GET
-@staff_required
+@operator_required("logs.tail")
 def logs_page(request: HttpRequest) -> HttpResponse:
     level, count = _level(request), _line_count(request)
     context = {"nav": "logs", "level": level, "levels": logs.LEVELS, "lines": count, "line_counts": LINE_COUNTS}
@@ -74,7 +73,7 @@ def logs_page(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@staff_required
+@operator_required("logs.tail")
 def logs_follow(request: HttpRequest) -> JsonResponse:
     """The lines after ``cursor`` (a byte offset from the page or the previous answer), filtered by ``level``."""
     try:

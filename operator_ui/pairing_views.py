@@ -1,6 +1,6 @@
 """The console's pairing page: operator devices asking to pair, paired devices and their tokens.
 
-Staff only (pairing decisions and device secrets are an admin's business, as in the admin). Reads go
+For logins holding ``operator.pairing``, as ``device.pair.*`` and ``device.token.*`` ask on the wire. Reads go
 through the selector behind ``device.pair.list``; every action calls the service behind its RPC
 (``device.pair.approve|reject|remove``, ``device.token.rotate|revoke``) with the logged-in user as the
 actor, so the service writes the audit row and its refusal is shown word for word. Destructive
@@ -10,15 +10,10 @@ changes anything.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import wraps
-from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -33,23 +28,11 @@ from gateway import selectors as gateway_selectors
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError
 
+from .access import operator_required
 from .views import _refusal
 
 # The gateway events after which the page's parts are fetched again (``console.js``).
 LIVE_EVENTS = ("device.pair.requested", "device.pair.resolved", "node.pair.requested", "node.pair.resolved")
-
-
-def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Logged out: the login page. Logged in without staff status: 403, and nothing is read or done."""
-
-    @login_required(login_url="ui:login")
-    @wraps(view)
-    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not (request.user.is_active and request.user.is_staff):
-            raise PermissionDenied("the pairing page is for staff users")
-        return view(request, *args, **kwargs)
-
-    return guarded
 
 
 def _when(ms: int | None) -> datetime | None:
@@ -126,7 +109,7 @@ def _device(device_id: str) -> DeviceRow:
 
 
 @require_GET
-@staff_required
+@operator_required("device.pair.list")
 def pairing(request: HttpRequest) -> HttpResponse:
     listed = device_selectors.device_pair_list()
     pending = [
@@ -148,7 +131,7 @@ def pairing(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@operator_required("device.pair.approve", "device.pair.reject")
 def pairing_request_decide(request: HttpRequest, request_id: str, decision: str) -> HttpResponse:
     """Operator devices only: a node's request is decided on the nodes page (its approval needs more)."""
     if decision not in ("approve", "reject"):
@@ -171,7 +154,7 @@ def pairing_request_decide(request: HttpRequest, request_id: str, decision: str)
     return redirect("ui:pairing")
 
 
-@staff_required
+@operator_required("device.pair.remove")
 def pairing_device_remove(request: HttpRequest, device_id: str) -> HttpResponse:
     """GET asks for confirmation; POST removes the device (``device.pair.remove``)."""
     if request.method == "POST":
@@ -204,7 +187,7 @@ def _token(device: DeviceRow, role: str) -> TokenRow:
     return token
 
 
-@staff_required
+@operator_required("device.token.revoke")
 def pairing_token_revoke(request: HttpRequest, device_id: str, role: str) -> HttpResponse:
     """GET asks for confirmation; POST revokes (``device.token.revoke``, idempotent in the service)."""
     params = _token_params(device_id, role)
@@ -232,7 +215,7 @@ def pairing_token_revoke(request: HttpRequest, device_id: str, role: str) -> Htt
     )
 
 
-@staff_required
+@operator_required("device.token.rotate")
 def pairing_token_rotate(request: HttpRequest, device_id: str, role: str) -> HttpResponse:
     """GET asks for confirmation; POST rotates (``device.token.rotate`` with the device's approved scopes)
     and answers with the new secret, shown this once and never stored anywhere but as its hash."""

@@ -1,13 +1,12 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
-from django.views.generic import RedirectView
 
-from . import approval_views, log_views, pairing_views, system_views, usage_views, views
+from . import approval_views, log_views, pairing_views, session_settings_views, system_views, usage_views, views
 
 app_name = "ui"
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="ui:sessions", permanent=False)),
+    path("", views.home, name="home"),
     path("login/", views.login, name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="ui:login"), name="logout"),
     path("sessions/", views.sessions_list, name="sessions"),
@@ -18,6 +17,9 @@ urlpatterns = [
     path("sessions/<path:key>/move-to-gateway", views.session_move_to_gateway, name="session-move-to-gateway"),
     path("sessions/<path:key>/reclaim", views.session_reclaim, name="session-reclaim"),
     path("sessions/<path:key>/fork", views.session_fork, name="session-fork"),
+    path("sessions/<path:key>/patch", session_settings_views.session_patch, name="session-patch"),
+    path("sessions/<path:key>/reset", session_settings_views.session_reset, name="session-reset"),
+    path("sessions/<path:key>/delete", session_settings_views.session_delete, name="session-delete"),
     path("sessions/<path:key>/", views.session_detail, name="session"),
     path("artifacts/<str:artifact_id>/", views.artifact, name="artifact"),
     path("approvals/", approval_views.approvals, name="approvals"),

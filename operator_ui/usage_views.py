@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
@@ -22,6 +21,7 @@ from operations_app.schemas import UsageWindowParams
 from operations_app.selectors import DayUsage, UsageScope
 from operations_app.usage_window import resolve_window
 
+from .access import operator_required
 from .views import _refusal
 
 TOP_SESSIONS = 10
@@ -82,7 +82,7 @@ def format_usd(amount: float) -> str:
 
 
 @require_GET
-@login_required(login_url="ui:login")
+@operator_required("usage.cost")
 def usage(request: HttpRequest) -> HttpResponse:
     asked = {name: request.GET.get(name, "").strip()[:32] for name in ("startDate", "endDate")}
     presets = [resolve_window(UsageWindowParams(), days=days) for days in PRESETS]

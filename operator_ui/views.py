@@ -11,6 +11,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -25,6 +26,8 @@ from gateway import scopes
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError, InvalidRequest
 from gateway.protocol import error_path, validation_message
+from gateway.redaction import operator_text
+from gateway.user_scopes import user_has_scope, user_may_call
 from openclaw_site.admin_site import rate_limited_login
 from sessions_app import keys
 from sessions_app import selectors as session_selectors
@@ -36,6 +39,7 @@ from workers_app import selectors as worker_selectors
 from workers_app.profiles import profiles_all
 from workers_app.services import reclaim
 
+from .access import operator_required
 from .transcript import build as build_transcript
 
 PAGE_SIZE = 50
@@ -50,8 +54,26 @@ def login(request: HttpRequest) -> HttpResponse:
 ARCHIVED_CHOICES = {"no": False, "yes": True, "all": "all"}
 
 
+# The pages a login lands on, first the one its scopes open (the view's own gateway method).
+HOME_PAGES = (
+    ("ui:sessions", "sessions.list"),
+    ("ui:approvals", "exec.approval.list"),
+    ("ui:pairing", "device.pair.list"),
+)
+
+
 @require_GET
 @login_required(login_url="ui:login")
+def home(request: HttpRequest) -> HttpResponse:
+    """Where ``/ui/`` and a login go: the first page the user's scopes open; none at all is a 403 that says so."""
+    for page, method in HOME_PAGES:
+        if user_may_call(request.user, method):
+            return redirect(page)
+    raise PermissionDenied("this login holds no operator scope: ask an administrator for one")
+
+
+@require_GET
+@operator_required("sessions.list")
 def sessions_list(request: HttpRequest) -> HttpResponse:
     search = request.GET.get("q", "").strip()[:200]
     archived_choice = request.GET.get("archived", "no")
@@ -77,7 +99,7 @@ def sessions_list(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@login_required(login_url="ui:login")
+@operator_required("sessions.describe", "chat.history")
 def session_detail(request: HttpRequest, key: str) -> HttpResponse:
     session = session_selectors.session_get(_canonical(key))
     if session is None:
@@ -86,8 +108,12 @@ def session_detail(request: HttpRequest, key: str) -> HttpResponse:
     environment = worker_selectors.environment_for(placement)
     recent = session_selectors.recent_runs(session, limit=20)
     history = session_selectors.chat_history(session, limit=200)
-    # Approvals are staff business (the approvals page): others are shown the calls, not the questions.
-    pending = list(approval_selectors.pending_approvals().filter(session_key=session.key)) if _staff(request) else []
+    # Approvals are for those who may decide them (operator.approvals): others see the calls, not the questions.
+    pending = (
+        list(approval_selectors.pending_approvals().filter(session_key=session.key))
+        if user_may_call(request.user, "exec.approval.list")
+        else []
+    )
     transcript = build_transcript(
         history["messages"], run_statuses={run.run_id: run.status for run in recent}, pending_approvals=pending
     )
@@ -101,8 +127,7 @@ def session_detail(request: HttpRequest, key: str) -> HttpResponse:
             "unmatched_approvals": transcript.unmatched_approvals,
             "draft": request.session.pop(_draft_key(session.key), ""),
             "dispatch_nodes": worker_selectors.session_host_nodes(),
-            # Cloud profiles are an admin's choice on the wire too (operator.admin).
-            "dispatch_profiles": [profile.id for profile in profiles_all()] if request.user.is_staff else [],
+            "dispatch_profiles": [profile.id for profile in profiles_all()] if _dispatches_to_profiles(request) else [],
             "running": any(item.status in (RunStatus.QUEUED, RunStatus.RUNNING) for item in recent),
             "session": session,
             "history": history,
@@ -117,7 +142,7 @@ def session_detail(request: HttpRequest, key: str) -> HttpResponse:
 
 
 @require_POST
-@login_required(login_url="ui:login")
+@operator_required("sessions.create")
 def session_new(request: HttpRequest) -> HttpResponse:
     fields: dict[str, Any] = {"idempotencyKey": str(uuid.uuid4())}
     for name in ("key", "label"):
@@ -133,7 +158,7 @@ def session_new(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@login_required(login_url="ui:login")
+@operator_required("chat.send")
 def session_send(request: HttpRequest, key: str) -> HttpResponse:
     canonical = _canonical(key)
     try:
@@ -150,12 +175,13 @@ def session_send(request: HttpRequest, key: str) -> HttpResponse:
     return redirect(reverse("ui:session", kwargs={"key": canonical}))
 
 
-def _staff(request: HttpRequest) -> bool:
-    return request.user.is_active and request.user.is_staff
+def _dispatches_to_profiles(request: HttpRequest) -> bool:
+    """A cloud profile is an admin's choice on the wire too (``sessions.dispatch`` with a ``profileId``)."""
+    return user_has_scope(request.user, scopes.ADMIN)
 
 
 @require_GET
-@login_required(login_url="ui:login")
+@operator_required("chat.history")
 def artifact(request: HttpRequest, artifact_id: str) -> HttpResponse:
     """A tool's whole output (the transcript holds a truncated copy), as plain text the browser shows and
     never runs: ``nosniff``, and no HTML content type whatever the output looks like."""
@@ -191,7 +217,7 @@ def _page_number(raw: str | None) -> int:
 
 def _refusal(refused: ValidationError | GatewayError) -> str:
     if isinstance(refused, GatewayError):
-        return refused.message
+        return operator_text(refused)
     return "; ".join(
         f"{error_path(tuple(item.get('loc', ())))}: {validation_message(item)}" for item in refused.errors()
     )
@@ -201,22 +227,32 @@ def _refusal(refused: ValidationError | GatewayError) -> str:
 
 
 @require_GET
-@login_required(login_url="ui:login")
+@operator_required("node.list")
 def nodes(request: HttpRequest) -> HttpResponse:
-    catalog = device_selectors.node_catalog(include_pending=True)
+    """Paired and connected nodes for every reader; the pairing requests and the pairing fields of a node only
+    for those who may decide them (``node.pair.list``), as ``node.list`` shows them on the wire."""
+    pairs = user_may_call(request.user, "node.pair.list")
+    catalog = device_selectors.node_catalog(include_pending=pairs)
+    shown = [node for node in catalog if node.get("paired") or node.get("connected")]
     return render(
         request,
         "operator_ui/nodes.html",
         {
-            "nodes": [node for node in catalog if node.get("paired") or node.get("connected")],
-            "pending": device_selectors.node_pair_list()["pending"],
+            "nodes": shown if pairs else [device_selectors.strip_pending_fields(node) for node in shown],
+            "pending": device_selectors.node_pair_list()["pending"] if pairs else [],
+            "pairs": pairs,
             "nav": "nodes",
         },
     )
 
 
+def _nodes_page(request: HttpRequest) -> str:
+    """Back to the nodes page, or to the pairing page for a login that may pair but not read (``node.list``)."""
+    return "ui:nodes" if user_may_call(request.user, "node.list") else "ui:pairing"
+
+
 @require_POST
-@login_required(login_url="ui:login")
+@operator_required("node.pair.approve", "node.pair.reject")
 def node_request_decide(request: HttpRequest, request_id: str, decision: str) -> HttpResponse:
     if decision not in ("approve", "reject"):
         raise Http404("no such decision")
@@ -230,10 +266,10 @@ def node_request_decide(request: HttpRequest, request_id: str, decision: str) ->
             messages.success(request, f"Rejected the pairing request of node {rejected.device_id}.")
     except GatewayError as refused:
         messages.error(request, _refusal(refused))
-    return redirect("ui:nodes")
+    return redirect(_nodes_page(request))
 
 
-@login_required(login_url="ui:login")
+@operator_required("node.pair.remove")
 def node_remove(request: HttpRequest, node_id: str) -> HttpResponse:
     """GET asks for confirmation (removing a node fails the sessions placed on it); POST removes it."""
     if request.method == "POST":
@@ -242,7 +278,7 @@ def node_remove(request: HttpRequest, node_id: str) -> HttpResponse:
             messages.success(request, f"Removed node {node_id}.")
         except GatewayError as refused:
             messages.error(request, _refusal(refused))
-        return redirect("ui:nodes")
+        return redirect(_nodes_page(request))
     if request.method != "GET":
         return HttpResponse(status=405, headers={"Allow": "GET, POST"})
     # Not the memoized catalog: the confirmation must show the node as it is now.
@@ -257,7 +293,7 @@ def node_remove(request: HttpRequest, node_id: str) -> HttpResponse:
 
 
 @require_GET
-@login_required(login_url="ui:login")
+@operator_required(scope=scopes.READ)
 def runs_list(request: HttpRequest) -> HttpResponse:
     status = request.GET.get("status", "")
     page = _page_number(request.GET.get("page"))
@@ -279,7 +315,7 @@ def runs_list(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@login_required(login_url="ui:login")
+@operator_required("environments.list")
 def environments(request: HttpRequest) -> HttpResponse:
     rows = [row for row in worker_selectors.environments_list() if row["type"] == "worker"]
     return render(request, "operator_ui/environments.html", {"environments": rows, "nav": "environments"})
@@ -310,7 +346,7 @@ def _int(raw: str | None) -> int:
 
 
 @require_POST
-@login_required(login_url="ui:login")
+@operator_required("chat.abort")
 def session_abort(request: HttpRequest, key: str) -> HttpResponse:
     def abort(session, actor) -> str:
         stopped = runs.run_abort(session_key=session.key, actor=actor)
@@ -320,7 +356,7 @@ def session_abort(request: HttpRequest, key: str) -> HttpResponse:
 
 
 @require_POST
-@login_required(login_url="ui:login")
+@operator_required("sessions.dispatch")
 def session_dispatch(request: HttpRequest, key: str) -> HttpResponse:
     target = request.POST.get("target", "")
     kind, _, name = target.partition(":")
@@ -328,7 +364,7 @@ def session_dispatch(request: HttpRequest, key: str) -> HttpResponse:
     def start(session, actor) -> str:
         if kind == "device" and name:
             operations.start_dispatch(session=session, profile_id=None, device_id=name, actor=actor)
-        elif kind == "profile" and name and request.user.is_staff:
+        elif kind == "profile" and name and _dispatches_to_profiles(request):
             operations.start_dispatch(session=session, profile_id=name, device_id=None, actor=actor)
         else:
             raise InvalidRequest("choose a node or a profile to dispatch to")
@@ -338,7 +374,7 @@ def session_dispatch(request: HttpRequest, key: str) -> HttpResponse:
 
 
 @require_POST
-@login_required(login_url="ui:login")
+@operator_required("sessions.move")
 def session_move_to_gateway(request: HttpRequest, key: str) -> HttpResponse:
     """Compare-and-set on the placement the page showed (generation, environment, owner epoch)."""
 
@@ -358,7 +394,7 @@ def session_move_to_gateway(request: HttpRequest, key: str) -> HttpResponse:
 
 
 @require_POST
-@login_required(login_url="ui:login")
+@operator_required("sessions.reclaim")
 def session_reclaim(request: HttpRequest, key: str) -> HttpResponse:
     """Stop the worker; with ``recoverGeneration``, continue a failed placement on the gateway (that
     generation only)."""
@@ -380,7 +416,7 @@ def _draft_key(session_key: str) -> str:
 
 
 @require_POST
-@login_required(login_url="ui:login")
+@operator_required("sessions.fork")
 def session_fork(request: HttpRequest, key: str) -> HttpResponse:
     """``sessions.fork`` before one of the session's user messages: the new session holds the history
     before it and opens with that message in its composer; a refusal stays on the source's page."""

@@ -19,17 +19,20 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from gateway import scopes as sc
 from gateway.admin.common import (
     EstimatedCountPaginator,
     ReadOnlyAdmin,
     ReadOnlyTabularInline,
     ViewOnlyObjectsMixin,
     audit_history_link,
+    operator_action,
     per_object_action,
     short_id,
 )
 from gateway.audit import Actor
 from gateway.exceptions import Conflict
+from gateway.redaction import shown_path
 
 from .model_providers.base import ModelProviderErrorKind
 from .models import Run, RunStatus, Session, SessionWindow, ToolArtifact, TranscriptEvent
@@ -155,6 +158,7 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
                     "agent_id",
                     "session_id",
                     "lifecycle_revision",
+                    "revision",
                     "initialization_pending",
                     "status",
                     "last_run_id",
@@ -173,16 +177,30 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
                     "fork_source_session_key",
                     "fork_source_session_id",
                     "fork_source_entry_id",
-                    "cwd",
-                    "worktree",
+                    "working_directory",
+                    "worktree_shown",
                 )
             },
         ),
         ("Model", {"fields": ("model_provider", "model", "input_tokens", "output_tokens")}),
         ("Timestamps", {"fields": ("created_at", "updated_at", "last_interaction_at")}),
     )
-    # Every field: a session changes only through services (guarded by sessionId/lifecycleRevision).
+    # Every field: a session changes only through services (guarded by sessionId/lifecycleRevision/revision).
     readonly_fields = tuple(flatten_fieldsets(fieldsets))
+
+    # Paths on the gateway host are named as sessions.describe names them (relative to the state directory).
+    @admin.display(description="cwd")
+    def working_directory(self, obj: Session) -> str:
+        return shown_path(obj.cwd) if obj.cwd else "—"
+
+    @admin.display(description="worktree")
+    def worktree_shown(self, obj: Session) -> str:
+        if not obj.worktree:
+            return "—"
+        paths = {
+            name: shown_path(value) for name, value in obj.worktree.items() if name in ("path", "repoRoot") and value
+        }
+        return json.dumps({**obj.worktree, **paths}, sort_keys=True)
 
     @admin.display(description="pending", boolean=True, ordering="initialization_pending")
     def is_pending(self, obj: Session) -> bool:
@@ -204,7 +222,7 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     def audit_history(self, obj: Session) -> str:
         return audit_history_link(obj.key, "session")
 
-    @admin.action(description="Reset selected sessions", permissions=["change"])
+    @operator_action("sessions.reset", description="Reset selected sessions")
     def reset_sessions(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
         """A new transcript generation per session; queued turns fail, a running turn blocks it."""
 
@@ -222,7 +240,7 @@ class SessionAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             act=reset,
         )
 
-    @admin.action(description="Clear stuck initialization (guarded rollback)", permissions=["change"])
+    @operator_action(scope=sc.ADMIN, description="Clear stuck initialization (guarded rollback)")
     def clear_stuck_initializations(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
         """Remove sessions left initializing (a process died mid-fork) through the guarded rollback:
         exactly what the initialization still owns is undone; anything a successor took is kept."""
@@ -365,7 +383,7 @@ class RunAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     def error_short(self, obj: Run) -> str:
         return _preview(obj.error, 60) or "—"
 
-    @admin.action(description="Abort selected turns", permissions=["change"])
+    @operator_action("chat.abort", description="Abort selected turns")
     def abort_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         """Queued turns end at once; a running turn is asked to stop (its runner keeps the partial text)."""
 

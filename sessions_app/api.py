@@ -22,7 +22,7 @@ from .schemas import (
     AbortTarget,
     ChatAbortOut,
     ChatHistoryOut,
-    ExpectedRevision,
+    DeleteGuards,
     ForkEntry,
     HistoryPage,
     MessageIn,
@@ -139,13 +139,15 @@ def session_describe(request: HttpRequest, key: str):
     exclude_unset=True,
 )
 def session_patch(request: HttpRequest, key: str, payload: SessionChanges):
-    """``sessions.patch``: only the fields sent change; ``expectedSessionId`` /
-    ``expectedLifecycleRevision`` refuse the change (409) when the session moved on."""
+    """``sessions.patch``: only the fields sent change; ``expectedRevision`` (the row's ``revision``) refuses the
+    change (409) when the row was written since, ``expectedSessionId`` / ``expectedLifecycleRevision`` when the
+    session was reset or changed owner."""
     session = sessions.session_patch(
         key=_key(key),
         changes=payload.changes(),
         expected_session_id=payload.expectedSessionId,
         expected_lifecycle_revision=payload.expectedLifecycleRevision,
+        expected_revision=payload.expectedRevision,
     )
     return selectors.session_entry_payload(session, resolved=True)
 
@@ -153,13 +155,15 @@ def session_patch(request: HttpRequest, key: str, payload: SessionChanges):
 @router.delete(
     "/{key}", response={200: SessionDeletedOut, **error_responses(404, 409, 503)}, summary="Delete a session"
 )
-def session_delete(request: HttpRequest, key: str, expected: Query[ExpectedRevision]):
+def session_delete(request: HttpRequest, key: str, expected: Query[DeleteGuards]):
     """``sessions.delete``, guarded like ``PATCH``; refused while a turn of the session runs."""
     key = _key(key)
     deleted = sessions.session_delete(
         key=key,
         expected_session_id=expected.expectedSessionId,
         expected_lifecycle_revision=expected.expectedLifecycleRevision,
+        expected_revision=expected.expectedRevision,
+        expected_updated_at_ms=expected.expectedSessionUpdatedAt,
     )
     if not deleted:
         raise NotFound(f"session not found: {key}")

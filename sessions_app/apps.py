@@ -19,3 +19,6 @@ class SessionsConfig(AppConfig):
         # sweeps periodically (production: Celery beat runs the sessions.runs_sweep task).
         lifecycle.on_startup(runs.runs_recover_dead_gateways)
         lifecycle.on_sweep(runs_sweep)
+        # Production: every gateway process watches the Celery workers' leases, so that a killed worker's turns end
+        # (and the turns it had not started run elsewhere) within seconds, with or without beat.
+        lifecycle.on_watch(runs.runs_recover_stopped_workers)

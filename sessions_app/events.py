@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -46,6 +47,7 @@ def session_event_fields(session: Session) -> dict[str, Any]:
         "agentId": session.agent_id,
         "sessionId": session.session_id,
         "lifecycleRevision": session.lifecycle_revision,
+        "revision": session.revision,
         "updatedAt": _ms(session.updated_at),
         "label": session.label or None,
         "displayName": session.display_name or None,
@@ -214,6 +216,11 @@ class TurnEmitter:
             },
         )
 
+    def command_reply(self, run: Run, message: dict[str, Any]) -> None:
+        """A command's end (sessions_app/commands.py): no model turn, so no ``agent`` events; the reply is the
+        message of the run's one ``chat`` event, as OpenClaw's gateway answers its commands."""
+        self._chat("final", follow_up=run_finished_notification(run), stopReason="stop", message=message)
+
     def end(self, run: Run) -> None:
         """The terminal events; the ``chat`` one carries the run-finished notification as a follow-up."""
         self.flush()
@@ -274,12 +281,21 @@ def _error_kind(kind: str) -> str:
 def publish_turn_end_on_commit(run: Run, session: Session, emitter: TurnEmitter | None = None) -> None:
     """Terminal chat/agent events and the wake-up of agent.wait, once the outcome is durable."""
     emitter = emitter or TurnEmitter(run, session)
+    _publish_end_on_commit(run, emitter, lambda: emitter.end(run))
 
+
+def publish_command_reply_on_commit(run: Run, session: Session, message: dict[str, Any]) -> None:
+    """A command's reply (its run's ``chat`` final) and the wake-up of agent.wait, once both are durable."""
+    emitter = TurnEmitter(run, session)
+    _publish_end_on_commit(run, emitter, lambda: emitter.command_reply(run, message))
+
+
+def _publish_end_on_commit(run: Run, emitter: TurnEmitter, emit_end: Callable[[], None]) -> None:
     def publish() -> None:
         # The buffered text, the terminal events and the notification: one batch, in that order.
         emitter.batch = batch = PublicationBatch()
         try:
-            emitter.end(run)
+            emit_end()
             notify_run_finished(run, batch)
         finally:
             emitter.batch = None

@@ -13,13 +13,17 @@ def new_id() -> str:
 class Session(models.Model):
     """One logical conversation: a stable ``key`` whose transcript generation (``session_id``)
     rotates on reset and fork. ``lifecycle_revision`` rotates with every ownership change;
-    guarded mutations compare both.
+    guarded mutations compare both. ``revision`` counts every write of the row
+    (``services.rows.session_write``): a caller that read revision N and sends it back changes
+    the row only if nobody wrote it since.
     """
 
     key = models.CharField(max_length=300, unique=True)
     agent_id = models.CharField(max_length=100, default="main")
     session_id = models.CharField(max_length=64, unique=True, default=new_id)
     lifecycle_revision = models.CharField(max_length=64, default=new_id)
+    # +1 on every write of this row, by compare-and-set (sessions.patch|reset|delete ``expectedRevision``).
+    revision = models.PositiveBigIntegerField(default=1)
     # Initialization not finished: no turns, no forks, until the readiness commit.
     initialization_pending = models.BooleanField(default=False)
     label = models.CharField(max_length=200, blank=True)

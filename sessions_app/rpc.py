@@ -1,4 +1,6 @@
-"""Gateway methods of sessions_app: sessions.*, chat.*, agent.wait."""
+"""Gateway methods of sessions_app: sessions.*, chat.*, agent.wait, and the clients' start-up reads of agents,
+models and commands (agents.list, agent.identity.get, models.list, models.authStatus, commands.list,
+chat.metadata), the sessions' part of status, and diagnostics.lanes."""
 
 from __future__ import annotations
 
@@ -6,13 +8,19 @@ from gateway import scopes as sc
 from gateway.context import RpcContext
 from gateway.registry import registry
 
-from . import keys, selectors
+from . import agents, keys, model_catalog, selectors, summary
+from .commands import chat_metadata_payload, commands_list_payload
 from .schemas import (
     MESSAGE_FRAME_BYTES,
+    AgentIdentityParams,
     AgentWaitParams,
     ChatAbortParams,
     ChatHistoryParams,
+    ChatMetadataParams,
     ChatSendParams,
+    CommandsListParams,
+    ModelsAuthStatusParams,
+    ModelsListParams,
     SessionRef,
     SessionsAdoptParams,
     SessionsCreateParams,
@@ -22,12 +30,13 @@ from .schemas import (
     SessionsPatchParams,
     SessionsResetParams,
 )
-from .services import creation, forks, runs, sessions
+from .services import commands, creation, forks, runs, sessions
 from .waiters import wait_for_run
 
 method = registry.method
 
 registry.snapshot_provider(lambda ctx: {"sessionDefaults": selectors.session_defaults()})
+registry.status_provider(summary.status_sessions)
 
 
 def _key(key: str, agent_id: str | None) -> str:
@@ -60,6 +69,7 @@ def sessions_patch_rpc(ctx: RpcContext, params: SessionsPatchParams) -> dict:
         changes=params.changes(),
         expected_session_id=params.expectedSessionId,
         expected_lifecycle_revision=params.expectedLifecycleRevision,
+        expected_revision=params.expectedRevision,
     )
     return selectors.session_entry_payload(session, resolved=True)
 
@@ -71,6 +81,7 @@ def sessions_reset_rpc(ctx: RpcContext, params: SessionsResetParams) -> dict:
         reason=params.reason,
         expected_session_id=params.expectedSessionId,
         expected_lifecycle_revision=params.expectedLifecycleRevision,
+        expected_revision=params.expectedRevision,
     )
     return selectors.session_entry_payload(session)
 
@@ -82,6 +93,8 @@ def sessions_delete_rpc(ctx: RpcContext, params: SessionsDeleteParams) -> dict:
         key=key,
         expected_session_id=params.expectedSessionId,
         expected_lifecycle_revision=params.expectedLifecycleRevision,
+        expected_revision=params.expectedRevision,
+        expected_updated_at_ms=params.expectedSessionUpdatedAt,
     )
     return {"ok": True, "key": key, "deleted": deleted, "archived": []}
 
@@ -114,12 +127,13 @@ def sessions_adopt_rpc(ctx: RpcContext, params: SessionsAdoptParams) -> dict:
 
 @method("chat.send", params=ChatSendParams, scope=sc.WRITE, max_frame_bytes=MESSAGE_FRAME_BYTES)
 def chat_send_rpc(ctx: RpcContext, params: ChatSendParams) -> dict:
-    submitted = runs.chat_send(
+    submitted = commands.chat_submit(
         session_key=_key(params.sessionKey, params.agentId),
         message=params.message,
         idempotency_key=params.idempotencyKey,
         expected_session_id=params.sessionId,
         origin_channel=ctx.channel_name,
+        scopes=ctx.scopes,
     )
     return selectors.chat_send_payload(submitted.run, created=submitted.created)
 
@@ -139,3 +153,61 @@ def chat_abort_rpc(ctx: RpcContext, params: ChatAbortParams) -> dict:
 @method("agent.wait", params=AgentWaitParams, scope=sc.WRITE)
 async def agent_wait_rpc(ctx: RpcContext, params: AgentWaitParams) -> dict:
     return await wait_for_run(params.runId, params.timeoutMs, ctx)
+
+
+# --- agents, models, commands: what OpenClaw's clients read at start ---------------------------------
+# Every valid agent id is usable here (all share the gateway's provider), so an agent id is checked, not looked up.
+
+
+@method("agents.list", scope=sc.READ)
+def agents_list_rpc(ctx: RpcContext, params) -> dict:
+    return agents.agents_list_payload()
+
+
+@method("agent.identity.get", params=AgentIdentityParams, scope=sc.READ)
+async def agent_identity_get_rpc(ctx: RpcContext, params: AgentIdentityParams) -> dict:
+    if params.agentId is not None:
+        agent_id = keys.normalize_agent_id(params.agentId)
+    elif params.sessionKey:
+        agent_id = keys.agent_of(_key(params.sessionKey, None))
+    else:
+        agent_id = keys.DEFAULT_AGENT_ID
+    return agents.agent_identity_payload(agent_id)
+
+
+def _check_target(agent_id: str | None, session_key: str | None) -> None:
+    """An agent id and session key a read names must be valid ones (the read does not depend on them)."""
+    if agent_id is not None:
+        keys.normalize_agent_id(agent_id)
+    if session_key is not None:
+        _key(session_key, agent_id)
+
+
+@method("models.list", params=ModelsListParams, scope=sc.READ)
+async def models_list_rpc(ctx: RpcContext, params: ModelsListParams) -> dict:
+    _check_target(params.agentId, params.sessionKey)
+    return model_catalog.models_list_payload(params)
+
+
+@method("models.authStatus", params=ModelsAuthStatusParams, scope=sc.READ)
+async def models_auth_status_rpc(ctx: RpcContext, params: ModelsAuthStatusParams) -> dict:
+    _check_target(params.agentId or None, None)
+    return model_catalog.models_auth_status_payload()
+
+
+@method("commands.list", params=CommandsListParams, scope=sc.READ)
+async def commands_list_rpc(ctx: RpcContext, params: CommandsListParams) -> dict:
+    _check_target(params.agentId, params.sessionKey)
+    return commands_list_payload(params)
+
+
+@method("chat.metadata", params=ChatMetadataParams, scope=sc.READ)
+def chat_metadata_rpc(ctx: RpcContext, params: ChatMetadataParams) -> dict:
+    _check_target(params.agentId, None)
+    session = selectors.session_get(_key(params.sessionKey, params.agentId)) if params.sessionKey else None
+    return chat_metadata_payload(session)
+
+
+@method("diagnostics.lanes", scope=sc.READ)
+def diagnostics_lanes_rpc(ctx: RpcContext, params) -> dict:
+    return summary.session_lanes()

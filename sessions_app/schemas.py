@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from gateway.protocol import DEFAULT_MAX_FRAME_BYTES, ClosedModel, NulCheckedByService
+from gateway.protocol import DEFAULT_MAX_FRAME_BYTES, MAX_SAFE_INTEGER, ClosedModel, NulCheckedByService
 from gateway.schemas import OpenSchema
 
 WORKTREE_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
@@ -24,6 +24,8 @@ Label = Annotated[str | None, Field(max_length=200)]
 Category = Annotated[str | None, Field(max_length=100)]
 ModelName = Annotated[str | None, Field(max_length=200)]
 ListLimit = Annotated[int, Field(ge=1, le=1000)]
+# A session row's ``revision`` (``Session.revision``): 1 when created, +1 on every write.
+Revision = Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
 HistoryLimit = Annotated[int, Field(ge=1, le=1000)]
 WaitTimeoutMs = Annotated[int, Field(ge=0, le=MAX_WAIT_MS)]
 # The text of one user message: about 250,000 tokens, more than most models take in a whole context.
@@ -45,10 +47,13 @@ class SessionRef(ClosedModel):
 
 
 class ExpectedRevision(ClosedModel):
-    """Guarded mutations: refused when the session changed since the caller read it."""
+    """Guarded mutations: refused when the session changed since the caller read it. ``expectedSessionId`` /
+    ``expectedLifecycleRevision`` (OpenClaw's) catch a reset or a new owner; ``expectedRevision`` (this
+    gateway's: the row's ``revision``) catches any write of the row."""
 
     expectedSessionId: str | None = None
     expectedLifecycleRevision: str | None = None
+    expectedRevision: Revision | None = None
 
 
 # --- sessions.* -------------------------------------------------------------------------------
@@ -112,7 +117,15 @@ class SessionsResetParams(ExpectedRevision, SessionRef):
     reason: Literal["new", "reset"] = "reset"
 
 
-class SessionsDeleteParams(ExpectedRevision, SessionRef):
+class DeleteGuards(ExpectedRevision):
+    """``sessions.delete``'s guards: those of every guarded mutation, and OpenClaw's ``expectedSessionUpdatedAt``
+    (the row's ``updatedAt`` in epoch ms, as the rows show it; two writes within one millisecond look alike to
+    it, which ``expectedRevision`` tells apart)."""
+
+    expectedSessionUpdatedAt: Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)] | None = None
+
+
+class SessionsDeleteParams(DeleteGuards, SessionRef):
     deleteTranscript: bool | None = None
 
 
@@ -173,6 +186,71 @@ class ChatAbortParams(AbortTarget):
 class AgentWaitParams(ClosedModel):
     runId: str = Field(min_length=1)
     timeoutMs: WaitTimeoutMs = 30_000
+
+
+# --- agents, models and commands (the clients' start-up reads) -----------------------------------
+# OpenClaw's params of agent.identity.get, models.list, models.authStatus, commands.list and chat.metadata; their
+# NonEmptyString fields are bounded here like every text a caller sends. Agent ids and session keys are then
+# checked by sessions_app/keys.py as everywhere else.
+
+AgentIdText = Annotated[str, Field(min_length=1, max_length=200)]
+SessionKeyText = Annotated[str, Field(min_length=1, max_length=300)]
+# OpenClaw's saved model accounts (none exist here; accepted, with no effect).
+AuthProfileId = Annotated[str, Field(min_length=1, max_length=256)]
+ProviderText = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class AgentIdentityParams(ClosedModel):
+    agentId: AgentIdText | None = None
+    # OpenClaw's schema lets this one be empty; an empty key means "none".
+    sessionKey: Annotated[str, Field(max_length=300)] | None = None
+
+
+class ModelsListParams(ClosedModel):
+    agentId: AgentIdText | None = None
+    sessionKey: SessionKeyText | None = None
+    authProfileId: AuthProfileId | None = None
+    provider: ProviderText | None = None
+    includeDetails: bool | None = None
+    includeProviderCapabilities: bool | None = None
+    includeDefaultModels: bool | None = None
+    preparedOnly: bool | None = None
+    refresh: bool | None = None
+    view: Literal["default", "configured", "provider-config", "all"] | None = None
+
+    @model_validator(mode="after")
+    def _one_mode_one_owner(self) -> ModelsListParams:
+        if self.preparedOnly and self.refresh:
+            raise ValueError("preparedOnly and refresh cannot be combined")
+        if self.sessionKey is not None and self.authProfileId is not None:
+            raise ValueError("sessionKey and authProfileId cannot be combined")
+        return self
+
+
+class ModelsAuthStatusParams(ClosedModel):
+    refresh: bool | None = None
+    # OpenClaw's schema lets this one be empty; an empty id means the default agent.
+    agentId: Annotated[str, Field(max_length=200)] | None = None
+
+
+class CommandsListParams(ClosedModel):
+    sessionKey: SessionKeyText | None = None
+    agentId: AgentIdText | None = None
+    provider: ProviderText | None = None
+    scope: Literal["text", "native", "both"] | None = None
+    includeArgs: bool | None = None
+
+
+class ChatMetadataParams(ClosedModel):
+    agentId: AgentIdText | None = None
+    authProfileId: AuthProfileId | None = None
+    sessionKey: SessionKeyText | None = None
+
+    @model_validator(mode="after")
+    def _one_owner(self) -> ChatMetadataParams:
+        if self.sessionKey is not None and self.authProfileId is not None:
+            raise ValueError("sessionKey and authProfileId cannot be combined")
+        return self
 
 
 class MessageIn(ClosedModel):
@@ -252,6 +330,7 @@ class SessionRowOut(OpenSchema):
     agentId: str
     sessionId: str
     lifecycleRevision: str
+    revision: int
     updatedAt: int | None = None
     createdAt: int | None = None
     lastInteractionAt: int | None = None

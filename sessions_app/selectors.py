@@ -5,15 +5,17 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
 
-from gateway import sql_reads
+from gateway import sql_reads, state
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
 from gateway.exceptions import InvalidRequest, NotFound
+from gateway.protocol import SERVER_VERSION
+from gateway.redaction import shown_path
 
 from . import keys
 from .model_providers import default_model
@@ -63,6 +65,7 @@ def _own_row(session: Session) -> dict:
         "agentId": session.agent_id,
         "sessionId": session.session_id,
         "lifecycleRevision": session.lifecycle_revision,
+        "revision": session.revision,
     }
     if session.updated_at:
         row["updatedAt"] = int(session.updated_at.timestamp() * 1000)
@@ -106,19 +109,6 @@ def _own_row(session: Session) -> dict:
     if session.worktree:
         row["worktree"] = _shown_worktree(session.worktree)
     return row
-
-
-def shown_path(path: str) -> str:
-    """A host path as clients see it: relative to the state directory, never the host's absolute path.
-
-    Every ``operator.read`` client receives session rows; where the gateway keeps its state (or an
-    operator's checkout) is not theirs to know.
-    """
-    candidate = Path(path)
-    try:
-        return candidate.resolve().relative_to(Path(settings.STATE_DIR).resolve()).as_posix()
-    except ValueError:
-        return candidate.name
 
 
 def _shown_worktree(worktree: dict) -> dict:
@@ -390,6 +380,56 @@ def chat_history(session: Session, *, limit: int = 200) -> dict:
         "totalMessages": window.message_count,
         "hasMore": window.message_count > limit,
     }
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    """What ``/status`` typed in chat reports of a session and the gateway serving it."""
+
+    gateway_version: str
+    gateway_uptime_ms: int
+    session_key: str
+    session_id: str
+    model_provider: str
+    model: str
+    default_model: str
+    input_tokens: int
+    output_tokens: int
+    messages: int
+    updated_at: datetime | None
+    # The session row's ``placement`` (workers_app's projection), None for a session never placed.
+    placement: dict | None
+    running: bool
+    queued: int
+    last_turn: str
+
+
+def session_status(session: Session) -> SessionStatus:
+    """The facts of ``/status``: the row's own fields, its placement, the transcript's size, its turns now."""
+    turns = dict(
+        Run.objects.filter(session=session, status__in=(RunStatus.QUEUED, RunStatus.RUNNING))
+        .values_list("status")
+        .annotate(count=Count("run_id"))
+        .order_by("status")
+    )
+    model = resolved_model(session)
+    return SessionStatus(
+        gateway_version=SERVER_VERSION,
+        gateway_uptime_ms=state.uptime_ms(),
+        session_key=session.key,
+        session_id=session.session_id,
+        model_provider=model["modelProvider"],
+        model=model["model"],
+        default_model=default_model(),
+        input_tokens=session.input_tokens,
+        output_tokens=session.output_tokens,
+        messages=SessionWindow.objects.filter(pk=session.session_id).values_list("message_count", flat=True).get(),
+        updated_at=session.updated_at,
+        placement=session_row(session).get("placement"),
+        running=turns.get(RunStatus.RUNNING.value, 0) > 0,
+        queued=turns.get(RunStatus.QUEUED.value, 0),
+        last_turn=session.status,
+    )
 
 
 def recent_runs(session: Session, *, limit: int = 20) -> list[Run]:

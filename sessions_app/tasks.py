@@ -22,9 +22,13 @@ TURN_SOFT_TIME_LIMIT_S = settings.OPENCLAW_AGENT["TURN_TIMEOUT_S"]
 TURN_TIME_LIMIT_S = TURN_SOFT_TIME_LIMIT_S + 60
 
 
+# Late acknowledgement, and a task whose pool process died goes back to the queue (prefork): a turn whose worker
+# stopped before the claim runs elsewhere, and a redelivered task of a turn already started or ended does nothing
+# (the claim is a compare-and-set on the queued run).
 @shared_task(
     name="sessions.run_turn",
     acks_late=True,
+    reject_on_worker_lost=True,
     ignore_result=True,
     soft_time_limit=TURN_SOFT_TIME_LIMIT_S,
     time_limit=TURN_TIME_LIMIT_S,

@@ -4,10 +4,12 @@ import time
 
 import psycopg.errors
 import pytest
+from django.core.cache import cache
 from django.db import OperationalError
 from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
 
 from gateway.conf import shared_token
+from gateway.executor_leases import HOLDER_KEY, LEASE_KEY
 from operations_app.errors import error_recorder
 from tests.support.api import API_TOKEN
 from tests.support.browser import AXE_REPORTS, SCREENSHOTS
@@ -137,6 +139,20 @@ def _internal_errors_recorded_once():
     """This process's recorder of internal errors tries each write once: a retry seconds later would land in
     whichever test runs then. Gateway processes the tests start keep their retries (tests/e2e/test_readiness.py)."""
     error_recorder.retry_delays_s = ()
+
+
+@pytest.fixture
+def worker_labels():
+    """``worker_labels(name)``: an executor label of a Celery worker process for this test only; the lease keys of
+    every label it made are deleted afterwards (the cache outlives the test)."""
+    made: list[str] = []
+
+    def label(name: str) -> str:
+        made.append(f"celery:test-{name}:{time.monotonic_ns()}")
+        return made[-1]
+
+    yield label
+    cache.delete_many([key.format(label) for label in made for key in (LEASE_KEY, HOLDER_KEY)])
 
 
 @pytest.fixture

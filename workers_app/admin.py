@@ -5,6 +5,8 @@ audit row (who, what, before, after)."""
 
 from __future__ import annotations
 
+import json
+
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
@@ -12,16 +14,20 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
+from gateway import scopes as sc
 from gateway.admin.common import (
     EstimatedCountPaginator,
     ReadOnlyAdmin,
     ViewOnlyObjectsMixin,
     audit_history_link,
+    operator_action,
     per_object_action,
 )
 from gateway.audit import Actor
+from gateway.redaction import host_paths_out
 
 from .models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementHistory, PlacementMove, WorkerEnvironment
+from .profiles import profile_shown
 from .services import reclaim
 
 HISTORY_SHOWN = 200
@@ -39,10 +45,20 @@ class PlacementAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     list_select_related = ("session",)
-    readonly_fields = [*(field.name for field in Placement._meta.fields), "history", "audit_history"]
+    # The workspace directory as clients see it (a local worker's lies under this host's state directory).
+    readonly_fields = [
+        *(field.name if field.name != "remote_workspace_dir" else "workspace_dir" for field in Placement._meta.fields),
+        "history",
+        "audit_history",
+    ]
+    exclude = ("remote_workspace_dir",)
     actions = ("stop_workers", "recover_to_gateway", "fail_placements")
 
-    @admin.action(description="Stop the worker / reclaim (sessions.reclaim)", permissions=["change"])
+    @admin.display(description="remote workspace dir")
+    def workspace_dir(self, obj: Placement) -> str:
+        return host_paths_out(obj.remote_workspace_dir) if obj.remote_workspace_dir else "—"
+
+    @operator_action("sessions.reclaim", description="Stop the worker / reclaim (sessions.reclaim)")
     def stop_workers(self, request: HttpRequest, queryset: QuerySet[Placement]) -> None:
         """Active → reclaimed; a dispatch in flight is canceled; failed → local once its teardown is done."""
 
@@ -53,7 +69,7 @@ class PlacementAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
         per_object_action(self, request, queryset, label=_placement_label, skip_reason=lambda p: None, act=stop)
 
-    @admin.action(description="Recover a failed placement to the gateway", permissions=["change"])
+    @operator_action("sessions.reclaim", description="Recover a failed placement to the gateway")
     def recover_to_gateway(self, request: HttpRequest, queryset: QuerySet[Placement]) -> None:
         """Continue on the gateway: failed@generation → local, even when the worker's teardown cannot finish
         (it stays pending for the sweep). Only for the generation read now: a placement that changed since
@@ -67,7 +83,7 @@ class PlacementAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
         per_object_action(self, request, queryset, label=_placement_label, skip_reason=lambda p: None, act=recover)
 
-    @admin.action(description="Fail placement (gives its worker up; asks for confirmation)", permissions=["change"])
+    @operator_action(scope=sc.ADMIN, description="Fail placement (gives its worker up; asks for confirmation)")
     def fail_placements(self, request: HttpRequest, queryset: QuerySet[Placement]) -> TemplateResponse | None:
         """Fail a dispatch or move that stopped moving, or a worker given up, as recovery fails an interrupted
         one: the worker loses ownership, its environment is torn down, the placement ends ``failed`` (then
@@ -194,10 +210,15 @@ class WorkerEnvironmentAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     search_fields = ("environment_id", "lease_id", "node_device_id")
     show_full_result_count = False
     paginator = EstimatedCountPaginator
-    # The SSH key reference stays out of the admin as it stays out of every API.
-    exclude = ("ssh_key_ref",)
+    # The SSH key reference stays out of the admin as it stays out of every API; the profile is shown with its key
+    # file named, not located (the path is the gateway host's).
+    exclude = ("ssh_key_ref", "profile_snapshot")
     readonly_fields = [
-        *(field.name for field in WorkerEnvironment._meta.fields if field.name != "ssh_key_ref"),
+        *(
+            field.name if field.name != "profile_snapshot" else "profile"
+            for field in WorkerEnvironment._meta.fields
+            if field.name != "ssh_key_ref"
+        ),
         "audit_history",
     ]
     actions = ("destroy_environments", "retry_teardowns")
@@ -206,7 +227,11 @@ class WorkerEnvironmentAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
     def audit_history(self, obj: WorkerEnvironment) -> str:
         return audit_history_link(obj.environment_id, "environment")
 
-    @admin.action(description="Retry teardown (environments.destroy, no force)", permissions=["change"])
+    @admin.display(description="profile snapshot")
+    def profile(self, obj: WorkerEnvironment) -> str:
+        return json.dumps(profile_shown(obj.profile_snapshot), indent=2, sort_keys=True)
+
+    @operator_action("environments.destroy", description="Retry teardown (environments.destroy, no force)")
     def retry_teardowns(self, request: HttpRequest, queryset: QuerySet[WorkerEnvironment]) -> None:
         """An environment whose teardown was requested but did not finish (its provider failed to release
         the lease): the same service as "Destroy environment" asks the provider again. A refusal or a new
@@ -225,7 +250,7 @@ class WorkerEnvironmentAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
             act=retry,
         )
 
-    @admin.action(description="Destroy environment (environments.destroy, no force)", permissions=["change"])
+    @operator_action("environments.destroy", description="Destroy environment (environments.destroy, no force)")
     def destroy_environments(self, request: HttpRequest, queryset: QuerySet[WorkerEnvironment]) -> None:
         """Tear the environment down; one attached to a session is refused (stop its worker first)."""
 

@@ -92,3 +92,16 @@ def profile_for_environment(provider_id: str, profile_id: str, snapshot: dict[st
         install=snapshot.get("install", "bundle") if isinstance(snapshot, dict) else "bundle",
         settings=settings_snapshot if isinstance(settings_snapshot, dict) else {},
     )
+
+
+KEY_FILE_SHOWN = "(a file on the gateway host)"
+
+
+def profile_shown(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """An environment's profile snapshot as an operator page shows it: a key file is named as the profile's, not
+    located (its path is the gateway host's; an environment variable's name is the reference itself)."""
+    settings_shown = snapshot.get("settings") if isinstance(snapshot, dict) else None
+    key_ref = settings_shown.get("keyRef") if isinstance(settings_shown, dict) else None
+    if not isinstance(key_ref, dict) or key_ref.get("source") != "file":
+        return snapshot
+    return {**snapshot, "settings": {**settings_shown, "keyRef": {**key_ref, "id": KEY_FILE_SHOWN}}}

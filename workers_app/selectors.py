@@ -15,6 +15,7 @@ from devices_app import selectors as device_selectors
 from gateway import selectors as gateway_selectors
 from gateway import sql_reads
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int
+from gateway.redaction import host_paths_out
 from sessions_app.models import Session
 
 from .bundle import current_bundle
@@ -48,7 +49,8 @@ def placement_projection(placement: Placement, environment: WorkerEnvironment | 
         "activeOwnerEpoch": placement.active_owner_epoch,
         "workerBundleHash": placement.worker_bundle_hash,
         "workspaceBaseManifestRef": placement.workspace_base_manifest_ref,
-        "remoteWorkspaceDir": placement.remote_workspace_dir,
+        # A local worker's lies under this host's state directory: named relative to it, as session paths are.
+        "remoteWorkspaceDir": host_paths_out(placement.remote_workspace_dir or "") or None,
         "lastTranscriptAckCursor": placement.last_transcript_ack_cursor,
         "lastLiveEventAckCursor": placement.last_live_event_ack_cursor,
     }

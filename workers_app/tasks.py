@@ -26,9 +26,11 @@ def node_retain(node_id: str, conn_id: str) -> str | None:
     return retention.node_retain(node_id=node_id, conn_id=conn_id)
 
 
+# As sessions.run_turn: claimed by compare-and-set, so a task given back by a dead pool process runs its turn once.
 @shared_task(
     name="workers.run_worker_turn",
     acks_late=True,
+    reject_on_worker_lost=True,
     ignore_result=True,
     soft_time_limit=TURN_SOFT_TIME_LIMIT_S,
     time_limit=TURN_TIME_LIMIT_S,

@@ -24,6 +24,11 @@ from ..ports import node_workers
 from ..selectors import EXEC_COMMANDS, node_catalog_changed, node_pairing_request_shape, pairing_request_shape
 from . import tokens
 
+# How a removal closes the device's live connections (workers.md §5.4: OpenClaw closes the node socket with
+# 4001 `device removed`); a node host takes it as the end of its pairing and deletes what it kept for us.
+REMOVED_CLOSE_CODE = 4001
+REMOVED_CLOSE_REASON = "device removed"
+
 
 @dataclass(frozen=True)
 class PairingClaim:
@@ -270,7 +275,9 @@ def paired_device_remove(*, device_id: str, actor: Actor) -> None:
         if device is None or not deleted:
             raise NotFound("unknown deviceId")
         connections.connections_close(
-            list(GatewayConnection.objects.filter(device_id=device_id)), reason="device removed"
+            list(GatewayConnection.objects.filter(device_id=device_id)),
+            reason=REMOVED_CLOSE_REASON,
+            code=REMOVED_CLOSE_CODE,
         )
         audit(actor, "device.pair.remove", "device", device_id, {"before": _approval_state(device), "after": "removed"})
         node_catalog_changed()
@@ -298,7 +305,8 @@ def node_remove(*, node_id: str, actor: Actor) -> None:
             device.delete()
         connections.connections_close(
             list(GatewayConnection.objects.filter(device_id=node_id, role=sc.ROLE_NODE)),
-            reason="node pairing removed",
+            reason=REMOVED_CLOSE_REASON,
+            code=REMOVED_CLOSE_CODE,
         )
         after = {"roles": remaining, "scopes": list(device.approved_scopes or [])} if remaining else "removed"
         audit(actor, "node.pair.remove", "node", node_id, {"before": before, "after": after})

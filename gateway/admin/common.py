@@ -1,8 +1,9 @@
-"""Shared pieces of the project's admins: action runner, read-only mixins, liveness filters, paginator."""
+"""Shared pieces of the project's admins: scoped actions and their runner, read-only mixins, liveness filters,
+paginator."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.contrib import admin, messages
@@ -17,7 +18,9 @@ from django.utils.http import urlencode
 
 from gateway.audit import Actor
 from gateway.exceptions import GatewayError
+from gateway.redaction import operator_text
 from gateway.selectors import process_stale_before
+from gateway.user_scopes import missing_scope
 
 # --- shared helpers -------------------------------------------------------------------------
 
@@ -75,7 +78,7 @@ def per_object_action(
         try:
             history = act(obj, actor)
         except GatewayError as exc:
-            skipped.append(f"{label(obj)}: {exc.message}")
+            skipped.append(f"{label(obj)}: {operator_text(exc)}")
             continue
         done += 1
         if deletes:
@@ -111,8 +114,44 @@ class EstimatedCountPaginator(Paginator):
         return super().count
 
 
-class ViewOnlyObjectsMixin:
-    """Objects open read-only; the model-level change permission only unlocks the actions.
+def operator_action(
+    *methods: str, scope: str | None = None, description: str, permissions: Sequence[str] = ("change",)
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``@admin.action`` for an action that does what the gateway ``methods`` do (``scope``: what it needs when no
+    method does it). Besides the model ``permissions`` Django checks, :class:`OperatorActionsMixin` offers and
+    runs it only for a user holding the wire's scope for the same work."""
+    if bool(methods) == (scope is not None):
+        raise TypeError("name the gateway methods the action does the work of, or the scope it needs")
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        action = admin.action(description=description, permissions=list(permissions))(func)
+        action.operator_methods = methods  # type: ignore[attr-defined]
+        action.operator_scope = scope  # type: ignore[attr-defined]
+        return action
+
+    return decorator
+
+
+def action_allowed(user: Any, action: Callable[..., Any]) -> bool:
+    """An action declared with :func:`operator_action` for a user holding its scope; any other action is
+    refused (so an action added without a scope is never offered to anyone)."""
+    if not hasattr(action, "operator_methods"):
+        return False
+    return missing_scope(user, action.operator_methods, action.operator_scope) is None
+
+
+class OperatorActionsMixin:
+    """Actions are offered (listed, and accepted when posted: Django runs only what this returns) to users who
+    hold the operator scope each one needs, on top of Django's model permissions."""
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)  # type: ignore[misc]
+        return {name: entry for name, entry in actions.items() if action_allowed(request.user, entry[0])}
+
+
+class ViewOnlyObjectsMixin(OperatorActionsMixin):
+    """Objects open read-only; the model-level change permission (with the action's operator scope) only
+    unlocks the actions.
 
     Editing a field here would bypass the services (no compare-and-set, no audit row, no event),
     so the change form never saves. Built-in delete is off for the same reason.

@@ -283,7 +283,8 @@ def openai_messages(transcript: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     Every tool call the model is sent is answered: a call whose result was never recorded (its turn was
     interrupted) gets one saying so, and a result whose call is not in the context (cut off by the context
-    window) is left out, as a chat-completions API refuses either.
+    window) is left out, as a chat-completions API refuses either. Entries marked ``excludeFromContext`` (a
+    command typed in chat and the gateway's reply to it) are for people reading the transcript, not the model.
     """
     messages: list[dict[str, Any]] = []
     open_calls: list[str] = []
@@ -293,6 +294,8 @@ def openai_messages(transcript: list[dict[str, Any]]) -> list[dict[str, Any]]:
         open_calls.clear()
 
     for body in transcript:
+        if body.get("excludeFromContext"):
+            continue
         role = body.get("role")
         if role == "toolResult":
             call_id = body.get("toolCallId")

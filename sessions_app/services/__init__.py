@@ -1,6 +1,7 @@
 """All writes of sessions_app, one module per sub-domain.
 
 * ``sessions`` — session rows: create, patch, reset, delete; :func:`sessions.session_lock`.
+* ``rows`` — how any service writes a session row: the revision's compare-and-set, the stale-write refusal.
 * ``creation`` — ``sessions.create`` as callers ask for it (workspace, session, first turn).
 * ``workspace`` — managed git worktrees.
 * ``runs`` — chat runs: submit, claim, finish, abort, recovery, and turn dispatch.

@@ -31,6 +31,7 @@ from gateway.exceptions import Busy, Conflict, InvalidRequest
 from .. import events, stages
 from ..harnesses import DeletionTarget, registry
 from ..models import Run, RunStatus, Session, SessionWindow, WindowReason
+from .rows import session_delete_row, session_write
 
 logger = logging.getLogger(__name__)
 
@@ -268,7 +269,7 @@ def _commit_readiness(handle: InitializationHandle, patch: dict[str, Any]) -> Se
         row.initialization_pending = False
         if "pluginExtensions" in patch:
             row.plugin_extensions = patch["pluginExtensions"]
-        row.save(update_fields=["initialization_pending", "plugin_extensions", "updated_at"])
+        session_write(row, "initialization_pending", "plugin_extensions")
     return row
 
 
@@ -350,8 +351,8 @@ def delete_session_guarded(
                 )
             else:
                 stages.reach("deletion.before_delete", key=key)
+                session_delete_row(row)
                 events.publish_session_changed_on_commit(row, reason="delete", deleted=True)
-                row.delete()
                 deleted = True
     except BaseException:
         if participation is not None:

@@ -24,6 +24,7 @@ from approvals_app.services import exec_approvals_cancel_for_run
 from gateway import background, metrics, sql_reads, state
 from gateway.audit import Actor, audit
 from gateway.exceptions import Busy, Conflict, InvalidRequest
+from gateway.executor_leases import lease_ttl_s, stopped_executors
 from gateway.selectors import live_process_boot_ids
 from openclaw_client.agent.loop import openai_messages
 
@@ -32,6 +33,7 @@ from ..events import TurnEmitter
 from ..models import Run, RunStatus, Session, SessionWindow, ToolArtifact, TranscriptEvent, new_id
 from ..ports import SessionAction, placements
 from ..selectors import newest_message_bodies
+from .rows import session_write
 from .sessions import session_for_turn, session_lock
 from .transcripts import message_body, transcript_append
 
@@ -112,14 +114,22 @@ class SubmitResult:
     created: bool
 
 
+def submitted_before(*, session_key: str, idempotency_key: str) -> SubmitResult | None:
+    """The run a repeated idempotency key names (whatever its state); a key of another session is refused."""
+    existing = Run.objects.filter(run_id=idempotency_key).first()
+    if existing is None:
+        return None
+    if existing.session_key != session_key:
+        raise Conflict("idempotencyKey already used for another session", details={"code": "RUN_KEY_REUSED"})
+    return SubmitResult(existing, created=False)
+
+
 def run_submit(*, session_key: str, message: str, idempotency_key: str, origin_channel: str = "") -> SubmitResult:
     """Record a turn (queued); a repeated idempotency key is the same run, whatever its state."""
     text = clean_message(message)
-    existing = Run.objects.filter(run_id=idempotency_key).first()
+    existing = submitted_before(session_key=session_key, idempotency_key=idempotency_key)
     if existing is not None:
-        if existing.session_key != session_key:
-            raise Conflict("idempotencyKey already used for another session", details={"code": "RUN_KEY_REUSED"})
-        return SubmitResult(existing, created=False)
+        return existing
     try:
         with transaction.atomic():
             session = session_lock(session_key)
@@ -137,15 +147,21 @@ def run_submit(*, session_key: str, message: str, idempotency_key: str, origin_c
             )
             session.last_interaction_at = timezone.now()
             session.last_run_id = run.run_id
-            session.save(update_fields=["last_interaction_at", "last_run_id", "updated_at"])
+            session_write(session, "last_interaction_at", "last_run_id")
             dispatch_turn_on_commit(run.run_id, session)
     except IntegrityError:
         # A concurrent send with the same key won the insert.
-        existing = Run.objects.get(run_id=idempotency_key)
-        if existing.session_key != session_key:
-            raise Conflict("idempotencyKey already used for another session") from None
-        return SubmitResult(existing, created=False)
+        return submitted_concurrently(session_key=session_key, idempotency_key=idempotency_key)
     return SubmitResult(run, created=True)
+
+
+def submitted_concurrently(*, session_key: str, idempotency_key: str) -> SubmitResult:
+    """After an insert lost to a concurrent send with the same key: that send's run (or the refusal of a key of
+    another session)."""
+    existing = Run.objects.get(run_id=idempotency_key)
+    if existing.session_key != session_key:
+        raise Conflict("idempotencyKey already used for another session") from None
+    return SubmitResult(existing, created=False)
 
 
 def chat_send(
@@ -224,7 +240,7 @@ def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
         for field, value in claim.items():
             setattr(run, field, value)
         session.status = "running"
-        session.save(update_fields=["status", "updated_at"])
+        session_write(session, "status")
         history = active_path_messages(run.window)
         events.publish_session_changed_on_commit(session, reason="send", phase="start", run_id=run.run_id)
     return ClaimedTurn(run=run, session=session, history=history)
@@ -466,7 +482,7 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
             session.output_tokens += int(outcome.usage.get("output") or 0)
         if not session.model and outcome.model:
             session.model, session.model_provider = outcome.model, outcome.model_provider
-        session.save(update_fields=["status", "input_tokens", "output_tokens", "model", "model_provider", "updated_at"])
+        session_write(session, "status", "input_tokens", "output_tokens", "model", "model_provider")
         next_run = (
             Run.objects.filter(session=session, status=RunStatus.QUEUED)
             .order_by("created_at")
@@ -544,6 +560,32 @@ def run_abort(*, session_key: str, run_id: str | None = None, actor: Actor | Non
     return [run.run_id for run in runs]
 
 
+def run_end_running(*, session: Session) -> Run | None:
+    """End the session's running turn now as ``aborted`` (a reset in chat, OpenClaw's ``/reset`` during a turn);
+    the caller holds the session lock. Returns that run, or None when none was running.
+
+    Its runner is asked to stop as by ``chat.abort`` and records nothing more (each of its writes checks that the
+    run still runs); the partial text it held is not kept. The end events go out after commit, as for any end.
+    """
+    run = Run.objects.filter(session=session, status=RunStatus.RUNNING).first()
+    if run is None:
+        return None
+    now = timezone.now()
+    ended = {"status": RunStatus.ABORTED, "stop_reason": "aborted", "abort_requested_at": now, "ended_at": now}
+    # Under the session lock no runner transition can race this; the compare-and-set stays the guard.
+    if Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(**ended) != 1:
+        return None
+    for field, value in ended.items():
+        setattr(run, field, value)
+    request_abort_on_commit(run)
+    transaction.on_commit(lambda: exec_approvals_cancel_for_run(run.run_id, RUN_ABORTED))
+    session.status = "killed"
+    session.save(update_fields=["status", "updated_at"])
+    events.publish_turn_end_on_commit(run, session)
+    transaction.on_commit(lambda: _record_turn_end(run))
+    return run
+
+
 def runs_recover(*, stale_before, reason: str, executors: list[str] | None = None) -> list[str]:
     """Fail running turns whose executor stopped: no heartbeat since ``stale_before`` (or a dead executor).
 
@@ -570,7 +612,7 @@ def runs_recover(*, stale_before, reason: str, executors: list[str] | None = Non
             _record_turn_end(run)
             _log_failed_turn_on_commit(run, session, reason=reason, kind="interrupted")
             session.status = "failed"
-            session.save(update_fields=["status", "updated_at"])
+            session_write(session, "status")
             events.publish_turn_end_on_commit(run, session)
             _clear_abort_on_commit(run)
             next_run = Run.objects.filter(session=session, status=RunStatus.QUEUED).order_by("created_at").first()
@@ -596,18 +638,50 @@ def runs_recover_dead_gateways() -> list[str]:
 
 
 def runs_redispatch_stuck(*, queued_before) -> list[str]:
-    """Queued turns of idle sessions that nobody started (a lost task): dispatch them again."""
+    """Queued turns of idle sessions that nobody started (a lost task): dispatch each such session's oldest one
+    again (its end dispatches the next, so the session's turns keep their order)."""
     stuck = []
     queued = Run.objects.filter(status=RunStatus.QUEUED, created_at__lt=queued_before).select_related("session")
-    for run in queued.order_by("created_at"):
-        busy = Run.objects.filter(session_id=run.session_id, status=RunStatus.RUNNING).exists()
-        if not busy:
-            with transaction.atomic():
-                dispatch_turn_on_commit(run.run_id, run.session)
-            logger.warning(
-                "turn %s dispatched again: queued with nobody running it",
-                run.run_id,
-                extra={"run_id": run.run_id, "session_key": run.session.key},
-            )
-            stuck.append(run.run_id)
+    busy = set(Run.objects.filter(status=RunStatus.RUNNING).values_list("session_id", flat=True))
+    for run in queued.order_by("created_at", "run_id"):
+        if run.session_id in busy:
+            continue
+        busy.add(run.session_id)  # its oldest queued turn is on its way
+        with transaction.atomic():
+            dispatch_turn_on_commit(run.run_id, run.session)
+        logger.warning(
+            "turn %s dispatched again: queued with nobody running it",
+            run.run_id,
+            extra={"run_id": run.run_id, "session_key": run.session.key},
+        )
+        stuck.append(run.run_id)
     return stuck
+
+
+def worker_stopped_reason() -> str:
+    return f"run interrupted: its worker process stopped (no lease renewal for {lease_ttl_s()} s)"
+
+
+@dataclass(frozen=True)
+class StoppedWorkersRecovery:
+    failed: list[str]
+    redispatched: list[str]
+
+
+def runs_recover_stopped_workers() -> StoppedWorkersRecovery:
+    """Fail the running turns of Celery worker processes that stopped renewing their lease (killed, frozen), and
+    dispatch again the oldest queued turn of every idle session: a stopped worker may have taken a turn's task
+    without starting it, and late acknowledgement gives that task back only when the broker notices (RabbitMQ: at
+    once; Redis: after its visibility timeout). A task delivered twice starts its turn once (the claim's
+    compare-and-set). Run by the gateway loop every ``EXECUTOR_WATCH_INTERVAL_MS`` (``lifecycle.on_watch``).
+    """
+    executors = Run.objects.filter(status=RunStatus.RUNNING).values_list("executor", flat=True).distinct()
+    stopped = stopped_executors(executors)
+    if not stopped:
+        return StoppedWorkersRecovery(failed=[], redispatched=[])
+    logger.warning("worker process(es) stopped renewing their lease: %s", ", ".join(sorted(stopped)))
+    # The idle sessions first: the sessions of the failed turns are still busy here, and failing a turn dispatches
+    # its session's next one itself.
+    redispatched = runs_redispatch_stuck(queued_before=timezone.now())
+    failed = runs_recover(stale_before=None, executors=sorted(stopped), reason=worker_stopped_reason())
+    return StoppedWorkersRecovery(failed=failed, redispatched=redispatched)

@@ -19,6 +19,7 @@ from .. import events, keys
 from ..models import Run, RunStatus, Session, SessionWindow, WindowReason, new_id
 from ..ports import SessionAction, placements
 from .initialization import delete_session_guarded
+from .rows import check_expected, session_delete_row, session_write
 
 
 def session_lock(key: str) -> Session:
@@ -27,20 +28,6 @@ def session_lock(key: str) -> Session:
     if session is None:
         raise NotFound(f"session not found: {key}")
     return session
-
-
-def _check_expected(session: Session, expected_session_id: str | None, expected_revision: str | None) -> None:
-    if (expected_session_id is not None and expected_session_id != session.session_id) or (
-        expected_revision is not None and expected_revision != session.lifecycle_revision
-    ):
-        raise Conflict(
-            f"Session {session.key} changed; retry.",
-            details={
-                "code": "SESSION_CHANGED",
-                "sessionId": session.session_id,
-                "lifecycleRevision": session.lifecycle_revision,
-            },
-        )
 
 
 @dataclass(frozen=True)
@@ -112,7 +99,15 @@ def session_for_turn(*, key: str) -> Session:
     return session
 
 
-PATCHABLE = {"label", "displayName", "category", "archived", "pinned", "model"}
+# The wire name of each field sessions.patch may change, and its column.
+PATCHED_FIELDS = {
+    "label": "label",
+    "displayName": "display_name",
+    "category": "category",
+    "archived": "archived_at",
+    "pinned": "pinned_at",
+    "model": "model",
+}
 
 
 def session_patch(
@@ -121,15 +116,25 @@ def session_patch(
     changes: dict[str, Any],
     expected_session_id: str | None = None,
     expected_lifecycle_revision: str | None = None,
+    expected_revision: int | None = None,
+    actor: Actor | None = None,
 ) -> Session:
+    """Change display and model fields; with ``expected_revision``, only the row the caller read.
+
+    With ``actor`` (operator UI) the change is also written to the audit log."""
     if not changes:
         raise InvalidRequest("sessions.patch needs at least one change")
-    unknown = set(changes) - PATCHABLE
+    unknown = set(changes) - PATCHED_FIELDS.keys()
     if unknown:
         raise InvalidRequest(f"sessions.patch cannot change: {', '.join(sorted(unknown))}")
     with transaction.atomic():
         session = session_lock(key)
-        _check_expected(session, expected_session_id, expected_lifecycle_revision)
+        check_expected(
+            session,
+            session_id=expected_session_id,
+            lifecycle_revision=expected_lifecycle_revision,
+            revision=expected_revision,
+        )
         now = timezone.now()
         if "label" in changes:
             session.label = (changes["label"] or "").strip()[:200]
@@ -143,7 +148,9 @@ def session_patch(
             session.pinned_at = now if changes["pinned"] else None
         if "model" in changes:
             session.model = (changes["model"] or "").strip()[:200]
-        session.save()
+        session_write(session, *(PATCHED_FIELDS[name] for name in changes))
+        if actor is not None:
+            audit(actor, "session.patch", "session", key, {"changes": changes, "revision": session.revision})
         events.publish_session_changed_on_commit(session, reason="patch")
     return session
 
@@ -154,6 +161,7 @@ def session_reset(
     reason: str = "reset",
     expected_session_id: str | None = None,
     expected_lifecycle_revision: str | None = None,
+    expected_revision: int | None = None,
     actor: Actor | None = None,
 ) -> Session:
     """Start a new transcript generation: new sessionId and lifecycleRevision, queued turns fail.
@@ -162,7 +170,12 @@ def session_reset(
     """
     with transaction.atomic():
         session = session_lock(key)
-        _check_expected(session, expected_session_id, expected_lifecycle_revision)
+        check_expected(
+            session,
+            session_id=expected_session_id,
+            lifecycle_revision=expected_lifecycle_revision,
+            revision=expected_revision,
+        )
         if session.initialization_pending:
             raise Busy(f"Session {key} is initializing; retry later.", retryable=True)
         if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
@@ -172,7 +185,7 @@ def session_reset(
         session.session_id = new_id()
         session.lifecycle_revision = new_id()
         session.status = ""
-        session.save()
+        session_write(session, "session_id", "lifecycle_revision", "status")
         SessionWindow.objects.create(
             id=session.session_id, session=session, previous_session_id=previous, reason=WindowReason.RESET
         )
@@ -193,27 +206,42 @@ def session_delete(
     key: str,
     expected_session_id: str | None = None,
     expected_lifecycle_revision: str | None = None,
+    expected_revision: int | None = None,
+    expected_updated_at_ms: int | None = None,
+    actor: Actor | None = None,
 ) -> bool:
     """Delete a session with its windows, transcript and runs; a running turn blocks deletion.
 
     A session owned by an agent harness is deleted through the harness's deletion participant
     (which removes its binding after the commit); a pending one only by clearing its initialization.
+    With ``actor`` (operator UI) the deletion is also written to the audit log.
     """
     with transaction.atomic():
         session = Session.objects.select_for_update(no_key=True).filter(key=key).first()
         if session is None:
             return False
-        _check_expected(session, expected_session_id, expected_lifecycle_revision)
+        check_expected(
+            session,
+            session_id=expected_session_id,
+            lifecycle_revision=expected_lifecycle_revision,
+            revision=expected_revision,
+            updated_at_ms=expected_updated_at_ms,
+        )
         if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
             raise Busy("Delete is unavailable while the agent is working; abort the run first.", retryable=True)
         if session.initialization_pending:
             raise Busy(f"Session {key} is initializing; retry later.", retryable=True)
         placements().check_action(session, SessionAction.DELETE)
+        deleted = {"sessionId": session.session_id, "revision": session.revision}
         if not session.agent_harness_id:
+            session_delete_row(session)
+            if actor is not None:
+                audit(actor, "session.delete", "session", key, deleted)
             events.publish_session_changed_on_commit(session, reason="delete", deleted=True)
-            session.delete()
             return True
         expected = {k: v for k, v in Session.objects.filter(pk=session.pk).values().first().items()}
     if not delete_session_guarded(key=key, expected=expected, purpose="delete"):
         raise Conflict(f"Session {key} changed; retry.", details={"code": "SESSION_CHANGED"})
+    if actor is not None:
+        audit(actor, "session.delete", "session", key, deleted)
     return True

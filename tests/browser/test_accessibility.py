@@ -8,9 +8,11 @@ import pytest
 from playwright.sync_api import Page, expect
 from pytest_playwright_axe import OPTIONS_WCAG_22AA, Axe
 
+from gateway import scopes as sc
 from tests.browser.test_console import PASSWORD, REPLY_WAIT_S, create_session, log_in, reload_until_visible
 from tests.operator_ui.test_pairing import operator_request
 from tests.support.browser import AXE_REPORTS
+from tests.support.operators import operator_user
 from tests.workers_app.test_placement_store import make_session
 from tests.workers_app.test_rpc import failed_without_environment
 
@@ -33,7 +35,7 @@ def blocking_violations(page: Page, name: str) -> list[str]:
 
 def test_the_main_pages_have_no_serious_accessibility_violations(page, gateway, django_user_model):
     # Staff: the pages show everything they can (the pairing page, dispatch profiles) to be checked.
-    django_user_model.objects.create_user(username="ops", password=PASSWORD, is_staff=True)
+    operator_user("ops", sc.ADMIN, password=PASSWORD, is_staff=True)
     operator_request()
     failed_without_environment(make_session("agent:main:failed-placement"))
     problems: list[str] = []

@@ -10,7 +10,9 @@ import time
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
+from gateway import scopes as sc
 from sessions_app.models import Run, RunStatus
+from tests.support.operators import operator_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -48,7 +50,7 @@ def reload_until_visible(page: Page, locator: Locator, *, timeout_s: float) -> N
 
 
 def test_an_operator_logs_in_creates_a_session_and_reads_the_reply(page, gateway, django_user_model, screenshots):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    operator_user("ops", sc.WRITE, password=PASSWORD)
 
     page.goto(f"{gateway.http_url}/ui/login/")
     screenshots.take(page, "login")
@@ -82,7 +84,7 @@ def test_an_operator_logs_in_creates_a_session_and_reads_the_reply(page, gateway
 
 
 def test_a_wrong_password_shows_the_error_and_logs_nobody_in(page, gateway, django_user_model, screenshots):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    operator_user("ops", sc.WRITE, password=PASSWORD)
 
     page.goto(f"{gateway.http_url}/ui/login/")
     screenshots.take(page, "login")
@@ -98,7 +100,7 @@ def test_a_wrong_password_shows_the_error_and_logs_nobody_in(page, gateway, djan
 
 
 def test_an_empty_or_blank_message_is_refused_and_creates_no_turn(page, gateway, django_user_model, screenshots):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    operator_user("ops", sc.WRITE, password=PASSWORD)
     log_in(page, gateway, "ops", PASSWORD)
     screenshots.take(page, "sessions")
     create_session(page, "agent:main:refusals")

@@ -13,12 +13,14 @@ import pytest
 from playwright.sync_api import expect
 
 from devices_app.models import PairedDevice
+from gateway import scopes as sc
 from gateway.models import AuditLog
-from sessions_app.models import Run, RunStatus
+from sessions_app.models import Run, RunStatus, Session
 from tests.browser.test_console import PASSWORD, REPLY_WAIT_S, create_session, log_in, reload_until_visible
 from tests.e2e.test_seed_004_paired_node_worker_lifecycle import model_env, publish_workspace
 from tests.support.clients import call_once
 from tests.support.mock_openai import slow
+from tests.support.operators import operator_user
 from tests.support.processes import start_node_host
 from tests.workers_app.test_placement_store import make_session
 from tests.workers_app.test_rpc import failed_without_environment
@@ -41,7 +43,7 @@ def call_beside_the_browser(gateway, method: str, params: dict) -> dict:
 def test_a_streamed_reply_shows_on_the_page_before_its_turn_ends(
     page, model_gateway, mock_openai, django_user_model, screenshots
 ):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    operator_user("ops", sc.WRITE, password=PASSWORD)
     mock_openai.script(slow(STREAMED_WORDS, WORD_DELAY_S))
     log_in(page, model_gateway, "ops", PASSWORD)
     create_session(page, "agent:main:streamed")
@@ -69,7 +71,7 @@ def test_a_streamed_reply_shows_on_the_page_before_its_turn_ends(
 
 
 def test_an_operator_forks_a_session_from_one_of_its_messages(page, gateway, django_user_model, screenshots):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    operator_user("ops", sc.WRITE, password=PASSWORD)
     log_in(page, gateway, "ops", PASSWORD)
     create_session(page, "agent:main:fork-source")
     transcript = page.locator('[data-live-region="transcript"]')
@@ -104,7 +106,7 @@ def test_an_operator_forks_a_session_from_one_of_its_messages(page, gateway, dja
 
 
 def test_an_operator_approves_a_node_hosts_pairing_request(page, gateway, django_user_model, screenshots):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    operator_user("ops", sc.WRITE, sc.PAIRING, password=PASSWORD)
     node_host = start_node_host(gateway)
     try:
         node_host.pairing_request(timeout=NODE_WAIT_S)
@@ -130,7 +132,7 @@ def test_an_operator_approves_a_node_hosts_pairing_request(page, gateway, django
 def test_an_operator_dispatches_a_session_to_a_node_and_watches_its_stages(
     page, gateway_factory, mock_openai, django_user_model, screenshots, tmp_path
 ):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    operator_user("ops", sc.WRITE, password=PASSWORD)
     workspace_root = tmp_path / "allowed"
     workspace_root.mkdir()
     published = publish_workspace(workspace_root)
@@ -185,7 +187,7 @@ def test_an_operator_dispatches_a_session_to_a_node_and_watches_its_stages(
 
 
 def test_an_operator_reads_a_failed_placements_reason_and_recovers_it(page, gateway, django_user_model, screenshots):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    operator_user("ops", sc.WRITE, password=PASSWORD)
     session = make_session("agent:main:failed-placement")
     failed = failed_without_environment(session)
     log_in(page, gateway, "ops", PASSWORD)
@@ -233,3 +235,36 @@ def test_an_admin_recovery_action_writes_an_audit_row_shown_in_the_admin(page, g
     screenshots.take(page, "admin-audit-row")
     row = AuditLog.objects.get(target_id=session.key, action="placement.recover_to_gateway")
     assert (row.actor_user.username, row.data["after"].split("@")[0]) == ("admin", PlacementState.LOCAL)
+
+
+def test_two_operators_rename_a_session_and_the_later_page_is_told_it_changed_first(
+    page, browser, gateway, screenshots
+):
+    """Both pages show revision 1; the first rename wins, the second changes nothing and says why, and its page
+    then shows the other operator's label with the new revision in every form."""
+    for name in ("boss", "deputy"):
+        operator_user(name, sc.ADMIN, password=PASSWORD)
+    log_in(page, gateway, "boss", PASSWORD)
+    create_session(page, "agent:main:renamed-twice")
+    other_context = browser.new_context(viewport=page.viewport_size)
+    try:
+        other = other_context.new_page()
+        log_in(other, gateway, "deputy", PASSWORD)
+        other.goto(page.url)
+
+        page.get_by_label("New label").fill("Boss's name")
+        page.get_by_role("button", name="Save the label").click()
+        expect(page.get_by_text("Label saved.")).to_be_visible()
+        other.get_by_label("New label").fill("Deputy's name")
+        other.get_by_role("button", name="Save the label").click()
+
+        expect(
+            other.get_by_text("Not saved: this session changed after the page showed it (revision 1, now 2)")
+        ).to_be_visible()
+        expect(other.get_by_label("New label")).to_have_value("Boss's name")
+        expect(other.locator('input[name="revision"][value="2"]')).to_have_count(4)
+        screenshots.take(other, "rename-refused")
+    finally:
+        other_context.close()
+    stored = Session.objects.get(key="agent:main:renamed-twice")
+    assert (stored.label, stored.revision) == ("Boss's name", 2)

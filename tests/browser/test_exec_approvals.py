@@ -17,10 +17,12 @@ import pytest
 from playwright.sync_api import expect
 
 from approvals_app.models import ApprovalStatus, ExecApproval
+from gateway import scopes as sc
 from gateway.models import AuditLog
 from sessions_app.models import Run, RunStatus
 from tests.browser.test_accessibility import blocking_violations
 from tests.browser.test_console import PASSWORD, REPLY_WAIT_S, create_session, log_in, reload_until_visible
+from tests.support.operators import operator_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -43,7 +45,7 @@ def wait_until_held(mock_openai, marker: str) -> None:
 def test_an_operator_allows_an_exec_once_from_the_session_page_and_the_turn_runs_it(
     page, model_gateway, mock_openai, django_user_model, screenshots
 ):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD, is_staff=True)
+    operator_user("ops", sc.ADMIN, password=PASSWORD, is_staff=True)
     log_in(page, model_gateway, "ops", PASSWORD)
     create_session(page, KEY)
     session_url = page.url

@@ -8,7 +8,9 @@ import json
 import pytest
 from playwright.sync_api import expect
 
+from gateway import scopes as sc
 from tests.browser.test_console import PASSWORD, log_in
+from tests.support.operators import operator_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -26,7 +28,7 @@ def test_the_logs_page_filters_by_level_and_follows_new_lines(
 ):
     log_file = tmp_path / "gateway.log"
     gateway = gateway_factory(extra_env={"OPENCLAW_LOG_FILE": str(log_file)}, worker=False)
-    django_user_model.objects.create_user(username="boss", password=PASSWORD, is_staff=True)
+    operator_user("boss", sc.ADMIN, password=PASSWORD, is_staff=True)
     write(log_file, "INFO", "an ordinary line")
     write(log_file, "ERROR", "an old error")
 

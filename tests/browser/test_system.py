@@ -9,8 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from playwright.sync_api import expect
 
+from gateway import scopes as sc
 from tests.browser.test_console import PASSWORD
 from tests.support.clients import call_once
+from tests.support.operators import operator_user
 
 # The gateway's System page reads both databases (its readiness checks the harness store's migrations).
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.django_db(transaction=True, databases="__all__")]
@@ -19,7 +21,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.django_db(transa
 def test_a_staff_operator_finds_the_system_page_from_the_gateways_address(
     page, gateway, django_user_model, screenshots
 ):
-    django_user_model.objects.create_user(username="boss", password=PASSWORD, is_staff=True)
+    operator_user("boss", sc.ADMIN, password=PASSWORD, is_staff=True)
     # A client call, so that the process has registered. Its own thread: Playwright's loop runs on this one.
     with ThreadPoolExecutor(max_workers=1) as caller:
         assert caller.submit(call_once, gateway, "health").result(timeout=30)["ok"] is True

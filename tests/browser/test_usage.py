@@ -15,16 +15,18 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
+from gateway import scopes as sc
 from sessions_app.models import Run, RunStatus
 from tests.browser.test_accessibility import blocking_violations
 from tests.browser.test_console import PASSWORD, REPLY_WAIT_S, create_session, log_in, reload_until_visible
 from tests.e2e.test_openclaw_compat import OPENCLAW, openclaw_call
+from tests.support.operators import operator_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 def test_a_turn_shows_on_the_usage_page(page: Page, gateway, django_user_model, screenshots):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    operator_user("ops", sc.WRITE, password=PASSWORD)
     log_in(page, gateway, "ops", PASSWORD)
 
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Usage").click()

@@ -14,6 +14,7 @@ from gateway.models import AuditLog
 from gateway.schemas import MAX_SCOPES
 from tests.support.api import API_TOKEN
 from tests.support.connections import admin_operator_context
+from tests.support.operators import operator_user
 
 pytestmark = pytest.mark.django_db
 
@@ -282,3 +283,16 @@ def test_revocation_is_idempotent(client, make_device, make_token):
         "unknown device token",
         before=world(),
     )
+
+
+def test_the_token_acts_as_a_full_operator_even_beside_a_console_login_without_scopes(client, make_pairing_request):
+    """The token authenticated the request: a login of the same browser without scopes is named as the actor (the
+    audit row), yet does not narrow what the token may do."""
+    request = make_pairing_request(1, scopes=[sc.ADMIN])
+    client.force_login(operator_user("viewer"))
+
+    response = post(client, f"/api/gateway/pairing/{request.request_id}/approve")
+
+    assert response.status_code == 200, response.content
+    assert DevicePairingRequest.objects.get(pk=request.pk).status == PairingStatus.APPROVED
+    assert AuditLog.objects.get(action="device.pair.approve").actor == "user:viewer"

@@ -12,14 +12,18 @@ import httpx
 import pytest
 import websockets
 
+from gateway import scopes as sc
+from tests.support.operators import operator_user
+
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "a-long-enough-password"
 
 
-def logged_in(gateway, django_user_model, **user_fields) -> httpx.Client:
-    """An HTTP client holding a console login made through the real login form."""
-    django_user_model.objects.create_user(username="ops", password=PASSWORD, **user_fields)
+def logged_in(gateway, django_user_model, *scopes: str, **user_fields) -> httpx.Client:
+    """An HTTP client holding a console login (``operator.write`` unless ``scopes`` say) made through the real
+    login form."""
+    operator_user("ops", *(scopes or (sc.WRITE,)), password=PASSWORD, **user_fields)
     client = httpx.Client(base_url=gateway.http_url, follow_redirects=False, timeout=10)
     client.get("/ui/login/")
     response = client.post(
@@ -91,7 +95,7 @@ def test_a_dispatch_from_the_console_reports_its_stages_to_the_page_socket(gatew
     the page's socket as it happens, and the part the page then fetches shows where the dispatch failed."""
     profiles = {"dev": {"provider": "static-ssh", "install": "bundle", "settings": {}}}
     gateway = gateway_factory(extra_env={"OPENCLAW_WORKER_PROFILES": json.dumps(profiles)})
-    client = logged_in(gateway, django_user_model, is_staff=True)
+    client = logged_in(gateway, django_user_model, sc.ADMIN, is_staff=True)
     assert post_form(client, gateway, "/ui/sessions/new", {"key": "agent:main:placed"}).status_code == 302
     assert 'value="profile:dev"' in client.get("/ui/sessions/agent:main:placed/").text
 

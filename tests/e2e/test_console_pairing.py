@@ -12,17 +12,19 @@ import httpx
 import pytest
 import websockets
 
+from gateway import scopes as sc
 from gateway.models import AuditLog
 from openclaw_client.client import ConnectError
 from openclaw_client.identity import IdentityStore
 from tests.e2e.test_console_live import PASSWORD, cookie_header, post_form
 from tests.support.clients import node
+from tests.support.operators import operator_user
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 def staff_logged_in(gateway, django_user_model) -> httpx.Client:
-    django_user_model.objects.create_user(username="boss", password=PASSWORD, is_staff=True)
+    operator_user("boss", sc.ADMIN, password=PASSWORD, is_staff=True)
     client = httpx.Client(base_url=gateway.http_url, follow_redirects=False, timeout=10)
     client.get("/ui/login/")
     response = client.post(

@@ -67,8 +67,10 @@ def test_a_local_profile_runs_a_turn_on_a_started_node_host_and_moves_back(local
             assert local_nodes[0]["workerBundle"]["status"] == "installed"
             await wire.expect_successful_turn(key, "LOCAL-PROFILE-TURN")
 
-            # The worker changes its workspace; the move back brings the change into the worktree.
-            remote = Path(placement["remoteWorkspaceDir"])
+            # The worker changes its workspace; the move back brings the change into the worktree. Its workspace is
+            # on this host: the placement names it relative to the gateway's state directory.
+            assert placement["remoteWorkspaceDir"].startswith("local-workers/"), placement["remoteWorkspaceDir"]
+            remote = Path(gateway.state_dir) / placement["remoteWorkspaceDir"]
             assert (remote / "src" / "app.py").read_text() == "print('hello from the worker')\n"
             (remote / "src" / "app.py").write_text("print('changed on the worker')\n")
             (remote / "NOTES.md").write_text("written on the worker\n")

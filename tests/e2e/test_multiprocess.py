@@ -67,7 +67,7 @@ def test_pairing_events_cross_processes_and_removal_closes_the_node_elsewhere(ga
 
     worker, requested = asyncio.run(scenario())
     assert requested["payload"]["nodeId"] == worker.device_id
-    assert (worker.close_code, worker.close_reason) == (1008, "node pairing removed")
+    assert (worker.close_code, worker.close_reason) == (4001, "device removed")
 
 
 def test_a_killed_process_stops_routing_to_its_nodes(gateway_factory):

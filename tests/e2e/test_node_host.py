@@ -78,6 +78,56 @@ def node_disk(node_host) -> dict[str, list[str]]:
     }
 
 
+def place_a_session_on(gateway: GatewayServer, node_host, node_id: str) -> dict[str, list[str]]:
+    """A session dispatched onto the node and active there; returns what the node keeps for it on its disk."""
+    call_once(gateway, "sessions.create", {"key": "on-the-node"})
+    call_once(gateway, "sessions.dispatch", {"key": "on-the-node", "deviceId": node_id})
+    deadline = time.monotonic() + 60
+    while (placed := call_once(gateway, "sessions.describe", {"key": "agent:main:on-the-node"}))["session"][
+        "placement"
+    ]["state"] != "active":
+        assert time.monotonic() < deadline, placed
+        time.sleep(0.1)
+    kept = node_disk(node_host)
+    assert kept["workspaces"] and kept["environments"] and kept["bundles"], kept
+    return kept
+
+
+def wait_for_removal_cleanup(node_host, kept: dict[str, list[str]]) -> None:
+    deadline = time.monotonic() + 30
+    while not node_host.journal("pairing-removed"):
+        assert time.monotonic() < deadline, node_host.log()
+        time.sleep(0.1)
+    assert node_disk(node_host) == {"workspaces": [], "environments": [], "bundles": [], "blobs": []}
+    assert node_host.journal("pairing-removed")[0]["deleted"]["environments"] == kept["workspaces"]
+    assert IdentityStore(node_host.state_dir).device_token("node") is None
+
+
+def test_a_node_holding_only_its_device_token_cleans_its_disk_when_removed_while_connected(gateway_factory):
+    """Issue 26 "a removed node leaves nothing behind", for a node without the shared secret: its device token is
+    its only credential, so after the removal every connect is refused as a token mismatch and it would never hear
+    NOT_PAIRED. The removal's close (4001 `device removed`, workers.md §5.4) tells it at once."""
+    gateway = gateway_factory()
+    node_host = start_node_host(gateway, capacity=2)
+    try:
+        call_once(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
+        node_id = node_row(gateway, until=hosting)["nodeId"]
+        assert node_host.stop() == 0
+        del node_host.env["OPENCLAW_GATEWAY_TOKEN"]  # from now on it connects with its device token alone
+        node_host.start_again()
+        node_row(gateway, until=hosting)
+        kept = place_a_session_on(gateway, node_host, node_id)
+
+        call_once(gateway, "node.pair.remove", {"nodeId": node_id})
+
+        wait_for_removal_cleanup(node_host, kept)
+    finally:
+        exit_code = node_host.stop()
+        node_host_log = node_host.log()
+        node_host.remove_state()
+    assert exit_code == 0, node_host_log
+
+
 def test_a_node_offline_at_its_removal_deletes_what_the_gateway_left_on_it_when_it_comes_back(gateway_factory):
     """Issue 26 "a removed node leaves nothing behind", for a node the gateway cannot tell: removed while it was
     stopped, it learns at its next connect (answered NOT_PAIRED) and deletes that gateway's workspaces,
@@ -87,28 +137,13 @@ def test_a_node_offline_at_its_removal_deletes_what_the_gateway_left_on_it_when_
     try:
         call_once(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
         node_id = node_row(gateway, until=hosting)["nodeId"]
-        call_once(gateway, "sessions.create", {"key": "on-the-node"})
-        call_once(gateway, "sessions.dispatch", {"key": "on-the-node", "deviceId": node_id})
-        deadline = time.monotonic() + 60
-        while (placed := call_once(gateway, "sessions.describe", {"key": "agent:main:on-the-node"}))["session"][
-            "placement"
-        ]["state"] != "active":
-            assert time.monotonic() < deadline, placed
-            time.sleep(0.1)
-        kept = node_disk(node_host)
-        assert kept["workspaces"] and kept["environments"] and kept["bundles"], kept
+        kept = place_a_session_on(gateway, node_host, node_id)
         assert node_host.stop() == 0
 
         call_once(gateway, "node.pair.remove", {"nodeId": node_id})
         node_host.start_again()
-        deadline = time.monotonic() + 30
-        while not node_host.journal("pairing-removed"):
-            assert time.monotonic() < deadline, node_host.log()
-            time.sleep(0.1)
-        assert node_disk(node_host) == {"workspaces": [], "environments": [], "bundles": [], "blobs": []}
-        assert node_host.journal("pairing-removed")[0]["deleted"]["environments"] == kept["workspaces"]
-        # Its node token is forgotten: it waits for a new approval, as a node never paired here does.
-        assert IdentityStore(node_host.state_dir).device_token("node") is None
+        # Its node token is forgotten too: it waits for a new approval, as a node never paired here does.
+        wait_for_removal_cleanup(node_host, kept)
     finally:
         exit_code = node_host.stop()
         node_host_log = node_host.log()

@@ -198,3 +198,19 @@ def test_openclaw_cli_lists_and_resolves_an_exec_approval_and_edits_the_policy(m
     params = {"file": document, **({"baseHash": policy["hash"]} if policy["exists"] else {})}
     code, written, _ = openclaw_call(model_gateway, "exec.approvals.set", params)
     assert code == 0 and written["file"]["agents"]["main"]["allowlist"][0]["pattern"] == "git"
+
+
+def test_openclaw_cli_reads_what_its_clients_read_at_start(gateway):
+    """OpenClaw's CLI, asking each method's least-privilege scope as OpenClaw's table has it, gets the start-up
+    reads (docs/gateway-protocol.md, "Start-up reads") and a feature-not-present answer; no secret comes back."""
+    code, roster, _ = openclaw_call(gateway, "agents.list")
+    assert code == 0 and roster["defaultId"] == "main" and roster["agents"][0]["id"] == "main"
+    code, models, _ = openclaw_call(gateway, "models.list", {"view": "configured", "agentId": "main"})
+    assert code == 0 and models["models"][0]["id"] == "echo"
+    code, commands, _ = openclaw_call(gateway, "commands.list", {"agentId": "main", "scope": "text"})
+    assert code == 0 and "/status" in [alias for command in commands["commands"] for alias in command["textAliases"]]
+    code, questions, _ = openclaw_call(gateway, "question.list")
+    assert code == 0 and questions == {"questions": []}
+    code, config, result = openclaw_call(gateway, "config.get")
+    assert code == 0 and config["config"]["gateway"]["auth"]["token"] == "__OPENCLAW_REDACTED__"
+    assert gateway.token not in result.stdout

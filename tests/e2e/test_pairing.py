@@ -186,7 +186,7 @@ def test_removing_a_node_closes_its_connection_and_forgets_it(gateway):
 
     paired, removed, nodes, refused = asyncio.run(scenario())
     assert removed == {"nodeId": paired.device_id}
-    assert (paired.close_code, paired.close_reason) == (1008, "node pairing removed")
+    assert (paired.close_code, paired.close_reason) == (4001, "device removed")
     assert [n for n in nodes["nodes"] if n["nodeId"] == paired.device_id and n.get("paired")] == []
     assert refused.code == "NOT_PAIRED"
     assert not GatewayConnection.objects.filter(role="node").exists()
@@ -243,7 +243,7 @@ def test_removing_a_device_closes_its_sessions_and_forgets_its_tokens(gateway):
 
     other, removed, listed, unknown = asyncio.run(scenario())
     assert removed == {"deviceId": other.device_id}
-    assert (other.close_code, other.close_reason) == (1008, "device removed")
+    assert (other.close_code, other.close_reason) == (4001, "device removed")
     assert other.device_id not in {d["deviceId"] for d in listed["paired"]}
     assert all("token" not in t for d in listed["paired"] for t in d["tokens"])
     assert (unknown.code, unknown.message) == ("INVALID_REQUEST", "unknown deviceId")

@@ -340,6 +340,7 @@ async def scenario(
         await asyncio.to_thread(node_host.wait_connects, connects + 1, 60.0)
         await wait_connected(wire, node_id)
         await wire.expect_successful_turn(repaired_key, "WIRE-OFFLINE-RETRY")
+        await asyncio.to_thread(node_host.wait_for_workers_idle)
 
         # Two real worker children in flight take both slots; the third turn fails on capacity at the
         # public RPC, history and placement boundaries.
@@ -391,7 +392,7 @@ async def scenario(
         # The old connection (the node host's own, never reopened since) can no longer publish its inventory.
         publish = await asyncio.to_thread(node_host.publish_inventory)
         # Closed by the gateway for the removal, or refused by it when the close had not reached the socket yet.
-        closed_for_removal = publish.get("closeReason") == "node pairing removed"
+        closed_for_removal = publish.get("closeReason") == "device removed"
         assert publish["ok"] is False and (closed_for_removal or publish["code"] not in ("CLOSED", "UNREACHABLE")), (
             publish
         )

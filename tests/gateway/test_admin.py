@@ -20,6 +20,7 @@ from gateway.audit import Actor, audit
 from gateway.auth import hash_device_token
 from gateway.exceptions import InvalidRequest
 from gateway.models import AuditLog, GatewayConnection, GatewayProcess
+from tests.support.operators import operator_user
 
 pytestmark = pytest.mark.django_db
 
@@ -403,7 +404,7 @@ def test_remove_device_after_confirmation(admin_client, admin_user, make_device,
 
 def test_remove_device_needs_the_delete_permission(client, django_user_model, make_device):
     device = make_device(1)
-    staff = django_user_model.objects.create_user("staff", password="pw", is_staff=True)
+    staff = operator_user("staff", sc.PAIRING, is_staff=True)  # the scope, not the model permission, lacks here
     staff.user_permissions.add(*Permission.objects.filter(codename__in=["view_paireddevice", "change_paireddevice"]))
     client.force_login(staff)
 

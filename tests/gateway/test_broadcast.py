@@ -196,7 +196,7 @@ def test_encoded_event_splices_seq_into_valid_json():
     "message",
     [
         _message("presence", {"presence": []}),
-        events.close_message(1008, "node pairing removed"),
+        events.close_message(4001, "device removed"),
         {"type": "gateway.invoke.progress", "id": "i1"},
         {"type": "gateway.invoke.request", "id": "i1"},
         {"type": "websocket.receive", "text": "{}"},

@@ -1,5 +1,5 @@
 """Daphne through its public interface: the factories ``Server.run()`` builds pointed at the gateway's classes, close
-frames that carry their reason, and the HTTP channel's answers to overlong lines and idle connections.
+frames that carry their reason, and the HTTP channel's answers to overlong lines (its deadlines: test_request_heads.py).
 
 The factories are Daphne's own, built as ``Server.run()`` builds them. Close frames are read by a client over real
 loopback TCP (``tests/support/daphne_wire.py``); the HTTP channel runs on Twisted's test transport and clock, so
@@ -128,12 +128,3 @@ def test_lines_within_the_limit_are_not_refused(server):
     channel.dataReceived(b"GET /" + b"a" * 8_000 + b" HTTP/1.1\r\nX-Big: " + b"b" * 8_000 + b"\r\n")
     assert transport.value() == b""
     assert not transport.disconnecting
-
-
-def test_a_connection_that_never_completes_its_request_is_closed_after_the_idle_timeout(server):
-    channel, transport, clock = _channel(server)
-    channel.dataReceived(b"GET / HTTP/1.1\r\n")
-    clock.advance(daphne_server.HTTP_IDLE_TIMEOUT_S - 0.5)
-    assert not transport.disconnecting
-    clock.advance(1)
-    assert transport.disconnecting

@@ -38,7 +38,21 @@ READS = re.compile(r'(?:env_[a-z_]+|os\.environ\.get|getenv)\(\s*"([A-Z][A-Z0-9_
             {"OPENCLAW_PROCESS_STALE_AFTER_MS": "1000", "OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS": "2000"},
             "OPENCLAW_PROCESS_STALE_AFTER_MS must be longer than OPENCLAW_PROCESS_HEARTBEAT_INTERVAL_MS",
         ),
+        (
+            {"OPENCLAW_EXECUTOR_LEASE_TTL_MS": "3000", "OPENCLAW_EXECUTOR_LEASE_RENEW_MS": "2000"},
+            "OPENCLAW_EXECUTOR_LEASE_TTL_MS must be at least twice OPENCLAW_EXECUTOR_LEASE_RENEW_MS",
+        ),
+        ({"OPENCLAW_EXECUTOR_LEASE_TTL_MS": "500"}, "OPENCLAW_EXECUTOR_LEASE_TTL_MS must be at least 1000, not 500"),
         ({"OPENCLAW_AGENT_MAX_STEPS": "0"}, "OPENCLAW_AGENT_MAX_STEPS must be at least 1, not 0"),
+        ({"OPENCLAW_HTTP_HEAD_TIMEOUT_MS": "50"}, "OPENCLAW_HTTP_HEAD_TIMEOUT_MS must be at least 100, not 50"),
+        (
+            {"OPENCLAW_HTTP_SLOW_HEADS_PER_ADDRESS": "0"},
+            "OPENCLAW_HTTP_SLOW_HEADS_PER_ADDRESS must be at least 1, not 0",
+        ),
+        (
+            {"OPENCLAW_HTTP_SLOW_HEADS_EXEMPT": "127.0.0.1, haproxy"},
+            "OPENCLAW_HTTP_SLOW_HEADS_EXEMPT must list IP addresses or networks (10.0.0.0/8), not 'haproxy'",
+        ),
         (
             {"OPENCLAW_AGENT_MAX_STEPS_BY_AGENT": '{"main": "many"}'},
             "OPENCLAW_AGENT_MAX_STEPS_BY_AGENT: the value of 'main' must be an integer, not \"many\"",
@@ -68,6 +82,7 @@ def test_good_settings_pass_the_check(tmp_path):
         DJANGO_DEBUG="off",
         OPENCLAW_MODEL_BASE_URL="http://127.0.0.1:9/v1",
         OPENCLAW_WORKSPACE_ROOTS=f"{tmp_path}{os.pathsep}/srv",
+        OPENCLAW_HTTP_SLOW_HEADS_EXEMPT="127.0.0.1, 10.0.0.0/8, ::1",
     )
     assert result.returncode == 0, result.stderr
 

@@ -1,5 +1,6 @@
 """``status``: the cluster as the database knows it (live processes, oldest first, and their connections per
-role), read in one query; stale processes and their connections are left out."""
+role), read in one query; stale processes and their connections are left out. The apps' parts of it (stored
+sessions, default model) are tested with them (tests/sessions_app/test_startup_reads.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from django.utils import timezone
 
 from gateway import rpc, state
 from gateway.models import GatewayConnection, GatewayProcess
+from gateway.schemas import StatusParams
 
 pytestmark = pytest.mark.django_db
 
@@ -56,7 +58,7 @@ def test_status_counts_the_live_processes_connections_per_role_in_one_query():
     _connect(stale, "operator", 3)
 
     with CaptureQueriesContext(connection) as queries:
-        status = rpc.status_rpc(None, None)
+        status = rpc.gateway_status()
 
     assert len(queries) == 1
     assert [p["hostname"] for p in status["gatewayProcesses"]] == ["a", "c", "b"]
@@ -77,6 +79,6 @@ def test_status_counts_the_live_processes_connections_per_role_in_one_query():
 
 def test_status_without_live_processes_still_names_both_roles():
     _process("gone", started_minutes_ago=60, heartbeat_minutes_ago=30)
-    status = rpc.status_rpc(None, None)
+    status = rpc.status_rpc(None, StatusParams())
     assert status["gatewayProcesses"] == []
     assert status["connections"] == {"operator": 0, "node": 0, "local": len(state.local_connections)}

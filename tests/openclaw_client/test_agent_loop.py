@@ -227,6 +227,22 @@ def test_a_truncated_result_hands_its_whole_output_to_the_recorder(tmp_path):
     assert hooks.full_texts == [None, "head and tail"]
 
 
+def test_the_context_leaves_out_entries_kept_only_for_people():
+    """A command typed in chat and the gateway's reply are in the transcript, marked excludeFromContext."""
+    transcript = [
+        {"role": "user", "content": [{"type": "text", "text": "hello"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "user", "content": [{"type": "text", "text": "/status"}], "excludeFromContext": True},
+        {"role": "assistant", "content": [{"type": "text", "text": "status"}], "excludeFromContext": True},
+        {"role": "user", "content": [{"type": "text", "text": "more"}], "excludeFromContext": False},
+    ]
+    assert openai_messages(transcript) == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": "more"},
+    ]
+
+
 def test_the_context_answers_every_call_and_drops_orphan_results():
     transcript = [
         {"role": "toolResult", "toolCallId": "old", "content": [{"type": "text", "text": "cut off"}]},

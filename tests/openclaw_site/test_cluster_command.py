@@ -9,6 +9,7 @@ import configparser
 import io
 import os
 import re
+import select
 import shlex
 import signal
 import socket
@@ -199,6 +200,66 @@ def test_the_haproxy_configuration_checks_every_gateway_and_is_valid(tmp_path):
     (tmp_path / "haproxy.cfg").write_text(text)
     checked = subprocess.run([HAPROXY, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_haproxy_cuts_a_dribbled_request_head_at_the_gateways_deadline_and_forwards_none_of_it(tmp_path, settings):
+    if not os.access(HAPROXY, os.X_OK):
+        pytest.skip(f"HAProxy ({HAPROXY}) is missing")
+    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "HTTP_HEAD_TIMEOUT_MS": 1000}
+    # The gateway's place: a listener that keeps whatever reaches it (HAProxy's health checks do; they fail).
+    backend = socket.create_server(("127.0.0.1", 0))
+    backend.setblocking(False)
+    port = free_port()
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(
+        render_haproxy_config(
+            bind="127.0.0.1",
+            port=port,
+            backends=[("gateway-1", backend.getsockname()[1])],
+            health_host="localhost",
+            maxconn=100,
+        )
+    )
+    assert "    timeout http-request 1000ms" in config.read_text()
+    haproxy = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        client = None
+        for _ in range(100):
+            try:
+                client = socket.create_connection(("127.0.0.1", port), timeout=30)
+                break
+            except ConnectionRefusedError:
+                time.sleep(0.1)
+        assert client is not None, "HAProxy did not listen"
+        silent = socket.create_connection(("127.0.0.1", port), timeout=30)
+        with client, silent:
+            client.sendall(b"GET /api/gateway/health HTTP/1.1\r\nHost: gateway\r\nX-a: ")
+            answer, give_up = b"", time.monotonic() + 30
+            while not answer and time.monotonic() < give_up:  # a byte every 0.2 s: no idle timeout would end it
+                readable, _, _ = select.select([client], [], [], 0.2)
+                if readable:
+                    answer = client.recv(65536)
+                else:
+                    client.sendall(b"a")
+            silent_answer = silent.recv(65536)
+        forwarded = b""
+        while True:
+            try:
+                peer, _address = backend.accept()
+            except BlockingIOError:
+                break
+            with peer:
+                peer.settimeout(1)
+                try:
+                    forwarded += peer.recv(65536)
+                except TimeoutError:
+                    pass
+    finally:
+        stop_process(haproxy)
+        backend.close()
+    assert answer.startswith(b"HTTP/1.1 408 "), answer  # HAProxy 2.6 says "Request Time-out"
+    assert b"X-a" not in forwarded
+    assert silent_answer == b""  # closed at the same deadline without a 408 (option http-ignore-probes)
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,17 @@
-"""Fixtures of the console's tests: a logged-in operator (a plain Django user, no admin rights)."""
+"""Fixtures of the console's tests: a logged-in operator (``operator.write``: sessions, no pairing, approvals or
+admin rights)."""
 
 from __future__ import annotations
 
 import pytest
 
-PASSWORD = "a-long-enough-password"
+from gateway import scopes as sc
+from tests.support.operators import PASSWORD, operator_user
+
+__all__ = ["PASSWORD"]
 
 
 @pytest.fixture
-def operator_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user(username="ops", password=PASSWORD))
+def operator_client(client):
+    client.force_login(operator_user("ops", sc.WRITE))
     return client

@@ -26,12 +26,13 @@ from django.utils import timezone
 from approvals_app.models import GATEWAY_SCOPE, ApprovalStatus, ExecApproval, ExecApprovalPolicy
 from approvals_app.services import approvals
 from gateway import events
+from gateway import scopes as sc
 from gateway.audit import Actor
 from gateway.models import AuditLog
 from operator_ui.consumers import SESSIONS_GROUP, ConsoleConsumer
-from tests.operator_ui.conftest import PASSWORD
 from tests.operator_ui.test_tool_transcript import cards, running_turn, tool_result, tool_use
 from tests.operator_ui.test_views import make, session_url, text_of
+from tests.support.operators import operator_user
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +41,7 @@ CWD = "/srv/work"
 
 @pytest.fixture
 def staff_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user(username="boss", password=PASSWORD, is_staff=True))
+    client.force_login(operator_user("boss", sc.ADMIN, is_staff=True))
     return client
 
 
@@ -94,7 +95,7 @@ def test_staff_see_the_number_of_pending_approvals_in_the_header_for_one_count(s
     overdue = ask(tool_call_id="c4")
     ExecApproval.objects.filter(pk=overdue.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     operator = Client()
-    operator.force_login(django_user_model.objects.create_user(username="ops", password=PASSWORD))
+    operator.force_login(operator_user("ops", sc.WRITE))
 
     with CaptureQueriesContext(connection) as staff_queries:
         staff_page = text_of(staff_client.get(reverse("ui:runs")))
@@ -265,7 +266,7 @@ def test_users_without_staff_status_get_403_and_nothing_is_decided(operator_clie
 
 def test_decisions_need_the_csrf_token(django_user_model):
     strict = Client(enforce_csrf_checks=True)
-    strict.force_login(django_user_model.objects.create_user(username="boss", password=PASSWORD, is_staff=True))
+    strict.force_login(operator_user("boss", sc.ADMIN, is_staff=True))
     approval = ask()
     before = world()
 
@@ -366,8 +367,9 @@ def _live(user: User, query: str = "") -> WebsocketCommunicator:
 REQUESTED = {"approvalKind": "exec", "id": "a1", "request": {"command": "ls"}, "createdAtMs": 1, "expiresAtMs": 2}
 
 
-def test_the_approvals_topic_passes_the_approval_events_on_to_staff(layer):
-    staff = User(username="boss", is_staff=True, is_active=True)
+@pytest.mark.django_db(transaction=True)
+def test_the_approvals_topic_passes_the_approval_events_on_to_a_user_who_may_decide_them(layer):
+    staff = operator_user("boss", sc.ADMIN, is_staff=True)
 
     async def scenario():
         socket = _live(staff, "?topics=sessions,approvals")
@@ -392,8 +394,9 @@ def test_the_approvals_topic_passes_the_approval_events_on_to_staff(layer):
     assert quiet  # neither presence nor the pairing events (a topic not asked for)
 
 
-def test_the_approvals_topic_is_not_joined_for_a_user_without_staff_status(layer):
-    operator = User(username="ops", is_staff=False, is_active=True)
+@pytest.mark.django_db(transaction=True)
+def test_the_approvals_topic_is_not_joined_for_a_user_without_operator_approvals(layer):
+    operator = operator_user("ops", sc.WRITE)
 
     async def scenario():
         socket = _live(operator, "?topics=approvals")
@@ -408,8 +411,9 @@ def test_the_approvals_topic_is_not_joined_for_a_user_without_staff_status(layer
     assert connected and quiet and not members
 
 
+@pytest.mark.django_db(transaction=True)
 def test_the_sessions_topic_passes_a_turns_tool_steps_on_and_not_its_other_agent_streams(layer):
-    operator = User(username="ops", is_staff=False, is_active=True)
+    operator = operator_user("ops", sc.WRITE)
     start = {"sessionKey": "k", "runId": "r", "stream": "tool", "data": {"phase": "start", "name": "exec"}}
 
     async def scenario():

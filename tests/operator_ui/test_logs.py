@@ -7,16 +7,16 @@ import json
 
 import pytest
 
+from gateway import scopes as sc
 from operator_ui import log_views
-
-from .conftest import PASSWORD
+from tests.support.operators import operator_user
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def staff_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user(username="boss", password=PASSWORD, is_staff=True))
+    client.force_login(operator_user("boss", sc.ADMIN, is_staff=True))
     return client
 
 
@@ -147,15 +147,26 @@ def test_without_a_log_file_the_page_says_so(staff_client, settings):
     assert follow.status_code == 503 and follow.json() == {"error": "no log file: OPENCLAW_LOG_FILE is set empty"}
 
 
-def test_staff_only_and_logged_out_users_go_to_the_login(operator_client, client, log_path):
+def test_a_login_without_operator_read_is_refused_and_logged_out_users_go_to_the_login(client, log_path):
+    """``logs.tail`` asks ``operator.read`` on the wire: so does the page (a login holding only another scope
+    gets 403 and no line)."""
     write(log_path, line("INFO", "secret-ish line"))
+    client.force_login(operator_user("approver", sc.APPROVALS))
 
     for url in ("/ui/logs/", "/ui/logs/tail?cursor=0"):
-        refused = operator_client.get(url)
+        refused = client.get(url)
         assert refused.status_code == 403 and b"secret-ish line" not in refused.content
-    assert b'href="/ui/logs/"' not in operator_client.get("/ui/sessions/").content
+    assert b'href="/ui/logs/"' not in client.get("/ui/approvals/").content
     client.logout()
     assert client.get("/ui/logs/")["Location"].startswith("/ui/login/")
+
+
+def test_a_reader_reads_the_log(client, log_path):
+    write(log_path, line("INFO", "an ordinary line"))
+    client.force_login(operator_user("reader", sc.READ))
+
+    assert "an ordinary line" in client.get("/ui/logs/").content.decode()
+    assert b'href="/ui/logs/"' in client.get("/ui/sessions/").content
 
 
 def test_only_get_is_allowed(staff_client, log_path):

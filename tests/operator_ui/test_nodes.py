@@ -9,11 +9,21 @@ from django.urls import reverse
 
 from devices_app.models import DevicePairingRequest, PairedDevice
 from devices_app.services import pairing
+from gateway import scopes as sc
 from gateway.audit import Actor
 from gateway.models import AuditLog
 from tests.devices_app.test_services_pairing import claim
+from tests.support.operators import operator_user
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator_client(client):
+    """Sessions (``operator.write``: the nodes page is ``node.list``'s) and pairing (``node.pair.*``)."""
+    client.force_login(operator_user("ops", sc.WRITE, sc.PAIRING))
+    return client
+
 
 NODE = "e" * 64
 

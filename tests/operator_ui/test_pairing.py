@@ -27,7 +27,7 @@ from gateway.auth import hash_device_token
 from gateway.models import AuditLog
 from operator_ui.consumers import SESSIONS_GROUP, ConsoleConsumer
 from tests.devices_app.test_services_pairing import claim
-from tests.operator_ui.conftest import PASSWORD
+from tests.support.operators import operator_user
 
 pytestmark = pytest.mark.django_db
 
@@ -39,7 +39,7 @@ TS = {"decision": "approved", "ts": 1}
 
 @pytest.fixture
 def staff_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user(username="boss", password=PASSWORD, is_staff=True))
+    client.force_login(operator_user("boss", sc.ADMIN, is_staff=True))
     return client
 
 
@@ -146,7 +146,7 @@ def test_an_empty_page_says_how_devices_get_here(staff_client):
 
 def test_the_nav_links_the_page_for_staff_only(staff_client, django_user_model):
     operator = Client()
-    operator.force_login(django_user_model.objects.create_user(username="ops", password=PASSWORD))
+    operator.force_login(operator_user("ops", sc.WRITE))
 
     assert url("pairing") in staff_client.get(url("sessions")).content.decode()
     assert url("pairing") not in operator.get(url("sessions")).content.decode()
@@ -466,7 +466,7 @@ def test_posts_without_the_csrf_token_are_refused(django_user_model):
     request = operator_request(PHONE)
     old_hash = token_of().token_hash
     client = Client(enforce_csrf_checks=True)
-    client.force_login(django_user_model.objects.create_user(username="boss", password=PASSWORD, is_staff=True))
+    client.force_login(operator_user("boss", sc.ADMIN, is_staff=True))
     posts = [path for method, path in _every_page_and_action() if method == "post"]
     posts.append(url("pairing-request", request_id=request.request_id, decision="approve"))
 
@@ -510,8 +510,9 @@ def _live(user: User, query: str = "") -> WebsocketCommunicator:
     return communicator
 
 
-def test_the_pairing_topic_passes_the_pairing_events_on_to_staff(layer):
-    staff = User(username="boss", is_staff=True, is_active=True)
+@pytest.mark.django_db(transaction=True)
+def test_the_pairing_topic_passes_the_pairing_events_on_to_a_user_who_may_pair(layer):
+    staff = operator_user("boss", sc.ADMIN, is_staff=True)
 
     async def scenario():
         socket = _live(staff, "?topics=pairing")
@@ -532,8 +533,9 @@ def test_the_pairing_topic_passes_the_pairing_events_on_to_staff(layer):
     assert quiet  # neither presence nor the sessions' events on this socket
 
 
-def test_the_pairing_topic_is_not_joined_for_a_user_without_staff_status(layer):
-    operator = User(username="ops", is_staff=False, is_active=True)
+@pytest.mark.django_db(transaction=True)
+def test_the_pairing_topic_is_not_joined_for_a_user_without_operator_pairing(layer):
+    operator = operator_user("ops", sc.WRITE)
 
     async def scenario():
         socket = _live(operator, "?topics=pairing")
@@ -550,8 +552,9 @@ def test_the_pairing_topic_is_not_joined_for_a_user_without_staff_status(layer):
     assert connected and quiet
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_page_without_topics_still_gets_the_sessions_events_only(layer):
-    staff = User(username="boss", is_staff=True, is_active=True)
+    staff = operator_user("boss", sc.ADMIN, is_staff=True)
 
     async def scenario():
         socket = _live(staff)

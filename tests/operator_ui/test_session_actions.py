@@ -11,11 +11,13 @@ import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
+from gateway import scopes as sc
 from gateway.audit import Actor
 from gateway.models import AuditLog
 from sessions_app.models import Run, RunStatus
 from sessions_app.services import runs
 from tests.operator_ui.test_views import make
+from tests.support.operators import operator_user
 from tests.workers_app.test_placement_store import DISPATCH_STEPS, ENV, dispatch_to_active, make_session, walk
 from tests.workers_app.test_rpc import dev_profile, failed_without_environment, use_profiles  # noqa: F401 (fixtures)
 from workers_app.models import Placement, PlacementState
@@ -232,7 +234,7 @@ def test_no_stages_show_without_a_dispatch_behind_the_placement(operator_client)
 
 @pytest.mark.usefixtures("dev_profile")
 def test_a_staff_dispatch_to_a_profile_shows_its_stages_until_it_fails(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user(username="boss", password="x" * 20, is_staff=True))
+    client.force_login(operator_user("boss", sc.ADMIN, is_staff=True))
     session = make("agent:main:to-profile")
     assert '<option value="profile:dev">profile dev</option>' in page_of(client, session)
 

@@ -10,14 +10,15 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from gateway import scopes as sc
 from gateway.models import AuditLog
 from sessions_app.models import Session, TranscriptEvent
 from sessions_app.services import runs
 from sessions_app.services.sessions import session_reset
 from sessions_app.services.transcripts import append_many
-from tests.operator_ui.conftest import PASSWORD
 from tests.operator_ui.test_session_actions import messages_of, page_of
 from tests.operator_ui.test_views import make
+from tests.support.operators import operator_user
 
 pytestmark = pytest.mark.django_db
 
@@ -165,7 +166,7 @@ def test_an_anonymous_or_deactivated_visitor_cannot_fork(client, django_user_mod
     url = reverse("ui:session-fork", kwargs={"key": session.key})
 
     anonymous = client.post(url, {"entryId": events[0].event_id})
-    user = django_user_model.objects.create_user(username="gone", password=PASSWORD)
+    user = operator_user("gone", sc.WRITE)
     client.force_login(user)
     django_user_model.objects.filter(pk=user.pk).update(is_active=False)
     deactivated = client.post(url, {"entryId": events[0].event_id})
@@ -178,7 +179,7 @@ def test_an_anonymous_or_deactivated_visitor_cannot_fork(client, django_user_mod
 
 def test_a_fork_without_a_csrf_token_is_refused(django_user_model):
     strict = Client(enforce_csrf_checks=True)
-    strict.force_login(django_user_model.objects.create_user(username="ops", password=PASSWORD))
+    strict.force_login(operator_user("ops", sc.WRITE))
     session, events = with_transcript("agent:main:csrf-fork", *QUESTIONS)
 
     response = strict.post(reverse("ui:session-fork", kwargs={"key": session.key}), {"entryId": events[0].event_id})

@@ -15,8 +15,7 @@ from gateway import state
 from gateway.models import GatewayProcess
 from gateway.protocol import SERVER_VERSION
 from operations_app.models import RecordedError
-
-from .conftest import PASSWORD
+from tests.support.operators import operator_user
 
 # The page runs the readiness checks, whose probes use connections of their own, on both databases.
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
 
 @pytest.fixture
 def staff_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user(username="boss", password=PASSWORD, is_staff=True))
+    client.force_login(operator_user("boss", sc.ADMIN, is_staff=True))
     return client
 
 
@@ -46,7 +45,8 @@ def test_the_root_sends_a_logged_in_operator_to_the_console(operator_client):
     response = operator_client.get("/")
 
     assert response.status_code == 302
-    assert response["Location"] == reverse("ui:sessions")
+    assert response["Location"] == reverse("ui:home")
+    assert operator_client.get(response["Location"])["Location"] == reverse("ui:sessions")
 
 
 def test_the_root_refuses_a_post(client):
@@ -128,7 +128,7 @@ def test_a_visitor_is_sent_to_the_login(client):
 
 def test_the_nav_links_the_page_for_staff_only(staff_client, django_user_model):
     operator = Client()
-    operator.force_login(django_user_model.objects.create_user(username="ops2", password=PASSWORD))
+    operator.force_login(operator_user("ops2", sc.WRITE))
 
     assert system_url() in staff_client.get(reverse("ui:sessions")).content.decode()
     assert system_url() not in operator.get(reverse("ui:sessions")).content.decode()

@@ -31,8 +31,9 @@ def week():
 
 
 def test_the_page_shows_totals_a_chart_top_sessions_and_models(operator_client, week, django_assert_max_num_queries):
-    # The login's session and user, the report's four grouped reads.
-    with django_assert_max_num_queries(6):
+    # The login's session and user, its permissions (its scopes: given directly and through groups), the
+    # report's four grouped reads.
+    with django_assert_max_num_queries(8):
         response = operator_client.get("/ui/usage/", MARCH)
 
     assert response.status_code == 200

@@ -9,10 +9,12 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from gateway import scopes as sc
 from sessions_app.models import Run, Session
 from sessions_app.services import runs
 from sessions_app.services.sessions import SessionSpec, session_create
 from tests.operator_ui.conftest import PASSWORD
+from tests.support.operators import operator_user
 from tests.workers_app.test_inference_proxy import placed_session
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +51,7 @@ def test_an_anonymous_post_creates_nothing(client):
 
 
 def test_an_operator_logs_in_with_the_django_login_and_lands_on_the_sessions(client, django_user_model):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD)
+    operator_user("ops", sc.WRITE)
 
     page = client.get(reverse("ui:login"))
     wrong = client.post(reverse("ui:login"), {"username": "ops", "password": "nope"})
@@ -57,7 +59,8 @@ def test_an_operator_logs_in_with_the_django_login_and_lands_on_the_sessions(cli
 
     assert page.status_code == 200 and 'name="password"' in text_of(page)
     assert wrong.status_code == 200 and "did not match" in text_of(wrong)
-    assert right.status_code == 302 and right["Location"] == reverse("ui:sessions")
+    assert right.status_code == 302 and right["Location"] == reverse("ui:home")
+    assert client.get(reverse("ui:home"))["Location"] == reverse("ui:sessions")
     assert client.get(reverse("ui:sessions")).status_code == 200
 
 
@@ -194,7 +197,7 @@ def test_creating_a_session_opens_its_page_and_a_bad_key_is_refused(operator_cli
 
 def test_posts_without_a_csrf_token_are_refused(django_user_model):
     strict = Client(enforce_csrf_checks=True)
-    strict.force_login(django_user_model.objects.create_user(username="ops", password=PASSWORD))
+    strict.force_login(operator_user("ops", sc.WRITE))
     session = make("agent:main:csrf")
 
     response = strict.post(reverse("ui:session-send", kwargs={"key": session.key}), {"message": "hi"})

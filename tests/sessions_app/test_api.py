@@ -268,6 +268,7 @@ def test_patch_errors(client):
             "code": "SESSION_CHANGED",
             "sessionId": session.session_id,
             "lifecycleRevision": session.lifecycle_revision,
+            "revision": 1,
         },
     )
     assert empty.status_code == 400
@@ -276,6 +277,29 @@ def test_patch_errors(client):
     assert missing.json() == error("INVALID_REQUEST", "session not found: agent:main:nope")
     session.refresh_from_db()
     assert session.label == ""
+
+
+@pytest.mark.django_db
+def test_patch_and_delete_with_a_stale_revision_change_nothing(client):
+    session = make()
+    url = f"/api/sessions/{session.key}"
+    first = client.patch(url, {"label": "first", "expectedRevision": 1}, content_type="application/json")
+
+    lost = client.patch(url, {"label": "lost", "expectedRevision": 1}, content_type="application/json")
+    kept = client.delete(f"{url}?expectedRevision=1")
+    bad = client.patch(url, {"label": "x", "expectedRevision": 0}, content_type="application/json")
+    described = client.get(url)
+
+    assert first.status_code == 200 and first.json()["entry"]["revision"] == 2
+    assert lost.status_code == 409 and kept.status_code == 409
+    message = f"Session {session.key} changed: expected revision 1, current revision 2; retry."
+    assert lost.json()["error"]["message"] == kept.json()["error"]["message"] == message
+    assert lost.json()["error"]["details"]["revision"] == 2
+    assert bad.status_code == 400
+    assert "/expectedRevision" in bad.json()["error"]["message"]
+    assert described.json()["session"]["label"] == "first" and described.json()["session"]["revision"] == 2
+    deleted = client.delete(f"{url}?expectedRevision=2")
+    assert deleted.status_code == 200 and not Session.objects.filter(key=session.key).exists()
 
 
 @pytest.mark.django_db

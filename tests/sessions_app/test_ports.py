@@ -83,6 +83,7 @@ def send(key: str, run_id: str) -> dict:
 def _ctx():
     class Ctx:
         channel_name = ""
+        scopes = ["operator.write"]
 
     return Ctx()
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.core.cache import cache
 from django.utils import timezone
 
 from gateway.exceptions import Conflict, InvalidRequest, NotFound, Unavailable
+from gateway.executor_leases import LEASE_KEY, lease_renew
 from sessions_app import selectors, tasks, turns
 from sessions_app.model_providers.base import ModelProviderError
 from sessions_app.models import Run, Session, SessionWindow, TranscriptEvent
@@ -203,6 +205,67 @@ def test_recovery_fails_silent_runs_only():
     assert Run.objects.get(run_id="alive").status == "running"
     # The dead turn's user message stays in the transcript.
     assert TranscriptEvent.objects.filter(window_id=quiet.session_id).count() == 1
+
+
+def test_the_turns_of_a_worker_that_stopped_renewing_its_lease_end_and_the_unstarted_ones_go_again(
+    _no_dispatch, worker_labels
+):
+    stopped, alive, never_held = worker_labels("stopped"), worker_labels("alive"), worker_labels("never")
+    for label in (stopped, alive):
+        lease_renew(label)
+    cache.delete(LEASE_KEY.format(stopped))  # expired: the process stopped renewing it
+    for key, run_id, executor in (
+        ("on-stopped", "r1", stopped),
+        ("on-alive", "r2", alive),
+        ("never", "r3", never_held),
+    ):
+        runs.run_submit(session_key=make(f"agent:main:{key}").key, message="hi", idempotency_key=run_id)
+        runs.run_claim(run_id=run_id, executor=executor)
+    runs.run_submit(session_key="agent:main:on-stopped", message="next", idempotency_key="r1-next")
+    # An idle session's queued turns: the first one's task may be what the stopped worker took without starting it.
+    idle = make("agent:main:idle")
+    for run_id in ("idle-1", "idle-2"):
+        runs.run_submit(session_key=idle.key, message=run_id, idempotency_key=run_id)
+    _no_dispatch.clear()
+
+    recovered = runs.runs_recover_stopped_workers()
+    assert recovered == runs.StoppedWorkersRecovery(failed=["r1"], redispatched=["idle-1"])
+    # The idle session's oldest turn (its end dispatches the next), then the failed turn's successor.
+    assert _no_dispatch == ["idle-1", "r1-next"]
+    failed = Run.objects.get(run_id="r1")
+    assert (failed.status, failed.error_kind) == ("error", "interrupted")
+    assert failed.error == "run interrupted: its worker process stopped (no lease renewal for 5 s)"
+    assert failed.ended_at is not None and Session.objects.get(key="agent:main:on-stopped").status == "failed"
+    # A live lease, or none ever held (another version; a turn run by hand): left to the heartbeat silence.
+    assert set(Run.objects.filter(status="running").values_list("run_id", flat=True)) == {"r2", "r3"}
+
+    # Handled once: the next watches find nothing to do and dispatch nothing again.
+    _no_dispatch.clear()
+    assert runs.runs_recover_stopped_workers() == runs.StoppedWorkersRecovery(failed=[], redispatched=[])
+    assert _no_dispatch == []
+
+
+def test_a_stuck_session_gets_only_its_oldest_queued_turn_again(_no_dispatch):
+    session = make()
+    for run_id in ("r1", "r2"):
+        runs.run_submit(session_key=session.key, message=run_id, idempotency_key=run_id)
+    _no_dispatch.clear()
+    # Both dispatched again would let the second start first on another worker.
+    assert runs.runs_redispatch_stuck(queued_before=timezone.now()) == ["r1"]
+    assert _no_dispatch == ["r1"]
+
+
+def test_a_redelivered_task_of_a_started_turn_changes_nothing(settings):
+    settings.OPENCLAW_MODEL = {**settings.OPENCLAW_MODEL, "PROVIDER": "echo", "MODEL": "echo"}
+    session = make()
+    runs.run_submit(session_key=session.key, message="Reply exactly: PONG", idempotency_key="r1")
+    runs.run_claim(run_id="r1", executor="celery:killed-host:1")
+    before = Run.objects.get(run_id="r1")
+    # The killed worker's task, given back by the broker to another worker.
+    assert turns.execute_turn("r1") is None
+    after = Run.objects.get(run_id="r1")
+    assert (after.status, after.executor, after.started_at) == ("running", "celery:killed-host:1", before.started_at)
+    assert TranscriptEvent.objects.filter(window_id=session.session_id).count() == 1
 
 
 def test_runs_of_a_gateway_process_that_is_gone_are_failed_at_start():

@@ -1,12 +1,17 @@
-"""Connection records as a gateway process registers them, for tests of the connection services."""
+"""Connection records as a gateway process registers them, for tests of the connection services, and the context
+and dispatch of one request of an operator connection."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
 from gateway import scopes as sc
 from gateway.context import RpcContext
+from gateway.dispatch import run_request
+from gateway.protocol import RequestFrame
+from gateway.registry import registry
 from gateway.services.connections import ConnectionRecord
 
 
@@ -36,14 +41,33 @@ def connection_record(*, boot_id: str, channel_name: str, **fields: Any) -> Conn
     return ConnectionRecord(boot_id=boot_id, channel_name=channel_name, **{**defaults, **fields})
 
 
-def admin_operator_context() -> RpcContext:
-    """What an operator connection with a shared token and ``operator.admin`` hands a method (in-process dispatch)."""
+def operator_context(scopes: list[str]) -> RpcContext:
+    """What an operator connection with a shared token and ``scopes`` hands a method (in-process dispatch)."""
     return RpcContext(
         conn_id="c",
         channel_name="inmemory!c",
         role=sc.ROLE_OPERATOR,
-        scopes=[sc.ADMIN],
+        scopes=scopes,
         auth_method="token",
         client_id="test",
         client_mode="test",
     )
+
+
+def admin_operator_context() -> RpcContext:
+    return operator_context([sc.ADMIN])
+
+
+def dispatched(method: str, params: dict | None = None, *, scopes: list[str]) -> dict:
+    """The ``res`` frame of one request through the dispatcher (authorization, params, the handler's database hop,
+    the error shape), as an operator with ``scopes``."""
+    frame = RequestFrame(type="req", id="r1", method=method, params=params if params is not None else {})
+    return asyncio.run(run_request(operator_context(scopes), frame))
+
+
+def handled(method: str, params: dict | None = None, *, scopes: list[str]) -> Any:
+    """The method's answer to validated params, its handler run on this thread: unlike the dispatcher's hop (another
+    thread, another connection) it sees the rows a test made in its still open transaction."""
+    spec = registry.methods[method]
+    result = spec.handler(operator_context(scopes), spec.params.model_validate(params if params is not None else {}))
+    return asyncio.run(result) if spec.is_async else result

@@ -221,12 +221,12 @@ def _listens(port: int) -> bool:
 
 
 def start_celery_worker(
-    env: Mapping[str, str], state_dir: str, *, concurrency: int = 4, timeout: float = 60.0
+    env: Mapping[str, str], state_dir: str, *, concurrency: int = 4, timeout: float = 60.0, name: str = "celery"
 ) -> tuple[subprocess.Popen, str]:
-    """A Celery worker with a gateway's environment (thread pool, no heartbeat/gossip/mingle), logging to
-    ``celery.log`` in ``state_dir``; returns once it logged `` ready.``."""
-    log_path = os.path.join(state_dir, "celery.log")
-    worker = _spawn(
+    """A Celery worker with a gateway's environment (thread pool, no heartbeat/gossip/mingle), named ``name@host`` and
+    logging to ``<name>.log`` in ``state_dir``; returns once it logged `` ready.``."""
+    log_path = os.path.join(state_dir, f"{name}.log")
+    worker = _start_until_logged(
         [
             sys.executable,
             "-m",
@@ -234,6 +234,8 @@ def start_celery_worker(
             "-A",
             "openclaw_site",
             "worker",
+            "--hostname",
+            f"{name}@%h",
             "--loglevel",
             "INFO",
             "--pool",
@@ -246,16 +248,48 @@ def start_celery_worker(
         ],
         env,
         log_path,
-    )
-    _wait_ready(
-        worker,
-        lambda: " ready." in read_log(log_path),
+        ready_line=" ready.",
         what="celery worker",
         timeout=timeout,
-        log_path=log_path,
-        poll=0.1,
     )
     return worker, log_path
+
+
+def start_celery_beat(env: Mapping[str, str], state_dir: str, *, timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
+    """Celery beat with a gateway's environment (its schedule file and ``beat.log`` in ``state_dir``); returns once it
+    logged that it started."""
+    log_path = os.path.join(state_dir, "beat.log")
+    beat = _start_until_logged(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "openclaw_site",
+            "beat",
+            "--loglevel",
+            "INFO",
+            "--schedule",
+            os.path.join(state_dir, "celerybeat-schedule"),
+        ],
+        env,
+        log_path,
+        ready_line="beat: Starting...",
+        what="celery beat",
+        timeout=timeout,
+    )
+    return beat, log_path
+
+
+def _start_until_logged(
+    argv: list[str], env: Mapping[str, str], log_path: str, *, ready_line: str, what: str, timeout: float
+) -> subprocess.Popen:
+    """A process logging to ``log_path``, once its log has ``ready_line``."""
+    process = _spawn(argv, env, log_path)
+    _wait_ready(
+        process, lambda: ready_line in read_log(log_path), what=what, timeout=timeout, log_path=log_path, poll=0.1
+    )
+    return process
 
 
 @dataclass
@@ -695,6 +729,17 @@ class NodeHostProcess:
                 raise RuntimeError(f"the node host journaled no inventory publish:\n{self.log()}")
             time.sleep(0.05)
         return published[before]
+
+    def wait_for_workers_idle(self, timeout: float = 60.0) -> None:
+        """Until the node host's worker children run no turn (seed 004's ``waitForWorkersIdle``): asked through
+        its own control surface, a republished inventory whose journal record counts the turns in flight."""
+        deadline = time.monotonic() + timeout
+        while (published := self.publish_inventory(timeout=max(1.0, deadline - time.monotonic()))).get(
+            "runsInFlight"
+        ) != 0:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"the node host's workers never went idle: {published}\n{self.log()}")
+            time.sleep(0.1)
 
     def connects(self) -> int:
         """How many times the node host connected (and declared its worker host), over all its runs."""

@@ -487,29 +487,37 @@ def test_a_dispatch_to_a_stopped_host_fails_unreachable_and_leaves_nothing_lease
 
 
 @dispatch_db
-def test_provisioning_on_a_profile_s_paired_node_that_is_not_connected_fails_and_leases_nothing(
+def test_dispatch_to_a_profile_s_paired_node_that_is_not_connected_is_refused_and_writes_nothing(
     use_profiles, in_process, published
 ):
-    """The provisioning path of point 5 (issue 26): a profile whose provider is ``device`` is not checked when the
-    dispatch is accepted; its provisioning is refused with the node's error, and no lease is recorded."""
+    """Point 5 of issue 26 on the provisioning path: a profile whose provider is ``device`` names a paired node;
+    when that node is not connected, the dispatch is refused on the node's facts before anything is written —
+    no placement, no environment, no event."""
     use_profiles({"node": {"provider": "device", "settings": {"deviceId": NODE}}})
     paired_node(connected=False)
     session = make_session()
-    message = (
-        f"Worker dispatch failed in provisioning: device worker node is not connected: {NODE}; "
-        "reconnect it before retrying"
-    )
 
-    with pytest.raises(Unavailable) as failed:
+    with refused(InvalidRequest, f"device worker node is not connected: {NODE}; reconnect it before retrying"):
         dispatch(ctx(), session.key, profileId="node")
 
-    assert failed.value.message == message
-    placement = Placement.objects.get(pk=session.pk)
-    assert (placement.state, placement.recovery_error, placement.active_owner_epoch) == (S.FAILED, message, None)
-    environment = WorkerEnvironment.objects.get(pk=placement.environment_id)
-    assert (environment.state, environment.lease_id, environment.node_device_id) == ("failed", None, None)
-    assert not WorkerEnvironment.objects.filter(lease_id__isnull=False).exists()
-    assert placement_states(published, session) == [S.LOCAL, S.REQUESTED, S.PROVISIONING, S.FAILED]
+    assert not Placement.objects.filter(pk=session.pk).exists()
+    assert not WorkerEnvironment.objects.exists()
+    assert placement_states(published, session) == []
+
+
+@dispatch_db
+def test_moving_onto_a_profile_s_paired_node_that_is_not_connected_is_refused_and_writes_nothing(
+    use_profiles, in_process, published
+):
+    """The same refusal for ``sessions.move`` of a placed session onto such a profile: the placement, its
+    environment and history stay as they were (``refused`` compares the whole world before and after)."""
+    session = make_session()
+    dispatch_to_active(session)
+    use_profiles({"node": {"provider": "device", "settings": {"deviceId": NODE}}})
+    paired_node(connected=False)
+
+    with refused(InvalidRequest, f"device worker node is not connected: {NODE}; reconnect it before retrying"):
+        move(session, target={"kind": "profile", "profileId": "node"}, context=ctx())
 
 
 class GatedProvider:

@@ -7,8 +7,10 @@ import pytest
 from django.urls import reverse
 
 from gateway.exceptions import Unavailable
+from gateway.scopes import ADMIN
 from sessions_app import rpc, schemas
 from sessions_app.models import Run, Session
+from sessions_app.services import commands as chat_commands
 from sessions_app.services import runs, sessions
 from workers_app.models import Placement, PlacementMove, PlacementState, WorkerEnvironment
 from workers_app.selectors import placement_fields
@@ -156,3 +158,24 @@ def test_the_admin_lists_moves_in_flight_with_their_error(admin_client, django_a
 def test_an_empty_page_asks_nothing_of_the_database(django_assert_num_queries):
     with django_assert_num_queries(0):
         assert placement_fields([]) == {}
+
+
+def test_commands_in_chat_answer_while_a_placement_moves_and_a_reset_there_is_refused_with_the_barrier():
+    """/status reports the placement in any state; /reset (which ends a running turn first) meets sessions.reset's
+    barrier: the refusal is the reply, and the running turn, the transcript and the session are left as they were."""
+    session = make_session()
+    runs.run_submit(session_key=session.key, message="working", idempotency_key="t1")
+    runs.run_claim(run_id="t1", executor="test")
+    store.placement_start_dispatch(session=session)
+    before = Session.objects.filter(pk=session.pk).values().get()
+
+    status = chat_commands.chat_submit(session_key=session.key, message="/status", idempotency_key="c1", scopes=[ADMIN])
+    reset = chat_commands.chat_submit(session_key=session.key, message="/reset", idempotency_key="c2", scopes=[ADMIN])
+
+    assert "⚙️ Execution: placement requested" in status.run.output_text
+    assert reset.run.output_text == (
+        f"⚠️ Session {session.key} cannot reset while its worker placement is requested; retry when the move is done."
+    )
+    assert Run.objects.get(run_id="t1").status == "running"
+    after = Session.objects.filter(pk=session.pk).values().get()
+    assert (after["session_id"], after["lifecycle_revision"]) == (before["session_id"], before["lifecycle_revision"])

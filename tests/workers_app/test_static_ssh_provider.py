@@ -124,15 +124,17 @@ def test_provision_needs_the_connection_fields(missing):
     assert error.value.field == missing
 
 
-def test_an_unreadable_key_names_the_key_ref_and_never_its_content(sshd, monkeypatch, tmp_path):
+def test_an_unreadable_key_names_the_profile_s_key_ref_and_never_its_path_or_content(sshd, monkeypatch, tmp_path):
     with pytest.raises(WorkerProviderError) as error:
         PROVIDER.provision(profile(**sshd.profile_settings(keyRef={"source": "file", "id": "/nonexistent/key"})), "o")
-    assert "/nonexistent/key" in refused(error, "invalid_profile")
+    message = refused(error, "invalid_profile")
+    assert message == "the keyRef key file of profile dev cannot be read: No such file or directory"
     assert error.value.field == "keyRef"
 
     with pytest.raises(WorkerProviderError) as error:
         PROVIDER.provision(profile(**sshd.profile_settings(keyRef={"source": "env", "id": "STATIC_SSH_UNSET"})), "o")
-    assert "STATIC_SSH_UNSET" in refused(error, "invalid_profile")
+    message = refused(error, "invalid_profile")
+    assert message == "the keyRef environment variable STATIC_SSH_UNSET of profile dev holds no key"
 
     secret = "-----BEGIN OPENSSH PRIVATE KEY-----\nc2VjcmV0LWtleS1tYXRlcmlhbA==\n-----END OPENSSH PRIVATE KEY-----\n"
     monkeypatch.setenv("STATIC_SSH_BAD_KEY", secret)
@@ -142,7 +144,8 @@ def test_an_unreadable_key_names_the_key_ref_and_never_its_content(sshd, monkeyp
             PROVIDER.provision(profile(**sshd.profile_settings(keyRef=key_ref)), "o")
         message = refused(error, "invalid_profile")
         assert error.value.field == "keyRef"
-        assert "c2VjcmV0" not in message and "BEGIN" not in message
+        assert "c2VjcmV0" not in message and "BEGIN" not in message and str(tmp_path) not in message
+        assert message.endswith("of profile dev is not an unencrypted private key (OpenSSH or PEM)")
 
 
 def test_a_host_presenting_another_host_key_is_refused(sshd):

@@ -36,6 +36,7 @@ HOST_KEY_LINE = re.compile(r"[A-Za-z0-9@._+-]+ [A-Za-z0-9+/]+={0,3}(?: [^\r\n]*)
 
 @dataclass(frozen=True)
 class _Target:
+    profile_id: str
     host: str
     port: int
     user: str
@@ -113,6 +114,7 @@ class StaticSshProvider:
             if name not in settings:
                 raise WorkerProviderError.invalid_profile(f"{PROVIDER_ID} needs {name}", field=name)
         return _Target(
+            profile_id=profile.id,
             host=settings["host"],
             port=settings.get("port", DEFAULT_PORT),
             user=settings["user"],
@@ -155,26 +157,30 @@ def _check_key_ref(value: Any) -> None:
         raise WorkerProviderError.invalid_profile("must be a string", field="keyRef.provider")
 
 
-def _private_key(key_ref: dict[str, Any]) -> asyncssh.SSHKey:
-    """The key a keyRef points at. Errors name the reference, never what it holds."""
-    source, ref = key_ref["source"], key_ref["id"]
+def _private_key(target: _Target) -> asyncssh.SSHKey:
+    """The key the profile's keyRef points at. Errors name the profile and the reference — an environment
+    variable by its name, a file only as the profile's key file (its path is the gateway host's business) —
+    never what the key holds."""
+    source, ref = target.key_ref["source"], target.key_ref["id"]
     if source == "file":
+        named = f"the keyRef key file of profile {target.profile_id}"
         try:
             data = Path(ref).read_bytes()
         except OSError as error:
             raise WorkerProviderError.invalid_profile(
-                f"key file {ref} cannot be read: {error.strerror or error}", field="keyRef"
+                f"{named} cannot be read: {error.strerror or type(error).__name__}", field="keyRef"
             ) from None
     else:
+        named = f"the keyRef environment variable {ref} of profile {target.profile_id}"
         text = os.environ.get(ref, "")
         if not text.strip():
-            raise WorkerProviderError.invalid_profile(f"environment variable {ref} holds no key", field="keyRef")
+            raise WorkerProviderError.invalid_profile(f"{named} holds no key", field="keyRef")
         data = text.encode()
     try:
         return asyncssh.import_private_key(data)
     except (asyncssh.KeyImportError, ValueError):
         raise WorkerProviderError.invalid_profile(
-            f"key {source} {ref} is not an unencrypted private key (OpenSSH or PEM)", field="keyRef"
+            f"{named} is not an unencrypted private key (OpenSSH or PEM)", field="keyRef"
         ) from None
 
 
@@ -221,7 +227,7 @@ def _ssh(
     """Log in with the profile's key, trusting exactly its host key (no known_hosts file, ssh config or
     agent), and run ``command``. Called from database and Celery threads, never the event loop: a loop
     of its own per call."""
-    key = _private_key(target.key_ref)
+    key = _private_key(target)
     trusted = asyncssh.import_public_key(target.host_key)
 
     async def run() -> asyncssh.SSHCompletedProcess:

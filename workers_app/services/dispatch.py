@@ -29,6 +29,7 @@ from ..models import (
     PlacementState,
     WorkerEnvironment,
 )
+from ..nodes.device_provider import PROVIDER_ID as DEVICE_PROVIDER_ID
 from ..nodes.device_provider import device_profile, not_connected
 from ..nodes.inventory import update_required_message
 from ..profiles import profile_for_environment, profile_get, profiles_all
@@ -83,8 +84,16 @@ def resolve_target(*, profile_id: str | None, device_id: str | None) -> str:
         raise InvalidRequest("worker dispatch target is missing")
     if not profiles_all():
         raise InvalidRequest("cloud worker dispatch is not configured")
-    if profile_get(profile_id) is None:
+    profile = profile_get(profile_id)
+    if profile is None:
         raise NotFound(f"worker profile not found: {profile_id}", details={"code": "profile_not_found"})
+    profile_device_id = profile.settings.get("deviceId") if profile.provider_id == DEVICE_PROVIDER_ID else None
+    if isinstance(profile_device_id, str) and profile_device_id:
+        # A profile that names a paired node is refused on the same facts as a device target, before
+        # anything is written (a placement failed on provision would hold the session until abandoned).
+        problem = device_ineligibility(profile_device_id)
+        if problem:
+            raise InvalidRequest(problem)
     return f"profile:{profile_id}"
 
 

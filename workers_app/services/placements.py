@@ -17,7 +17,7 @@ from django.db.models import Q
 
 from gateway.audit import Actor
 from gateway.exceptions import Conflict, InvalidRequest
-from gateway.redaction import redact_secrets
+from gateway.redaction import operator_text
 from sessions_app.models import Session
 
 from ..events import placement_changed_on_commit
@@ -56,8 +56,9 @@ def now_ms() -> int:
 
 
 def bounded_worker_error(text: str) -> str:
-    """An error as the placement keeps it: secrets redacted, whitespace collapsed, at most 1024 UTF-16 units."""
-    redacted = redact_secrets(text)
+    """An error as the placement keeps it (and every client and page shows it): operator text (no secret, no path
+    on this host), whitespace collapsed, at most 1024 UTF-16 units."""
+    redacted = operator_text(text)
     collapsed = " ".join(redacted.split())
     if len(collapsed.encode("utf-16-le")) <= RECOVERY_ERROR_LIMIT * 2:
         return collapsed

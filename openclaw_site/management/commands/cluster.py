@@ -112,6 +112,13 @@ defaults
     # An upgraded WebSocket: the gateway ticks every {gateway_setting("TICK_INTERVAL_MS") // 1000} s, so an hour
     # of silence means a dead peer.
     timeout tunnel 1h
+    # A request head (request line and headers) must be complete this long after accept, and after the previous
+    # response on a kept-alive connection (HAProxy's keep-alive wait falls back to it): the gateways' own head
+    # deadline (OPENCLAW_HTTP_HEAD_TIMEOUT_MS). Without it `timeout client` applies, an idle timeout each byte
+    # restarts. HAProxy forwards a request only once its head is complete, so the gateways see no slow head from it.
+    timeout http-request {gateway_setting("HTTP_HEAD_TIMEOUT_MS")}ms
+    # A connection that sent nothing by then (a browser's preconnect) is closed without a 408, as the gateways do.
+    option http-ignore-probes
     timeout client-fin 10s
     timeout server-fin 10s
     # A connection refused by a backend that died since its last check goes to another one.
