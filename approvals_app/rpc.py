@@ -38,7 +38,8 @@ def exec_approvals_get_rpc(ctx: RpcContext, params) -> dict:
     return selectors.exec_policy_snapshot(GATEWAY_SCOPE)
 
 
-@method("exec.approvals.set", params=ExecPolicySetBody, scope=sc.ADMIN)
+# A whole policy document: its own limits (entries, patterns) allow more than the default frame.
+@method("exec.approvals.set", params=ExecPolicySetBody, scope=sc.ADMIN, max_frame_bytes=None)
 def exec_approvals_set_rpc(ctx: RpcContext, params: ExecPolicySetBody) -> dict:
     row = policies.exec_policy_set(scope=GATEWAY_SCOPE, file=params.file, base_hash=params.baseHash, actor=ctx.actor())
     return selectors.exec_policy_payload(GATEWAY_SCOPE, row)
@@ -49,7 +50,7 @@ def exec_approvals_node_get_rpc(ctx: RpcContext, params: NodeIdParams) -> dict:
     return selectors.exec_policy_snapshot(selectors.node_policy_scope(params.nodeId))
 
 
-@method("exec.approvals.node.set", params=ExecPolicyNodeSetParams, scope=sc.ADMIN)
+@method("exec.approvals.node.set", params=ExecPolicyNodeSetParams, scope=sc.ADMIN, max_frame_bytes=None)
 def exec_approvals_node_set_rpc(ctx: RpcContext, params: ExecPolicyNodeSetParams) -> dict:
     scope = selectors.node_policy_scope(params.nodeId)
     row = policies.exec_policy_set(scope=scope, file=params.file, base_hash=params.baseHash, actor=ctx.actor())

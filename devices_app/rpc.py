@@ -154,7 +154,8 @@ def node_rename_rpc(ctx: RpcContext, params: NodeRenameParams) -> dict:
     return {"nodeId": device.device_id, "displayName": device.operator_label}
 
 
-@method("node.event", params=NodeEventParams, role="node")
+# A worker's progress (its turns' steps and tool output) comes this way: bounded by maxPayload only.
+@method("node.event", params=NodeEventParams, role="node", max_frame_bytes=None)
 async def node_event_rpc(ctx: RpcContext, params: NodeEventParams) -> dict:
     if params.event == invoke.PROGRESS_EVENT:
         # On the event loop, without a thread hop: a worker's reply streams through here.

@@ -96,19 +96,19 @@ class RequestLogMiddleware:
 
 
 def rpc_access_logged(
-    run_request: Callable[[Any, Any], Awaitable[dict[str, Any]]],
-) -> Callable[[Any, Any], Awaitable[dict[str, Any]]]:
+    run_request: Callable[..., Awaitable[dict[str, Any]]],
+) -> Callable[..., Awaitable[dict[str, Any]]]:
     """Wraps the RPC dispatcher: the call runs with ``request_id`` = the frame's id and the connection's
     ``device_id`` in the log context, and ends with one line: method, ``ok`` or the error code, duration."""
 
     @functools.wraps(run_request)
-    async def logged(ctx, frame) -> dict[str, Any]:
+    async def logged(ctx, frame, **options: Any) -> dict[str, Any]:
         started = time.perf_counter()
         # Stays so when the caller cancels the request (a cancel frame, a disconnect); run_request answers the rest.
         outcome = "cancelled"
         with log_context.bound(request_id=frame.id, device_id=ctx.device_id or ctx.node_id):
             try:
-                response = await run_request(ctx, frame)
+                response = await run_request(ctx, frame, **options)
                 outcome = "ok" if response.get("ok") else str(response.get("error", {}).get("code", "error"))
                 return response
             finally:

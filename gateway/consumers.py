@@ -23,7 +23,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from . import invoke, lifecycle, log_context, metrics, state
 from .conf import gateway_setting
 from .context import RpcContext
-from .dispatch import error_response, parse_frame, run_request
+from .dispatch import error_response, run_request
 from .events import FOLLOW_UP_KEY, subscription_group
 from .exceptions import (
     FrameRejected,
@@ -35,8 +35,18 @@ from .exceptions import (
 )
 from .handshake import ConnectContext, FirstFrameInvalid, failure_reason, parse_connect
 from .hello import accept_connect, health_version_soon, presence_changed
+from .intake import is_big, take_frame
 from .ports import connection_authority
-from .protocol import DROP_IF_SLOW_KEY, EncodedEvent, decode_frame, encode_frame
+from .protocol import (
+    DROP_IF_SLOW_KEY,
+    INVALID_FRAME_ID,
+    EncodedEvent,
+    RequestFrame,
+    decode_frame,
+    encode_frame,
+    request_id_of,
+    utf8_len_exceeds,
+)
 from .registry import registry
 from .visibility import event_visible
 
@@ -45,11 +55,6 @@ logger = logging.getLogger(__name__)
 MAX_IN_FLIGHT_REQUESTS = 64
 # A server fault ends a connection with 1011 and a reason naming the log entry, never silently.
 INTERNAL_ERROR_CLOSE = 1011
-
-
-def _utf8_len_exceeds(text: str, limit: int) -> bool:
-    # A str of n code points takes between n and 4n bytes: encode only when it matters.
-    return len(text) > limit or (len(text) * 4 > limit and len(text.encode("utf-8")) > limit)
 
 
 class GatewayConsumer(AsyncWebsocketConsumer):
@@ -118,7 +123,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 return
             try:
                 # Request ids are screened when the request is decoded, so this one encodes.
-                text = encode_frame(error_response(frame.get("id") or "invalid", error))
+                text = encode_frame(error_response(frame.get("id") or INVALID_FRAME_ID, error))
             except (TypeError, ValueError):
                 await self._close_for_internal_error(error)
                 return
@@ -203,7 +208,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if bytes_data is not None or text_data is None:
             await self._close_handshake(1008, "invalid request frame", failure="invalid-frame")
             return
-        if _utf8_len_exceeds(text_data, gateway_setting("MAX_PREAUTH_PAYLOAD_BYTES")):
+        if utf8_len_exceeds(text_data, gateway_setting("MAX_PREAUTH_PAYLOAD_BYTES")):
             await self._close_handshake(1009, "preauth payload too large", failure="payload-too-large")
             return
         try:
@@ -219,7 +224,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self._close_handshake(1008, "invalid request frame", failure="invalid-frame")
             return
         except HandshakeRejected as rejected:
-            await self._reject_handshake(_frame_id(raw), rejected)
+            await self._reject_handshake(request_id_of(raw), rejected)
             return
         self.handshake_timer.cancel()
         self.phase = "authenticating"
@@ -284,23 +289,18 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def _receive_open(self, text_data: str | None, bytes_data: bytes | None) -> None:
         if text_data is None:
-            await self._send_frame(error_response("invalid", InvalidRequest("invalid request frame: text frames only")))
+            await self._send_frame(error_response(INVALID_FRAME_ID, FrameRejected("text frames only")))
             return
-        max_payload = gateway_setting("MAX_PAYLOAD_BYTES")
-        if _utf8_len_exceeds(text_data, max_payload):
-            error = InvalidRequest(f"invalid request frame: frame exceeds maxPayload ({max_payload} bytes)")
-            await self._send_frame(error_response("invalid", error))
-            return
+        big = is_big(text_data)
         try:
-            raw = decode_frame(text_data)
+            # Awaited before the next frame is taken (channels hands a consumer one message at a time), so a
+            # big frame decoded off the loop does not let a later small one start first.
+            frame = await take_frame(text_data, max_payload=gateway_setting("MAX_PAYLOAD_BYTES"))
         except FrameRejected as rejected:
-            await self._send_frame(error_response("invalid", rejected))
+            await self._send_frame(error_response(rejected.frame_id, rejected))
             return
-        try:
-            frame = parse_frame(raw)
-        except InvalidRequest as error:
-            await self._send_frame(error_response(error.frame_id, error))
-            return
+        if self.phase != "open":
+            return  # closed while the frame was decoded
         if frame.type == "cancel":
             task = self.request_tasks.get(frame.id)
             if task is not None:
@@ -314,12 +314,17 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 error_response(frame.id, Unavailable("too many requests in flight", retryable=True, retry_after_ms=100))
             )
             return
-        task = asyncio.get_running_loop().create_task(self._answer(frame))
+        loop = asyncio.get_running_loop()
+        started = loop.create_future() if big else None
+        task = loop.create_task(self._answer(frame, started))
         self.request_tasks[frame.id] = task
+        if started is not None:
+            # Its params are validated off the loop: the next frame waits until its handler has started.
+            await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
 
-    async def _answer(self, frame) -> None:
+    async def _answer(self, frame: RequestFrame, started: asyncio.Future[None] | None) -> None:
         try:
-            response = await run_request(self.ctx, frame)
+            response = await run_request(self.ctx, frame, started=started)
             if self.phase == "open":
                 await self._send_frame(response)
         except asyncio.CancelledError:
@@ -421,11 +426,6 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 presence_changed(None)
         except Exception:
             logger.exception("failed to unregister connection %s", self.conn_id)
-
-
-def _frame_id(raw: Any) -> str:
-    frame_id = raw.get("id") if isinstance(raw, dict) else None
-    return frame_id if isinstance(frame_id, str) and frame_id else "invalid"
 
 
 def _header_names(scope: dict[str, Any]) -> set[bytes]:

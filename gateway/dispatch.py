@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -16,7 +17,8 @@ from .access_log import rpc_access_logged
 from .conf import gateway_setting
 from .context import RpcContext
 from .exceptions import GatewayError, InvalidRequest, PermissionDenied, Unavailable, internal_error
-from .protocol import CancelFrame, RequestFrame, format_validation_error
+from .intake import off_loop
+from .protocol import RequestFrame, format_validation_error
 from .registry import MethodSpec, registry
 
 logger = logging.getLogger(__name__)
@@ -28,24 +30,6 @@ def error_response(request_id: str, error: GatewayError) -> dict[str, Any]:
 
 def ok_response(request_id: str, payload: Any) -> dict[str, Any]:
     return {"type": "res", "id": request_id, "ok": True, "payload": payload}
-
-
-def parse_frame(raw: Any) -> RequestFrame | CancelFrame:
-    """A request (or cancel) frame, or InvalidRequest carrying the id to answer under."""
-    if not isinstance(raw, dict):
-        error = InvalidRequest(f"invalid request frame: must be an object, got {type(raw).__name__}")
-        error.frame_id = "invalid"
-        raise error
-    frame_type = raw.get("type")
-    try:
-        if frame_type == "cancel":
-            return CancelFrame.model_validate(raw)
-        return RequestFrame.model_validate(raw)
-    except ValidationError as exc:
-        error = InvalidRequest(f"invalid request frame: {format_validation_error(exc)}")
-        frame_id = raw.get("id")
-        error.frame_id = frame_id if isinstance(frame_id, str) and frame_id else "invalid"
-        raise error from None
 
 
 # One hop wrapper per sync handler, built once: asgiref inspects the function each time one is built
@@ -85,16 +69,36 @@ async def await_startup_reconciliation() -> None:
 
 
 @rpc_access_logged
-async def run_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any]:
-    started = time.perf_counter()
-    response = await _answer_request(ctx, frame)
+async def run_request(
+    ctx: RpcContext, frame: RequestFrame, *, started: asyncio.Future[None] | None = None
+) -> dict[str, Any]:
+    """The response to one request.
+
+    With ``started`` (a big frame, ``intake.is_big``), the params are validated off the event loop and
+    ``started`` is resolved when the method's handler starts, or when the request ends before that: the
+    consumer holds the connection's next frame back until then, so the frames of one connection reach their
+    handlers in the order they came (``invoke.forward_progress`` relies on it).
+    """
+    began = time.perf_counter()
+    try:
+        response = await _answer_request(ctx, frame, started)
+    finally:
+        if started is not None and not started.done():
+            started.set_result(None)
     metrics.record_rpc_call(
-        frame.method, "ok" if response["ok"] else response["error"]["code"], time.perf_counter() - started
+        frame.method, "ok" if response["ok"] else response["error"]["code"], time.perf_counter() - began
     )
     return response
 
 
-async def _answer_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any]:
+def _params(spec: MethodSpec, frame: RequestFrame) -> Any:
+    try:
+        return spec.params.model_validate(frame.params if frame.params is not None else {})
+    except ValidationError as exc:
+        raise InvalidRequest(f"invalid {frame.method} params: {format_validation_error(exc)}") from None
+
+
+async def _answer_request(ctx: RpcContext, frame: RequestFrame, started: asyncio.Future[None] | None) -> dict[str, Any]:
     spec = registry.methods.get(frame.method)
     try:
         if spec is None:
@@ -104,10 +108,11 @@ async def _answer_request(ctx: RpcContext, frame: RequestFrame) -> dict[str, Any
         # recovery may be waiting for, and must not wait for it.
         if ctx.role != sc.ROLE_NODE:
             await await_startup_reconciliation()
-        try:
-            params = spec.params.model_validate(frame.params if frame.params is not None else {})
-        except ValidationError as exc:
-            raise InvalidRequest(f"invalid {frame.method} params: {format_validation_error(exc)}") from None
+        if started is None:
+            params = _params(spec, frame)
+        else:
+            params = await off_loop(_params, spec, frame)
+            started.set_result(None)
         if spec.is_async:
             payload = await spec.handler(ctx, params)
         else:

@@ -219,15 +219,16 @@ def pool_exhausted(exc: BaseException | None) -> bool:
 
 
 class FrameRejected(InvalidRequest):
-    """A frame refused before validation: not JSON, or beyond what the protocol carries (depth, numbers, text).
+    """A frame refused before its request runs: not JSON, beyond what the protocol carries (depth, numbers,
+    text, size), or not a request frame.
 
-    Answered under the id ``"invalid"`` after the handshake; before it, the socket closes with 1008.
+    After the handshake it is answered under ``frame_id``: the frame's own id when that can be read and sent
+    back (``protocol.request_id_of``), else ``"invalid"``. Before it, the socket closes with 1008.
     """
 
-    frame_id = "invalid"
-
-    def __init__(self, reason: str, *, malformed: bool = False):
+    def __init__(self, reason: str, *, malformed: bool = False, frame_id: str = "invalid"):
         super().__init__(f"invalid request frame: {reason}")
         self.reason = reason
         # Not JSON at all: OpenClaw closes a handshake on it with the bare reason "invalid request frame".
         self.malformed = malformed
+        self.frame_id = frame_id

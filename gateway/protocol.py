@@ -6,7 +6,8 @@ the transport cannot carry out of every handler:
 
 * :func:`decode_frame` refuses a frame before any validation when it nests deeper than
   :data:`MAX_JSON_DEPTH`, carries an integer outside ±(2^53-1), a non-finite number, or a string
-  with a lone surrogate (not valid UTF-8 text).
+  with a lone surrogate (not valid UTF-8 text); the refusal names the frame's own id when it can
+  be read (:func:`request_id_of`), so that the client's call completes.
 * :class:`ClosedModel` refuses NUL characters and lone surrogates in every string field (nested
   models, lists and dict keys included) and bounds every ``int`` field to ±(2^53-1) unless the
   field declares its own bounds. The JSON API validates with the same classes.
@@ -30,18 +31,25 @@ from .exceptions import FrameRejected
 SERVER_VERSION = "2026.9.6-django"
 
 __all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "INVALID_FRAME_ID",
     "MAX_JSON_DEPTH",
+    "MAX_REQUEST_ID_CHARS",
     "MAX_SAFE_INTEGER",
     "MIN_PROTOCOL_VERSION",
     "PROTOCOL_VERSION",
     "SERVER_VERSION",
     "ClosedModel",
     "ConnectParams",
+    "FrameHead",
     "NulCheckedByService",
     "RequestFrame",
     "decode_frame",
     "encode_frame",
     "format_validation_error",
+    "read_frame_head",
+    "request_id_of",
+    "utf8_len_exceeds",
 ]
 
 # Deeper than any frame OpenClaw's clients send; far below the recursion limits of the JSON
@@ -50,12 +58,21 @@ MAX_JSON_DEPTH = 64
 # Number.MAX_SAFE_INTEGER: every integer a JavaScript client (OpenClaw's) reads exactly.
 MAX_SAFE_INTEGER = 2**53 - 1
 _MAX_SAFE_DIGITS = len(str(MAX_SAFE_INTEGER))
+# Every answer echoes its request's id; OpenClaw's clients send UUIDs (36 characters).
+MAX_REQUEST_ID_CHARS = 256
+# The id of an answer to a frame whose own id cannot be read or sent back (reference protocol.md §1.2).
+INVALID_FRAME_ID = "invalid"
+# What a request frame may take unless its method declares otherwise (``registry.method(max_frame_bytes=…)``):
+# room for the bounded params of every control method (the largest, ``exec.approval.request``, needs about
+# 0.6 MB at most), twice OpenClaw's maxPayload before chat attachments (512 KiB). Methods that carry bulk
+# (message text, node payloads, policy documents) declare their own.
+DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
+# How much of a frame's text :func:`read_frame_head` looks at.
+FRAME_HEAD_CHARS = 4096
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # A JSON escape of a UTF-16 surrogate (\ud800-\udfff); paired ones decode to one code point.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
-# Integer literals that may exceed MAX_SAFE_INTEGER (16 digits) or int()'s 4,300-digit limit.
-_LONG_DIGITS = re.compile(r"\d{16}")
 
 CLIENT_IDS = (
     "webchat-ui",
@@ -108,7 +125,18 @@ def _parse_constant(name: str) -> Any:
 
 
 def _has_lone_surrogate(text: str) -> bool:
-    return _SURROGATE.search(text) is not None
+    # isascii() is a flag CPython keeps on the string: ASCII text (most frames) costs nothing here.
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def utf8_len_exceeds(text: str, limit: int) -> bool:
+    """Whether ``text`` takes more than ``limit`` bytes as UTF-8, encoding it only when that decides."""
+    # A str of n code points takes between n and 4n bytes (n when it is ASCII).
+    if len(text) > limit:
+        return True
+    if len(text) * 4 <= limit or text.isascii():
+        return False
+    return len(text.encode("utf-8", "surrogatepass")) > limit
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
@@ -148,8 +176,39 @@ def _contains_lone_surrogate(value: Any) -> bool:
     return False
 
 
-def _lone_surrogate() -> FrameRejected:
-    return FrameRejected("lone surrogate in a string (not valid UTF-8 text)")
+def _lone_surrogate(frame_id: str) -> FrameRejected:
+    return FrameRejected("lone surrogate in a string (not valid UTF-8 text)", frame_id=frame_id)
+
+
+def _too_deep(max_depth: int, frame_id: str) -> FrameRejected:
+    return FrameRejected(f"nested deeper than {max_depth} levels", frame_id=frame_id)
+
+
+def request_id_of(raw: Any) -> str:
+    """The id to answer a decoded frame under: its own when an answer can carry it back (a non-empty string of
+    at most :data:`MAX_REQUEST_ID_CHARS` characters that is valid text), else :data:`INVALID_FRAME_ID`."""
+    frame_id = raw.get("id") if isinstance(raw, dict) else None
+    if isinstance(frame_id, str) and 0 < len(frame_id) <= MAX_REQUEST_ID_CHARS and not _has_lone_surrogate(frame_id):
+        return frame_id
+    return INVALID_FRAME_ID
+
+
+def _number_read_as_zero(literal: str) -> int:
+    return 0
+
+
+def _id_despite_numbers(text: str) -> str:
+    """The id of a frame refused for a number out of range: the text decoded again with every number read as 0
+    (never converted, so no size matters), when it is JSON at all."""
+    decoder = json.JSONDecoder(
+        parse_int=_number_read_as_zero, parse_float=_number_read_as_zero, parse_constant=_parse_constant
+    )
+    try:
+        return request_id_of(decoder.decode(text))
+    except ValueError:  # not JSON after all (JSONDecodeError, NaN)
+        return INVALID_FRAME_ID
+    except RecursionError:
+        return read_frame_head(text).request_id
 
 
 def decode_frame(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
@@ -157,30 +216,98 @@ def decode_frame(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
 
     Refused: malformed JSON (NaN and Infinity included), nesting deeper than ``max_depth``,
     integers outside ±(2^53-1), numbers that overflow to infinity, and lone surrogates (``\\ud800``
-    is valid JSON syntax but not Unicode text: it cannot be stored, encoded or sent back).
+    is valid JSON syntax but not Unicode text: it cannot be stored, encoded or sent back). A refusal
+    of text that is JSON carries the frame's own id (:func:`request_id_of`); malformed text's is
+    ``"invalid"``.
     """
-    # The integer hook costs a Python call per integer: only texts with a 16-digit run need it.
-    parse_int = _parse_int if _LONG_DIGITS.search(text) else None
-    decoder = json.JSONDecoder(parse_int=parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+    # The integer hook is a Python call per integer literal, which frames hold few of; a regular expression
+    # looking for long digit runs instead costs more on every frame (about 25 ms per MB of text).
+    decoder = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
     try:
         value = decoder.decode(text)
     except _NumberRefused as refused:
-        raise FrameRejected(str(refused), malformed=refused.malformed) from None
+        if refused.malformed:
+            raise FrameRejected(str(refused), malformed=True) from None
+        raise FrameRejected(str(refused), frame_id=_id_despite_numbers(text)) from None
     except json.JSONDecodeError as exc:
         raise FrameRejected(f"malformed JSON ({exc.msg})", malformed=True) from None
     except RecursionError:
-        raise FrameRejected(f"nested deeper than {max_depth} levels") from None
+        raise _too_deep(max_depth, read_frame_head(text).request_id) from None
     if isinstance(value, str) and _has_lone_surrogate(value):
-        raise _lone_surrogate()
+        raise _lone_surrogate(INVALID_FRAME_ID)
     if not isinstance(value, dict | list):
         return value
     # Both checks walk the value, so they run only when the text could fail them: counting the
     # brackets (strings included, so it over-counts) and looking for a surrogate escape are C-speed.
     if text.count("[") + text.count("{") > max_depth and _deeper_than(value, max_depth):
-        raise FrameRejected(f"nested deeper than {max_depth} levels")
+        raise _too_deep(max_depth, request_id_of(value))
     if (_SURROGATE_ESCAPE.search(text) or _has_lone_surrogate(text)) and _contains_lone_surrogate(value):
-        raise _lone_surrogate()
+        raise _lone_surrogate(request_id_of(value))
     return value
+
+
+# --- the head of a frame, read before it is parsed ------------------------------------------------
+
+_JSON_SPACE = "[ \t\n\r]*"
+_HEAD_OPEN = re.compile(_JSON_SPACE + r"\{" + _JSON_SPACE)
+_HEAD_KEY = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")' + _JSON_SPACE + ":" + _JSON_SPACE)
+_HEAD_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_HEAD_SCALAR = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|true|false|null")
+_HEAD_COMMA = re.compile(_JSON_SPACE + "," + _JSON_SPACE)
+_HEAD_MEMBERS = ("type", "id", "method")
+
+
+@dataclass(frozen=True)
+class FrameHead:
+    """What a frame's leading members say, read without parsing the frame (:func:`read_frame_head`).
+
+    ``request_id`` is as :func:`request_id_of` gives it; ``method`` and ``type`` are None where the head
+    does not name them.
+    """
+
+    request_id: str
+    method: str | None
+    type: str | None
+
+
+def _json_string(token: str) -> str | None:
+    try:
+        value = json.loads(token)
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def read_frame_head(text: str) -> FrameHead:
+    """The ``type``, ``id`` and ``method`` of a frame from its first :data:`FRAME_HEAD_CHARS` characters.
+
+    For what must be decided before a big frame is parsed (its size against its method's limit) or when it
+    cannot be parsed at all (nested past the decoder): members are read in order up to the first object
+    or array (``params``: clients send ``type``, ``id``, ``method`` first) or the end of the head. A duplicate
+    of a member past that is not seen; after parsing, the frame's own members decide.
+    """
+    end = min(len(text), FRAME_HEAD_CHARS)
+    found: dict[str, str] = {}
+    opening = _HEAD_OPEN.match(text, 0, end)
+    pos = opening.end() if opening else end
+    while pos < end:
+        key = _HEAD_KEY.match(text, pos, end)
+        if key is None:
+            break
+        pos = key.end()
+        value = _HEAD_STRING.match(text, pos, end) or _HEAD_SCALAR.match(text, pos, end)
+        if value is None:
+            break  # an object or array, or a string that runs past the head
+        name = _json_string(key.group(1))
+        if name in _HEAD_MEMBERS and value.group().startswith('"'):
+            member = _json_string(value.group())
+            if member:
+                found[name] = member
+        comma = _HEAD_COMMA.match(text, value.end(), end)
+        if comma is None:
+            break
+        pos = comma.end()
+    return FrameHead(request_id=request_id_of(found), method=found.get("method"), type=found.get("type"))
 
 
 def encode_frame(frame: Any) -> str:
@@ -331,14 +458,14 @@ NonEmptyStr = Field(min_length=1)
 
 class RequestFrame(ClosedModel):
     type: Literal["req"]
-    id: str = Field(min_length=1)
+    id: str = Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS)
     method: str = Field(min_length=1)
     params: Any = None
 
 
 class CancelFrame(ClosedModel):
     type: Literal["cancel"]
-    id: str = Field(min_length=1)
+    id: str = Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS)
 
 
 # --- connect (strict: no string-to-number or number-to-bool coercion, as OpenClaw's Ajv) ---------

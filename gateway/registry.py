@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from . import scopes as sc
-from .protocol import ClosedModel
+from .protocol import DEFAULT_MAX_FRAME_BYTES, ClosedModel
 
 Role = Literal["operator", "node"]
 
@@ -34,6 +34,8 @@ class MethodSpec:
     is_async: bool
     # Hidden methods (a node's private protocol) work but are not listed in hello-ok's features.
     advertise: bool = True
+    # The largest request frame of this method, in bytes of UTF-8; None: up to the connection's maxPayload.
+    max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,14 @@ class MethodRegistry:
         scope: str | None = sc.ADMIN,
         role: Role = "operator",
         advertise: bool = True,
+        max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Register ``handler(ctx, params)``. Unclassified methods default to ``operator.admin``."""
+        """Register ``handler(ctx, params)``. Unclassified methods default to ``operator.admin``.
+
+        ``max_frame_bytes`` bounds the method's request frames (refused before they are parsed, where the
+        frame's head names the method): a method whose params carry bulk declares more, or None for
+        ``maxPayload``.
+        """
 
         def decorator(handler: Callable[..., Any]) -> Callable[..., Any]:
             if name in self.methods:
@@ -80,6 +88,7 @@ class MethodRegistry:
                 scope=scope,
                 is_async=inspect.iscoroutinefunction(handler),
                 advertise=advertise,
+                max_frame_bytes=max_frame_bytes,
             )
             return handler
 
@@ -104,6 +113,11 @@ class MethodRegistry:
     def status_provider(self, provider: Callable[[Any], dict]) -> Callable[[Any], dict]:
         self.status_providers.append(provider)
         return provider
+
+    def frame_limit(self, method: str | None) -> int | None:
+        """The largest request frame of ``method`` (None: ``maxPayload``); an unknown method has the default."""
+        spec = self.methods.get(method) if method is not None else None
+        return spec.max_frame_bytes if spec is not None else DEFAULT_MAX_FRAME_BYTES
 
     def method_names(self) -> list[str]:
         """The methods hello-ok advertises (hidden ones are left out)."""

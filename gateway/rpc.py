@@ -81,12 +81,13 @@ async def config_get_rpc(ctx: RpcContext, params) -> dict:
 # --- node.invoke -------------------------------------------------------------------------------
 
 
-@method("node.invoke", params=NodeInvokeParams, scope=sc.WRITE)
+# A node command's params and its result are the node's business, bounded only by maxPayload as in OpenClaw.
+@method("node.invoke", params=NodeInvokeParams, scope=sc.WRITE, max_frame_bytes=None)
 async def node_invoke_rpc(ctx: RpcContext, params: NodeInvokeParams) -> dict:
     return await invoke.node_invoke(ctx, params)
 
 
-@method("node.invoke.result", params=NodeInvokeResultParams, role="node")
+@method("node.invoke.result", params=NodeInvokeResultParams, role="node", max_frame_bytes=None)
 async def node_invoke_result_rpc(ctx: RpcContext, params: NodeInvokeResultParams) -> dict:
     if isinstance(params.payloadJSON, str):
         # The caller's process decodes payloadJSON into its response: it must hold to the frame

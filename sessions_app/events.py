@@ -115,7 +115,9 @@ class TurnEmitter:
         self.agent_id = session.agent_id
         self.chat_seq = 0
         self.agent_seq = 0
-        self.pending = ""
+        # The chunks not sent yet, joined when they go out: a reply may come as 100,000 one-word chunks, and
+        # joining (or `+=` on an attribute) per chunk would copy the text so far each time.
+        self.pending: list[str] = []
         self.text = ""
         self.emitted_at: float | None = None  # None: nothing emitted yet (the first chunk goes at once)
         self.origin_channel = run.origin_channel
@@ -174,18 +176,20 @@ class TurnEmitter:
     def start(self, started_at_ms: int) -> None:
         self._agent("lifecycle", {"phase": "start", "startedAt": started_at_ms})
 
-    def delta(self, delta: str, text: str) -> None:
-        self.pending += delta
-        self.text = text
+    def delta(self, delta: str) -> None:
+        """The next chunk of the current assistant message's text."""
+        self.pending.append(delta)
         if self.emitted_at is None or time.monotonic() - self.emitted_at >= DELTA_INTERVAL_S:
             self.flush()
 
     def flush(self) -> None:
-        if not self.pending:
+        pending = "".join(self.pending)
+        if not pending:
             return
-        self._agent("assistant", {"text": self.text, "delta": self.pending})
-        self._chat("delta", deltaText=self.pending, message=self._message(self.text))
-        self.pending = ""
+        self.text += pending
+        self._agent("assistant", {"text": self.text, "delta": pending})
+        self._chat("delta", deltaText=pending, message=self._message(self.text))
+        self.pending = []
         self.emitted_at = time.monotonic()
 
     def new_message(self) -> None:

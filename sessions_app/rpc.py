@@ -11,6 +11,7 @@ from gateway.registry import registry
 from . import agents, keys, model_catalog, selectors, summary
 from .commands import chat_metadata_payload, commands_list_payload
 from .schemas import (
+    MESSAGE_FRAME_BYTES,
     AgentIdentityParams,
     AgentWaitParams,
     ChatAbortParams,
@@ -45,7 +46,7 @@ def _key(key: str, agent_id: str | None) -> str:
 # --- sessions.* -----------------------------------------------------------------------------
 
 
-@method("sessions.create", params=SessionsCreateParams, scope=sc.WRITE)
+@method("sessions.create", params=SessionsCreateParams, scope=sc.WRITE, max_frame_bytes=MESSAGE_FRAME_BYTES)
 def sessions_create_rpc(ctx: RpcContext, params: SessionsCreateParams) -> dict:
     created = creation.session_create_requested(request=params)
     return selectors.session_created_payload(created.session, worktree=created.worktree, run=created.run)
@@ -124,7 +125,7 @@ def sessions_adopt_rpc(ctx: RpcContext, params: SessionsAdoptParams) -> dict:
 # --- chat.* and agent.wait ------------------------------------------------------------------
 
 
-@method("chat.send", params=ChatSendParams, scope=sc.WRITE)
+@method("chat.send", params=ChatSendParams, scope=sc.WRITE, max_frame_bytes=MESSAGE_FRAME_BYTES)
 def chat_send_rpc(ctx: RpcContext, params: ChatSendParams) -> dict:
     submitted = commands.chat_submit(
         session_key=_key(params.sessionKey, params.agentId),

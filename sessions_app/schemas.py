@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import Field, model_validator
 
-from gateway.protocol import MAX_SAFE_INTEGER, ClosedModel, NulCheckedByService
+from gateway.protocol import DEFAULT_MAX_FRAME_BYTES, MAX_SAFE_INTEGER, ClosedModel, NulCheckedByService
 from gateway.schemas import OpenSchema
 
 WORKTREE_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
@@ -28,9 +28,15 @@ ListLimit = Annotated[int, Field(ge=1, le=1000)]
 Revision = Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
 HistoryLimit = Annotated[int, Field(ge=1, le=1000)]
 WaitTimeoutMs = Annotated[int, Field(ge=0, le=MAX_WAIT_MS)]
+# The text of one user message: about 250,000 tokens, more than most models take in a whole context.
+# OpenClaw bounds it only by its frame (25 MiB, sized for image attachments, which chat.send here does not take).
+MAX_MESSAGE_CHARS = 1024 * 1024
+# A request frame that carries one (chat.send, sessions.create): the text at up to 4 bytes a character as
+# UTF-8, and the room every other method has for the rest of its params.
+MESSAGE_FRAME_BYTES = 4 * MAX_MESSAGE_CHARS + DEFAULT_MAX_FRAME_BYTES
 # A turn's text: the run service refuses NUL with the reference's own message
 # ("message must not contain null bytes") before any write; lone surrogates stop here.
-MessageText = Annotated[str, NulCheckedByService()]
+MessageText = Annotated[str, Field(max_length=MAX_MESSAGE_CHARS), NulCheckedByService()]
 
 
 class SessionRef(ClosedModel):

@@ -128,7 +128,7 @@ class GatewayTurnHooks:
         self.probe = probe
         self.model = model
         self.provider_name = ""
-        self.text = ""  # the current model step's text so far (an aborted turn keeps it)
+        self.parts: list[str] = []  # the current model step's text so far (an aborted turn keeps it)
         self.step = 0
         self.results = 0
         self.gate = ExecGate(
@@ -142,9 +142,8 @@ class GatewayTurnHooks:
     def model_step(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], step: int) -> ModelReply:
         provider = get_model_provider()
         self.provider_name = provider.name
-        self.step, self.results, self.text = step, 0, ""
+        self.step, self.results, self.parts = step, 0, []
         self.emitter.new_message()
-        parts: list[str] = []
         finish: Finish | None = None
         # The model is waited for without a database connection (the abort flag it is polled for is in the cache).
         background.release_database_connections()
@@ -154,9 +153,8 @@ class GatewayTurnHooks:
                 chat_messages(messages), model=self.model, should_abort=self.probe, tools=tools or None
             ):
                 if isinstance(item, Delta):
-                    parts.append(item.text)
-                    self.text = "".join(parts)
-                    self.emitter.delta(item.text, self.text)
+                    self.parts.append(item.text)
+                    self.emitter.delta(item.text)
                 elif isinstance(item, Finish):
                     finish = item
                 self.probe()  # a fast stream must heartbeat too
@@ -172,6 +170,11 @@ class GatewayTurnHooks:
             usage=finish.usage,
             model=finish.model or self.model,
         )
+
+    @property
+    def text(self) -> str:
+        """The current model step's text so far, joined when asked (at its end, or when the turn stops)."""
+        return "".join(self.parts)
 
     def record_message(self, message: dict[str, Any], full_text: str | None) -> dict[str, Any]:
         if message.get("role") == "toolResult":

@@ -74,21 +74,25 @@ def _req(method: str, params: dict, request_id: str = "r1") -> str:
 
 
 @pytest.mark.parametrize(
-    ("data", "message"),
+    ("data", "expected_id", "message"),
     [
-        (SURROGATE_ID, SURROGATE_REASON),
-        ('{"type":"req","id":"r","method":"sessions.list","params":{"search":"\\udc00"}}', SURROGATE_REASON),
-        ('{"type":"req","id":"r","method":"health","params":{"\\ud83d":1}}', SURROGATE_REASON),
-        (TOO_DEEP, DEEP_REASON),
-        (_req("sessions.list", {"search": "x"}).replace('"x"', "[" * 100 + "]" * 100), DEEP_REASON),
-        (_req("sessions.list", {}).replace("{}", '{"limit": ' + HUGE_INT + "}"), INT_REASON),
-        (_req("sessions.list", {}).replace("{}", '{"offset": ' + "7" * 401 + "}"), INT_REASON),
+        # The id itself is the lone surrogate: no answer can carry it back.
+        (SURROGATE_ID, "invalid", SURROGATE_REASON),
+        ('{"type":"req","id":"r","method":"sessions.list","params":{"search":"\\udc00"}}', "r", SURROGATE_REASON),
+        ('{"type":"req","id":"r","method":"health","params":{"\\ud83d":1}}', "r", SURROGATE_REASON),
+        (TOO_DEEP, "invalid", DEEP_REASON),
+        (_req("sessions.list", {"search": "x"}).replace('"x"', "[" * 100 + "]" * 100), "r1", DEEP_REASON),
+        (_req("sessions.list", {}).replace("{}", '{"limit": ' + HUGE_INT + "}"), "r1", INT_REASON),
+        (_req("sessions.list", {}).replace("{}", '{"offset": ' + "7" * 401 + "}"), "r1", INT_REASON),
         (
             _req("agent.wait", {"runId": "x"}).replace('"x"}', '"x", "timeoutMs": 1e999}'),
+            "r1",
             "invalid request frame: number out of range (must be finite)",
         ),
+        # Not JSON at all: its id is not read.
         (
             _req("health", {}).replace("{}", '{"x": NaN}'),
+            "invalid",
             "invalid request frame: malformed JSON (NaN is not a JSON value)",
         ),
     ],
@@ -104,7 +108,7 @@ def _req(method: str, params: dict, request_id: str = "r1") -> str:
         "nan",
     ],
 )
-def test_frames_beyond_the_limits_are_answered_and_the_socket_stays_usable(gateway, data, message):
+def test_frames_beyond_the_limits_are_answered_and_the_socket_stays_usable(gateway, data, expected_id, message):
     async def scenario():
         client = await _connected(gateway)
         before = await sync_to_async(_row_counts)()
@@ -117,7 +121,7 @@ def test_frames_beyond_the_limits_are_answered_and_the_socket_stays_usable(gatew
     response, alive, before, after = asyncio.run(scenario())
     assert response == {
         "type": "res",
-        "id": "invalid",
+        "id": expected_id,
         "ok": False,
         "error": {"code": "INVALID_REQUEST", "message": message},
     }

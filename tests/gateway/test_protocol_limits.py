@@ -13,14 +13,20 @@ from devices_app.schemas import DeviceIdParams, TokenRevokeParams
 from gateway import protocol
 from gateway.exceptions import FrameRejected
 from gateway.protocol import (
+    FRAME_HEAD_CHARS,
     MAX_JSON_DEPTH,
+    MAX_REQUEST_ID_CHARS,
     MAX_SAFE_INTEGER,
     ClosedModel,
     ConnectParams,
+    FrameHead,
     NulCheckedByService,
     decode_frame,
     encode_frame,
     format_validation_error,
+    read_frame_head,
+    request_id_of,
+    utf8_len_exceeds,
 )
 from gateway.registry import registry
 from sessions_app.models import Session
@@ -93,6 +99,152 @@ def test_frames_within_the_limits_decode_as_json(text, value):
 def test_a_wide_frame_is_not_a_deep_one():
     text = json.dumps({"params": [[i, {"k": [i]}] for i in range(5000)]})
     assert len(decode_frame(text)["params"]) == 5000
+
+
+INT_REASON = f"integer out of range (must be within ±{MAX_SAFE_INTEGER})"
+SURROGATE_REASON = "lone surrogate in a string (not valid UTF-8 text)"
+DEEP_REASON = f"nested deeper than {MAX_JSON_DEPTH} levels"
+
+
+def _request(params: str, request_id: str = '"a6"') -> str:
+    return '{"type":"req","id":' + request_id + ',"method":"health","params":' + params + "}"
+
+
+@pytest.mark.parametrize(
+    ("text", "reason", "frame_id"),
+    [
+        # The frame of issue 27: JavaScript's JSON.parse reads all of these, so the client waits for "a6".
+        (_request('{"x":9007199254740993}'), INT_REASON, "a6"),
+        (_request('{"x":-' + "4" * 4301 + "}"), INT_REASON, "a6"),
+        (_request('{"x":1e999}'), "number out of range (must be finite)", "a6"),
+        (_request('{"x":"\\ud800"}'), SURROGATE_REASON, "a6"),
+        (_request('{"\\udc00":1}'), SURROGATE_REASON, "a6"),
+        (_request("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH), DEEP_REASON, "a6"),
+        # Nested past what the decoder parses at all: the id comes from the frame's head.
+        (_request("[" * 20000 + "]" * 20000), DEEP_REASON, "a6"),
+        # The id after the number: the whole frame is read again, numbers as 0.
+        ('{"params":{"x":' + "9" * 17 + '},"type":"req","id":"late","method":"health"}', INT_REASON, "late"),
+        # The id after a part too deep to parse: not in the head, so not read.
+        ('{"params":' + "[" * 20000 + "]" * 20000 + ',"id":"late"}', DEEP_REASON, "invalid"),
+        # Ids no answer could carry back, or none at all.
+        (_request('{"x":"\\ud800"}', request_id='"\\ud800"'), SURROGATE_REASON, "invalid"),
+        (_request('{"x":9007199254740993}', request_id="7"), INT_REASON, "invalid"),
+        (_request('{"x":9007199254740993}', request_id='""'), INT_REASON, "invalid"),
+        (_request('{"x":1e999}', request_id=json.dumps("i" * (MAX_REQUEST_ID_CHARS + 1))), None, "invalid"),
+        ('[1, "\\ud800"]', SURROGATE_REASON, "invalid"),
+        ('"\\ud800"', SURROGATE_REASON, "invalid"),
+    ],
+    ids=[
+        "issue-27-integer",
+        "4301-digits",
+        "infinite",
+        "surrogate-value",
+        "surrogate-key",
+        "depth-65",
+        "depth-20000",
+        "id-after-the-number",
+        "id-after-the-depth",
+        "surrogate-id",
+        "number-id",
+        "empty-id",
+        "id-too-long",
+        "array",
+        "string",
+    ],
+)
+def test_a_refused_frame_that_is_json_names_its_own_id(text, reason, frame_id):
+    with pytest.raises(FrameRejected) as refused:
+        decode_frame(text)
+    assert refused.value.frame_id == frame_id
+    assert not refused.value.malformed
+    if reason is not None:
+        assert refused.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        _request('{"x":NaN}'),
+        # Refused for the number first, but not JSON after all: its id is not read.
+        _request('{"x":9007199254740993,"y":NaN}'),
+        _request('{"x":9007199254740993') + ",",
+        '{"type":"req","id":"a6"',
+    ],
+    ids=["nan", "number-then-nan", "number-then-garbage", "truncated"],
+)
+def test_text_that_is_not_json_is_answered_under_invalid(text):
+    with pytest.raises(FrameRejected) as refused:
+        decode_frame(text)
+    assert refused.value.frame_id == "invalid"
+
+
+@pytest.mark.parametrize(
+    ("raw", "frame_id"),
+    [
+        ({"id": "r1"}, "r1"),
+        ({"id": "a\x00b"}, "a\x00b"),  # NUL is text an answer can carry (escaped)
+        ({"id": "i" * MAX_REQUEST_ID_CHARS}, "i" * MAX_REQUEST_ID_CHARS),
+        ({"id": "i" * (MAX_REQUEST_ID_CHARS + 1)}, "invalid"),
+        ({"id": "\udfff"}, "invalid"),
+        ({"id": ""}, "invalid"),
+        ({"id": None}, "invalid"),
+        ({"id": ["r1"]}, "invalid"),
+        ({}, "invalid"),
+        (["r1"], "invalid"),
+        ("r1", "invalid"),
+    ],
+)
+def test_the_id_a_refusal_is_answered_under(raw, frame_id):
+    assert request_id_of(raw) == frame_id
+
+
+# --- the head of a frame ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "head"),
+    [
+        ('{"type":"req","id":"r1","method":"chat.send","params":{"a":1}}', FrameHead("r1", "chat.send", "req")),
+        (' {\n "id" : "r\\u0031" ,\t"n": -1.5e3, "ok": true, "method":"health"}', FrameHead("r1", "health", None)),
+        ('{"id":"r1","id":"r2","method":"health"}', FrameHead("r2", "health", None)),
+        ('{"type":"cancel","id":"c1"}', FrameHead("c1", None, "cancel")),
+        # Members after the first object or array are not read.
+        ('{"params":{},"type":"req","id":"r1","method":"health"}', FrameHead("invalid", None, None)),
+        ('{"type":"req","params":[1],"id":"r1"}', FrameHead("invalid", None, "req")),
+        # A string that runs past the head, and whatever is not an object.
+        ('{"id":"' + "i" * FRAME_HEAD_CHARS + '","method":"health"}', FrameHead("invalid", None, None)),
+        ('{"pad":"' + "p" * FRAME_HEAD_CHARS + '","id":"r1"}', FrameHead("invalid", None, None)),
+        ('["req","r1"]', FrameHead("invalid", None, None)),
+        ("not json", FrameHead("invalid", None, None)),
+        ('{"id":5,"method":7}', FrameHead("invalid", None, None)),
+        ('{"id":"\\ud800","method":"health"}', FrameHead("invalid", "health", None)),
+    ],
+    ids=lambda value: str(value)[:40],
+)
+def test_the_head_of_a_frame_is_read_without_parsing_the_rest(text, head):
+    assert read_frame_head(text) == head
+
+
+def test_the_head_of_a_huge_frame_is_read_from_its_beginning_only():
+    text = '{"type":"req","id":"big","method":"chat.send","params":{"message":"' + "x" * 10_000_000
+    assert read_frame_head(text) == FrameHead("big", "chat.send", "req")
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "exceeds"),
+    [
+        ("a" * 10, 10, False),
+        ("a" * 11, 10, True),
+        ("é" * 5, 10, False),  # 10 bytes
+        ("é" * 6, 10, True),
+        ("😀" * 2, 8, False),
+        ("😀" * 3, 8, True),
+        ("\ud800" * 3, 9, False),  # 3 bytes each, as the frame's text would carry them
+        ("\ud800" * 4, 9, True),
+    ],
+)
+def test_sizes_are_counted_in_utf8_bytes(text, limit, exceeds):
+    assert utf8_len_exceeds(text, limit) is exceeds
 
 
 # --- encode_frame ---------------------------------------------------------------------------------

@@ -99,6 +99,25 @@ def test_send_validates_and_is_idempotent():
     assert Run.objects.count() == 1
 
 
+@pytest.mark.parametrize(
+    ("message", "cleaned"),
+    [
+        ("line\n\tcell\r\n", "line\n\tcell\r\n"),  # tab, line feed, carriage return stay
+        ("a\x01b\x1fc\x7fd\x0be\x0cf", "abcdef"),
+        ("中文\x08字 😀\x1b[0m é", "中文字 😀[0m é"),  # a control byte never hides inside a multi-byte character
+        ("e\u0301\x07" * 3, "é" * 3),  # NFC first
+        ("\u0080\u009f keep", "\u0080\u009f keep"),  # C1 controls are not stripped (OpenClaw: below 32 and 127)
+    ],
+)
+def test_messages_lose_their_control_characters(message, cleaned):
+    assert runs.clean_message(message) == cleaned
+
+
+def test_a_message_of_control_characters_only_is_empty():
+    with pytest.raises(InvalidRequest, match="message or attachment required"):
+        runs.clean_message("\x01\x02 \x7f")
+
+
 def test_a_pending_session_admits_no_turn():
     session = make()
     Session.objects.filter(pk=session.pk).update(initialization_pending=True)

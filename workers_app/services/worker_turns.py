@@ -318,7 +318,7 @@ class NodeTurn:
         kind = data.get("kind")
         text = data.get("text")
         if kind == "delta" and isinstance(text, str) and text.startswith(self.text) and text != self.text:
-            self.emitter.delta(text[len(self.text) :], text)
+            self.emitter.delta(text[len(self.text) :])
             self.text = text
         elif kind == "message":
             self._record(data)
