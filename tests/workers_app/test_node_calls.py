@@ -78,7 +78,7 @@ class _Emitter:
     def start(self, started_at_ms: int) -> None:
         pass
 
-    def delta(self, delta: str, text: str) -> None:
+    def delta(self, delta: str) -> None:
         pass
 
 
