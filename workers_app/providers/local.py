@@ -14,6 +14,7 @@ turn waits for a free slot, default 10,000).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import signal
@@ -38,6 +39,10 @@ from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
 from ..addresses import gateway_url
 from ..models import NodeWorkerHost
 from .base import Inspection, WorkerLease, WorkerProfile, WorkerProviderError
+
+logger = logging.getLogger(__name__)
+# How much of an exited node host's log the gateway's log repeats.
+LOG_TAIL_BYTES = 4096
 
 PROVIDER_ID = "local"
 SETTINGS = {"capacity": (1, 1024, 2), "capacityWaitMs": (0, 600_000, 10_000)}
@@ -116,6 +121,11 @@ class LocalProvider:
         deadline = time.monotonic() + settings.OPENCLAW_WORKERS["PROVIDER_TIMEOUT_MS"] / 1000 * 0.8
         while not _hosting(device_id):
             if _running_pid(state_dir) is None:
+                logger.warning(
+                    "local node host %s exited before it connected; the end of its log:\n%s",
+                    state_dir.name,
+                    _log_tail(state_dir),
+                )
                 raise WorkerProviderError(f"local node host exited before it connected (log: {state_dir.name})")
             if time.monotonic() >= deadline:
                 raise WorkerProviderError("local node host did not connect in time")
@@ -179,6 +189,16 @@ class LocalProvider:
             except NotFound:
                 pass
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _log_tail(state_dir: Path) -> str:
+    try:
+        with open(state_dir / "node-host.log", "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - LOG_TAIL_BYTES))
+            return log.read().decode("utf-8", "replace")
+    except OSError as error:
+        return f"(unreadable: {error.strerror})"
 
 
 def _enrolled_device(state_dir: Path) -> str | None:
