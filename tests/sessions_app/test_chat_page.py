@@ -407,3 +407,22 @@ def test_a_session_approval_payload_is_openclaws_snapshot():
     assert payload["phase"] == "pending" and payload["sessionKey"] == "agent:main:a"
     assert payload["approval"]["status"] == "pending" and payload["approval"]["urlPath"] == "/approve/ap%201"
     assert payload["approval"]["presentation"]["commandText"] == "ls"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_startup_by_link_follows_the_session_list_as_openclaws_does(monkeypatch):
+    joined: list[str] = []
+
+    class Layer:
+        async def group_add(self, group, channel):
+            joined.append(group)
+
+    monkeypatch.setattr("gateway.context.get_channel_layer", lambda: Layer())
+    spec = registry.methods["chat.startup"]
+    reader = operator_context([sc.READ])
+    by_key = spec.params.model_validate({"sessionKey": "main", "limit": 80})
+    assert asyncio.run(spec.handler(reader, by_key))["messages"] == []
+    assert reader.subscriptions == set()  # the key form subscribes to nothing
+    by_link = spec.params.model_validate({"shortId": "0123abcd", "agentId": "main"})
+    assert asyncio.run(spec.handler(reader, by_link)) == {"resolution": {"ok": False}}
+    assert reader.subscriptions == {"sessions"} and joined == [subscription_group("sessions")]
