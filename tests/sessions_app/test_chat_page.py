@@ -346,6 +346,23 @@ def test_subscriptions_are_per_connection_per_session_and_end_when_unsubscribed(
     assert reader.subscriptions == set()
 
 
+def test_a_connection_follows_a_bounded_number_of_sessions(monkeypatch):
+    class Layer:
+        async def group_add(self, group, channel):
+            pass
+
+    monkeypatch.setattr("gateway.context.get_channel_layer", lambda: Layer())
+    monkeypatch.setattr("sessions_app.message_subscriptions.MAX_FOLLOWED_SESSIONS", 2)
+    spec = registry.methods["sessions.messages.subscribe"]
+    reader = operator_context([sc.READ])
+    for key in ("one", "two", "two"):
+        asyncio.run(spec.handler(reader, spec.params.model_validate({"key": key})))
+    with pytest.raises(InvalidRequest) as refused:
+        asyncio.run(spec.handler(reader, spec.params.model_validate({"key": "three"})))
+    assert refused.value.message == "this connection already follows 2 sessions: unsubscribe from one first"
+    assert len(reader.subscriptions) == 2
+
+
 def test_an_event_of_one_session_reaches_only_holders_of_that_sessions_subscription():
     spec = registry.events["session.message"]
     mine, theirs = messages_subscription("agent:main:a"), messages_subscription("agent:main:b")
