@@ -128,8 +128,21 @@ def test_pinned_group_workspace_and_interaction_filter_as_openclaws():
     assert keys_of(listed({"pinned": True})) == ["agent:main:filed"]
     assert "agent:main:filed" not in keys_of(listed({"pinned": False}))
     assert keys_of(listed({"group": "ops"})) == ["agent:main:filed"]
-    assert keys_of(listed({"workspaceDir": "/srv/work"})) == ["agent:main:filed"]
+    # The working directory as rows show it (spawnedCwd: the last part outside the state directory); the host
+    # path itself is not a reader's to probe.
+    assert keys_of(listed({"workspaceDir": "work"})) == ["agent:main:filed"]
+    assert keys_of(listed({"workspaceDir": "/srv/work"})) == []
+    assert keys_of(listed({"workspaceDir": "../srv/work"})) == []
     assert keys_of(listed({"requireLastInteraction": True})) == ["agent:main:filed"]
+
+
+def test_workspace_dir_under_the_state_directory_is_its_relative_path(settings, tmp_path):
+    settings.STATE_DIR = str(tmp_path)
+    inside = make("agent:main:inside", cwd=str(tmp_path / "worktrees" / "x"))
+
+    assert handled("sessions.describe", {"key": inside.key}, scopes=[sc.READ])["session"]["spawnedCwd"] == "worktrees/x"
+    assert keys_of(listed({"workspaceDir": "worktrees/x"})) == ["agent:main:inside"]
+    assert keys_of(listed({"workspaceDir": "x"})) == []
 
 
 @pytest.mark.parametrize(
