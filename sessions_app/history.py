@@ -19,6 +19,9 @@ from .models import Run, RunStatus, Session, SessionWindow, TranscriptEvent
 from .schemas import ChatHistoryParams
 from .selectors import HISTORY_TEXT_LIMIT, history_message
 
+# OpenClaw's ceiling on a history page's messages, whatever maxBytes asks (getMaxChatHistoryMessagesBytes).
+MAX_HISTORY_BYTES = 6 * 1024 * 1024
+
 
 def json_bytes(value: object) -> int:
     """The size of ``value`` as compact JSON in UTF-8 (JavaScript's ``JSON.stringify``)."""
@@ -90,7 +93,7 @@ def chat_history_payload(session: Session, params: ChatHistoryParams) -> dict:
     else:
         window = SessionWindow.objects.get(pk=session.session_id)
     text_limit = min(params.maxChars, HISTORY_TEXT_LIMIT) if params.maxChars is not None else HISTORY_TEXT_LIMIT
-    max_bytes = params.maxBytes if params.maxBytes is not None else float("inf")
+    max_bytes = min(params.maxBytes or MAX_HISTORY_BYTES, MAX_HISTORY_BYTES)
     messages_of_window = TranscriptEvent.objects.filter(window=window, type="message")
     result: dict = {"sessionKey": session.key, "sessionId": window.id}
     if params.messageId is not None:
@@ -110,8 +113,7 @@ def chat_history_payload(session: Session, params: ChatHistoryParams) -> dict:
         newest = list(messages_of_window.order_by("-seq")[offset : offset + params.limit])
         newest.reverse()
         messages = _messages(newest, text_limit)
-        if params.maxBytes is not None:
-            messages = cap_by_bytes(messages, params.maxBytes)
+        messages = cap_by_bytes(messages, max_bytes)
         next_offset = offset + len(messages)
         has_more = next_offset < window.message_count
         result["messages"] = messages

@@ -420,7 +420,7 @@ def active_path(window: SessionWindow, *, limit: int | None = None) -> list[Tran
 HISTORY_TEXT_LIMIT = 12_000
 
 
-def _history_text(text: str, limit: int = HISTORY_TEXT_LIMIT) -> str:
+def history_text(text: str, limit: int = HISTORY_TEXT_LIMIT) -> str:
     return text if len(text) <= limit else text[:limit] + "\n...(truncated)..."
 
 
@@ -428,7 +428,7 @@ def _history_value(value, limit: int = HISTORY_TEXT_LIMIT):
     """A tool call's arguments as history shows them: every string cut like message text (a ``write`` may
     carry megabytes; the transcript keeps them whole)."""
     if isinstance(value, str):
-        return _history_text(value, limit)
+        return history_text(value, limit)
     if isinstance(value, dict):
         return {key: _history_value(item, limit) for key, item in value.items()}
     if isinstance(value, list):
@@ -442,7 +442,7 @@ def history_message(event: TranscriptEvent, *, text_limit: int = HISTORY_TEXT_LI
     content = []
     for part in body.get("content", []):
         if part.get("type") == "text" and len(part.get("text", "")) > text_limit:
-            part = {**part, "text": _history_text(part["text"], text_limit)}
+            part = {**part, "text": history_text(part["text"], text_limit)}
         elif part.get("type") == "toolCall":
             part = {**part, "arguments": _history_value(part.get("arguments"), text_limit)}
         content.append(part)

@@ -250,8 +250,8 @@ def test_startup_refuses_contradicting_params_and_foreign_transcripts():
         with pytest.raises(InvalidRequest) as refused:
             page(sessionKey="strict", **params)
         assert refused.value.message == message
-    with pytest.raises(NotFound, match=r"^message not found: nope$"):
-        page(sessionKey="strict", messageId="nope")
+    # An unknown message answers an empty page, as chat.history does (OpenClaw's one handler serves both).
+    assert page(sessionKey="strict", messageId="nope")["messages"] == []
     around = page(sessionKey="strict", messageId=event.event_id, sessionId=session.session_id)
     assert [m["__openclaw"]["id"] for m in around["messages"]] == [event.event_id]
 
@@ -284,9 +284,10 @@ def test_startup_shows_queued_input_receipts_and_the_running_turn():
     assert (item["id"], item["runId"], item["state"]) == ("queued-1", "queued-1", "queued")
     assert item["message"]["content"] == [{"type": "text", "text": "second"}]
     assert item["message"]["__openclaw"] == {"id": "pending:queued-1"}
+    # In the order the session accepted them (OpenClaw's: by the pending inputs' seq), not the order asked.
     assert answer["inputReceipts"] == [
-        {"runId": "queued-1", "state": "pending"},
         {"runId": "running-1", "state": "consumed", "consumedByEventId": asked.event_id},
+        {"runId": "queued-1", "state": "pending"},
     ]
     assert answer["inputConsumptions"] == [{"runId": "running-1", "consumedByEventId": asked.event_id}]
     assert answer["sessionInfo"]["hasActiveRun"] is True and answer["sessionInfo"]["status"] == "running"
