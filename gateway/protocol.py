@@ -432,7 +432,7 @@ def _harden(schema: Any, seen: set[int]) -> None:
         if "ge" not in schema and "gt" not in schema:
             schema["ge"] = -MAX_SAFE_INTEGER
     for key, value in schema.items():
-        if key not in ("metadata", "serialization", "ref") and isinstance(value, dict | list):
+        if key not in ("metadata", "serialization") and isinstance(value, dict | list):
             _harden(value, seen)
 
 

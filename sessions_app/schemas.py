@@ -765,7 +765,7 @@ class ChatAbortOut(Schema):
 # --- chat.startup, sessions.resolve, sessions.messages.* (OpenClaw's Control UI chat page) -------------------
 # OpenClaw's ChatStartupParams, SessionsResolveParams and SessionsMessages(Un)subscribeParams, field for field.
 
-NonEmptyText = Annotated[str, Field(min_length=1, max_length=300)]
+ChatPageText = Annotated[str, Field(min_length=1, max_length=300)]
 # chat.history's page: at most CHAT_HISTORY_MAX_ENTRIES (1000) messages; maxBytes at least 1024.
 StartupLimit = Annotated[int, Field(ge=1, le=1000)]
 StartupMaxBytes = Annotated[int, Field(ge=1024, le=MAX_SAFE_INTEGER)]
@@ -781,19 +781,19 @@ class ChatStartupParams(ClosedModel):
     """Either chat.history's params (``sessionKey`` …) or a short chat link (``shortId`` + ``agentId``, with
     ``slugHint``, ``limit`` and ``maxBytes``): OpenClaw's union of the two, with one error for each wrong mix."""
 
-    sessionKey: NonEmptyText | None = None
-    agentId: NonEmptyText | None = None
+    sessionKey: ChatPageText | None = None
+    agentId: ChatPageText | None = None
     cursor: Annotated[str, Field(max_length=500)] | None = None
     limit: StartupLimit | None = None
     maxBytes: StartupMaxBytes | None = None
     offset: Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)] | None = None
     pendingBefore: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)] | None = None
     inputRunIds: Annotated[list[InputRunId], Field(min_length=1, max_length=50)] | None = None
-    messageId: NonEmptyText | None = None
-    sessionId: NonEmptyText | None = None
+    messageId: ChatPageText | None = None
+    sessionId: ChatPageText | None = None
     maxChars: Annotated[int, Field(ge=1, le=500_000)] | None = None
-    shortId: NonEmptyText | None = None
-    slugHint: NonEmptyText | None = None
+    shortId: ChatPageText | None = None
+    slugHint: ChatPageText | None = None
 
     @model_validator(mode="after")
     def _one_form(self) -> ChatStartupParams:
@@ -816,30 +816,30 @@ class ChatStartupParams(ClosedModel):
 
 
 class SessionReference(ClosedModel):
-    key: NonEmptyText
-    slug: NonEmptyText | None = None
+    key: ChatPageText
+    slug: ChatPageText | None = None
 
 
 class SessionsResolveParams(ClosedModel):
     """One selector of ``key``, ``sessionId``, ``label``, ``shortId`` (8-32 hex characters of a key's trailing
     UUID) or ``reference``; ``allowMissing`` answers ``{ok: false}`` instead of an error when nothing matches."""
 
-    key: NonEmptyText | None = None
-    sessionId: NonEmptyText | None = None
+    key: ChatPageText | None = None
+    sessionId: ChatPageText | None = None
     label: SessionLabelText | None = None
     reference: SessionReference | None = None
-    shortId: NonEmptyText | None = None
-    slugHint: NonEmptyText | None = None
-    agentId: NonEmptyText | None = None
-    spawnedBy: NonEmptyText | None = None
+    shortId: ChatPageText | None = None
+    slugHint: ChatPageText | None = None
+    agentId: ChatPageText | None = None
+    spawnedBy: ChatPageText | None = None
     includeGlobal: bool | None = None
     includeUnknown: bool | None = None
     allowMissing: bool | None = None
 
 
 class SessionsMessagesUnsubscribeParams(ClosedModel):
-    key: NonEmptyText
-    agentId: NonEmptyText | None = None
+    key: ChatPageText
+    agentId: ChatPageText | None = None
 
 
 class SessionsMessagesSubscribeParams(SessionsMessagesUnsubscribeParams):

@@ -342,6 +342,12 @@ def test_what_closed_models_keep():
             "at /key: must not contain lone surrogates (not valid UTF-8 text)",
         ),
         (SessionsCreateParams, {"label": "a\x00b"}, "at /label: must not contain NUL characters"),
+        # A field named like pydantic's own schema key ``ref`` is text like any other.
+        (
+            SessionsCreateParams,
+            {"repository": {"url": "https://example.org/r.git", "ref": "main\x00"}},
+            "at /repository/ref: must not contain NUL characters",
+        ),
         (AgentWaitParams, {"runId": "\x00"}, "at /runId: must not contain NUL characters"),
         (DeviceIdParams, {"deviceId": "dev\x00"}, "at /deviceId: must not contain NUL characters"),
         (TokenRevokeParams, {"deviceId": "d", "role": "operator\x00"}, "at /role: must not contain NUL characters"),
