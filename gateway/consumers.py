@@ -24,7 +24,7 @@ from . import invoke, lifecycle, log_context, metrics, state
 from .conf import gateway_setting
 from .context import RpcContext
 from .dispatch import error_response, run_request
-from .events import FOLLOW_UP_KEY, subscription_group
+from .events import FOLLOW_UP_KEY, SUBSCRIPTION_KEY, subscription_group
 from .exceptions import (
     FrameRejected,
     GatewayError,
@@ -344,6 +344,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             scopes=ctx.scopes,
             subscriptions=ctx.subscriptions,
             direct=bool(message.get("direct")),
+            subscription=message.get(SUBSCRIPTION_KEY),
         ):
             return
         await self.send_event(

@@ -6,6 +6,7 @@ each consumer filters by role and scope and stamps its own ``seq``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from concurrent.futures import Future
 from typing import Any
@@ -25,9 +26,21 @@ BROADCAST_GROUP = "gateway.broadcast"
 FOLLOW_UP_KEY = "followUp"
 
 
+# The exact subscription an event was published to, when that is one member of a family (one session's
+# messages): a connection receives it only while it holds that subscription, so what was already on its way
+# when it unsubscribed is dropped.
+SUBSCRIPTION_KEY = "subscription"
+
+
 def subscription_group(subscription: str) -> str:
     """Connections that opted in to an event family (e.g. ``sessions``) join this group."""
     return f"gateway.sub.{subscription}"
+
+
+def keyed_subscription(family: str, key: str) -> str:
+    """The subscription to one member of a family (``session.messages`` of one session key): hashed, since a
+    group name takes only ``[a-zA-Z0-9._-]``, under 100 characters, and a key may be 300 of any."""
+    return f"{family}.{hashlib.sha256(key.encode('utf-8')).hexdigest()[:32]}"
 
 
 def event_group(event: str) -> str:
@@ -112,6 +125,12 @@ class PublicationBatch:
         message = broadcast_message(event, payload, drop_if_slow=drop_if_slow, follow_up=follow_up)
         self.items.append(("channel", channel_name, {**message, "direct": True}))
 
+    def publish_to_subscription(self, subscription: str, event: str, payload: Any) -> None:
+        """An event for the holders of one keyed subscription (:func:`keyed_subscription`) only."""
+        self.items.append(
+            ("group", subscription_group(subscription), subscription_message(subscription, event, payload))
+        )
+
     def group_send(self, group: str, message: dict) -> None:
         self.items.append(("group", group, message))
 
@@ -139,6 +158,17 @@ async def send_batch(layer: Any, items: list[tuple[str, str, dict]]) -> None:
             failure = failure or error
     if failure is not None:
         raise failure
+
+
+def subscription_message(subscription: str, event: str, payload: Any) -> dict:
+    return {**broadcast_message(event, payload), SUBSCRIPTION_KEY: subscription}
+
+
+def publish_to_subscription_rollback_unsafe(subscription: str, event: str, payload: Any) -> None:
+    """Send now to the holders of one keyed subscription, whatever the surrounding transaction does."""
+    message = subscription_message(subscription, event, payload)
+    group = subscription_group(subscription)
+    publisher.post(lambda: get_channel_layer().group_send(group, message), what=event)
 
 
 def publish_on_commit(

@@ -19,11 +19,14 @@ def event_visible(
     scopes: Collection[str],
     subscriptions: Collection[str],
     direct: bool = False,
+    subscription: str | None = None,
 ) -> bool:
     """Whether a connection with this role, scopes and subscriptions receives one copy of the event.
 
     * Unknown event families are denied.
     * Operator-only events never reach nodes; scoped events need the scope (with its implications).
+    * An event published to one keyed subscription (``subscription``: one session's messages) reaches only a
+      connection that still holds it (one that unsubscribed meanwhile drops what was already on its way).
     * A subscription event reaches subscribers through their group; a direct copy (to the
       requesting connection) is dropped when that connection is subscribed anyway, so nobody
       receives it twice.
@@ -34,6 +37,8 @@ def event_visible(
         return False
     if spec.scope is not None and not scope_satisfied(scopes, spec.scope):
         return False
+    if subscription is not None:
+        return subscription in subscriptions
     subscribed = spec.subscription is not None and spec.subscription in subscriptions
     if direct:
         return not subscribed

@@ -11,7 +11,7 @@ class SessionsConfig(AppConfig):
 
         # Importing the handler modules registers the sessions.* / chat.* / agent.* methods and
         # events with the gateway core; importing the tasks registers sessions.run_turn.
-        from . import rpc  # noqa: F401
+        from . import chat_page_rpc, rpc  # noqa: F401
         from .services import runs
         from .tasks import runs_sweep
 

@@ -4,6 +4,8 @@
 * ``chat`` / ``agent`` — the turn's stream, to the connection that sent the turn and to
   ``sessions.subscribe`` subscribers; each run numbers its own ``chat`` and ``agent`` payloads
   (``payload.seq``).
+* ``session.tool`` — each ``agent`` event of stream ``tool`` again, with the session's fields, to the session's
+  message subscribers (``message_subscriptions.py``).
 * ``sessions.run_finished`` — wakes ``agent.wait`` callers with the run's terminal answer: a
   process-level notification for every gateway process, and a follow-up on the run's terminal
   ``chat`` event for each connection that receives it (so its answer never overtakes that event).
@@ -21,9 +23,16 @@ from django.db import transaction
 
 from gateway import background, publisher, state
 from gateway import scopes as sc
-from gateway.events import PublicationBatch, publish_on_commit, publish_rollback_unsafe, send_direct_rollback_unsafe
+from gateway.events import (
+    PublicationBatch,
+    publish_on_commit,
+    publish_rollback_unsafe,
+    publish_to_subscription_rollback_unsafe,
+    send_direct_rollback_unsafe,
+)
 from gateway.registry import registry
 
+from .message_subscriptions import EVENT_SESSION_TOOL, messages_subscription, session_snapshot_fields
 from .models import Run, Session
 from .selectors import run_wait_payload
 
@@ -121,6 +130,9 @@ class TurnEmitter:
         self.text = ""
         self.emitted_at: float | None = None  # None: nothing emitted yet (the first chunk goes at once)
         self.origin_channel = run.origin_channel
+        # session.tool: each tool event also goes to the session's message subscribers, with the session's fields.
+        self.messages_subscription = messages_subscription(session.key)
+        self.session_fields = session_snapshot_fields(session)
         # Set while the run's end is published: its events and notification go out as one batch.
         self.batch: PublicationBatch | None = None
 
@@ -168,6 +180,14 @@ class TurnEmitter:
             "isHeartbeat": False,
         }
         self._publish(EVENT_AGENT, payload)
+        if stream == "tool":
+            self._publish_session_tool({**payload, **self.session_fields})
+
+    def _publish_session_tool(self, payload: dict[str, Any]) -> None:
+        if self.batch is not None:
+            self.batch.publish_to_subscription(self.messages_subscription, EVENT_SESSION_TOOL, payload)
+        else:
+            publish_to_subscription_rollback_unsafe(self.messages_subscription, EVENT_SESSION_TOOL, payload)
 
     @staticmethod
     def _message(text: str) -> dict[str, Any]:

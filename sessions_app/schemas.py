@@ -453,3 +453,88 @@ class ChatAbortOut(Schema):
     ok: bool
     aborted: bool
     runIds: list[str]
+
+
+# --- chat.startup, sessions.resolve, sessions.messages.* (OpenClaw's Control UI chat page) -------------------
+# OpenClaw's ChatStartupParams, SessionsResolveParams and SessionsMessages(Un)subscribeParams, field for field.
+
+NonEmptyText = Annotated[str, Field(min_length=1, max_length=300)]
+# chat.history's page: at most CHAT_HISTORY_MAX_ENTRIES (1000) messages; maxBytes at least 1024.
+StartupLimit = Annotated[int, Field(ge=1, le=1000)]
+StartupMaxBytes = Annotated[int, Field(ge=1024, le=MAX_SAFE_INTEGER)]
+InputRunId = Annotated[str, Field(min_length=1, max_length=256)]
+# A session label as OpenClaw bounds it (SESSION_LABEL_MAX_LENGTH); this gateway stores at most 200.
+SessionLabelText = Annotated[str, Field(max_length=512)]
+
+# The fields the short-link form of chat.startup may carry (OpenClaw's second union member).
+_SHORT_LINK_FIELDS = frozenset({"shortId", "slugHint", "agentId", "limit", "maxBytes"})
+
+
+class ChatStartupParams(ClosedModel):
+    """Either chat.history's params (``sessionKey`` …) or a short chat link (``shortId`` + ``agentId``, with
+    ``slugHint``, ``limit`` and ``maxBytes``): OpenClaw's union of the two, with one error for each wrong mix."""
+
+    sessionKey: NonEmptyText | None = None
+    agentId: NonEmptyText | None = None
+    cursor: Annotated[str, Field(max_length=500)] | None = None
+    limit: StartupLimit | None = None
+    maxBytes: StartupMaxBytes | None = None
+    offset: Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)] | None = None
+    pendingBefore: Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)] | None = None
+    inputRunIds: Annotated[list[InputRunId], Field(min_length=1, max_length=50)] | None = None
+    messageId: NonEmptyText | None = None
+    sessionId: NonEmptyText | None = None
+    maxChars: Annotated[int, Field(ge=1, le=500_000)] | None = None
+    shortId: NonEmptyText | None = None
+    slugHint: NonEmptyText | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ChatStartupParams:
+        if self.shortId is not None:
+            extra = sorted(self.model_fields_set - _SHORT_LINK_FIELDS)
+            if extra:
+                raise ValueError(
+                    f"a shortId startup takes only shortId, slugHint, agentId, limit, maxBytes (not {', '.join(extra)})"
+                )
+            if self.agentId is None:
+                raise ValueError("a shortId startup requires agentId")
+            return self
+        if self.sessionKey is None:
+            raise ValueError("sessionKey or shortId is required")
+        if self.slugHint is not None:
+            raise ValueError("slugHint requires shortId")
+        if self.inputRunIds is not None and len(set(self.inputRunIds)) != len(self.inputRunIds):
+            raise ValueError("inputRunIds must be unique")
+        return self
+
+
+class SessionReference(ClosedModel):
+    key: NonEmptyText
+    slug: NonEmptyText | None = None
+
+
+class SessionsResolveParams(ClosedModel):
+    """One selector of ``key``, ``sessionId``, ``label``, ``shortId`` (8-32 hex characters of a key's trailing
+    UUID) or ``reference``; ``allowMissing`` answers ``{ok: false}`` instead of an error when nothing matches."""
+
+    key: NonEmptyText | None = None
+    sessionId: NonEmptyText | None = None
+    label: SessionLabelText | None = None
+    reference: SessionReference | None = None
+    shortId: NonEmptyText | None = None
+    slugHint: NonEmptyText | None = None
+    agentId: NonEmptyText | None = None
+    spawnedBy: NonEmptyText | None = None
+    includeGlobal: bool | None = None
+    includeUnknown: bool | None = None
+    allowMissing: bool | None = None
+
+
+class SessionsMessagesUnsubscribeParams(ClosedModel):
+    key: NonEmptyText
+    agentId: NonEmptyText | None = None
+
+
+class SessionsMessagesSubscribeParams(SessionsMessagesUnsubscribeParams):
+    # OpenClaw's schema: only ``true`` (an opt-in), never false.
+    includeApprovals: Literal[True] | None = None

@@ -31,6 +31,7 @@ from ..selectors import (
     execution_scope,
     node_policy_scope,
 )
+from ..session_events import publish_session_approval_on_commit
 from .policies import policy_entries_append
 
 RESERVED_ID_PREFIX = "plugin:"
@@ -199,6 +200,7 @@ def exec_approval_request(
                 return existing
             raise InvalidRequest("approval id already pending") from None
         events.publish_requested_on_commit(approval)
+        publish_session_approval_on_commit(approval)
     return approval
 
 
@@ -285,6 +287,7 @@ def exec_approval_resolve(*, approval_id: str, decision: str, actor: Actor) -> E
             extra["policyScope"] = scope
         audit(actor, "exec.approval.resolve", "exec_approval", approval.id, _audit_data(approval, **extra))
         events.publish_settled_on_commit(approval)
+        publish_session_approval_on_commit(approval)
     return approval
 
 
@@ -302,6 +305,7 @@ def _settle(
         action = "exec.approval.expire" if status == ApprovalStatus.EXPIRED else "exec.approval.cancel"
         audit(actor, action, "exec_approval", approval.id, _audit_data(approval, reason=approval.terminal_reason))
         events.publish_settled_on_commit(approval)
+        publish_session_approval_on_commit(approval)
     return approval
 
 

@@ -177,6 +177,7 @@ def _answer(session: Session, request: _Request, reply: str) -> SubmitResult:
     key = request.idempotency_key
     # first_time: no run has this key (checked under this lock), and only this run appends under its key.
     asked = transcript_append(
+        session=session,
         window=window,
         type="message",
         body=message_body("user", request.text, excludeFromContext=True, idempotencyKey=f"{key}:user"),
@@ -194,7 +195,12 @@ def _answer(session: Session, request: _Request, reply: str) -> SubmitResult:
         runId=key,
     )
     answered = transcript_append(
-        window=window, type="message", body=reply_body, idempotency_key=f"{key}:assistant", first_time=True
+        session=session,
+        window=window,
+        type="message",
+        body=reply_body,
+        idempotency_key=f"{key}:assistant",
+        first_time=True,
     )
     now = timezone.now()
     run = Run.objects.create(

@@ -217,6 +217,7 @@ def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
             )
             return None
         user_event = transcript_append(
+            session=session,
             window=run.window,
             type="message",
             body=message_body("user", run.message, idempotencyKey=f"{run.run_id}:user"),
@@ -403,6 +404,7 @@ def run_record_message(
             stored["content"] = [*body.get("content", []), {"type": "text", "text": f"\n{note}"}]
             stored["details"] = {**body.get("details", {}), "artifactId": artifact.id}
         event = transcript_append(
+            session=session,
             window=run.window,
             type="message",
             body=stored,
@@ -441,6 +443,7 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
         assistant_event_id = ""
         if outcome.text and outcome.status in (RunStatus.OK, RunStatus.ABORTED) and run.window_id == session.session_id:
             event = transcript_append(
+                session=session,
                 window=run.window,
                 type="message",
                 body=message_body(

@@ -14,7 +14,9 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from ..message_subscriptions import publish_message_on_commit
 from ..models import Session, SessionWindow, TranscriptEvent, new_id
+from ..selectors import history_message
 
 BATCH_SIZE = 500
 
@@ -77,6 +79,7 @@ def import_messages(
 
 def transcript_append(
     *,
+    session: Session,
     window: SessionWindow,
     type: str,
     body: dict[str, Any],
@@ -84,7 +87,8 @@ def transcript_append(
     first_time: bool = False,
 ) -> TranscriptEvent:
     """Append after the current leaf of a window whose session row the caller holds locked
-    (``window`` read inside that transaction).
+    (``session`` and ``window`` read inside that transaction); a message goes out as ``session.message`` to the
+    session's subscribers once it commits.
 
     A repeated append with the same idempotency key returns the existing event unchanged.
     ``first_time``: the caller's own guard (a run's state, under the same lock) proves the key was
@@ -109,6 +113,8 @@ def transcript_append(
     SessionWindow.objects.filter(pk=window.pk).update(
         next_seq=window.next_seq, leaf_event_id=window.leaf_event_id, message_count=window.message_count
     )
+    if type == "message":
+        publish_message_on_commit(session, event, history_message(event))
     return event
 
 

@@ -45,9 +45,15 @@ def test_create_makes_the_first_window_and_refuses_a_duplicate_key():
 def test_transcript_appends_are_dense_linked_and_idempotent():
     session = make()
     w = window(session)
-    first = transcripts.transcript_append(window=w, type="message", body={"role": "user"}, idempotency_key="k1")
-    second = transcripts.transcript_append(window=w, type="message", body={"role": "assistant"}, idempotency_key="k2")
-    again = transcripts.transcript_append(window=w, type="message", body={"role": "user", "x": 1}, idempotency_key="k1")
+    first = transcripts.transcript_append(
+        session=session, window=w, type="message", body={"role": "user"}, idempotency_key="k1"
+    )
+    second = transcripts.transcript_append(
+        session=session, window=w, type="message", body={"role": "assistant"}, idempotency_key="k2"
+    )
+    again = transcripts.transcript_append(
+        session=session, window=w, type="message", body={"role": "user", "x": 1}, idempotency_key="k1"
+    )
     assert (first.seq, second.seq) == (1, 2)
     assert second.parent_id == first.event_id and first.parent_id == ""
     assert again.pk == first.pk and again.body == {"role": "user"}

@@ -93,7 +93,7 @@ def test_a_step_after_the_holders_append_chains_onto_it():
 
     def append(r: Run) -> None:
         window = SessionWindow.objects.get(pk=r.window_id)
-        transcript_append(window=window, type="message", body=message_body("assistant", "meanwhile"))
+        transcript_append(session=r.session, window=window, type="message", body=message_body("assistant", "meanwhile"))
 
     outcome = record_behind(Holder(run, append))
     assert outcome and outcome[0] is not None
