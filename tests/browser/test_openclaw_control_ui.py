@@ -31,7 +31,7 @@ REPLY = "the streamed proof reply"
 MESSAGE = f"Reply exactly: {REPLY}"
 UI_WAIT_MS = 30_000
 # A page has made its calls once none is unanswered for this long.
-QUIET_S = 1.5
+QUIET_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +57,7 @@ class GatewayFrames:
     answered: set[str] = field(default_factory=set)
     refusals: list[tuple[str, dict, str]] = field(default_factory=list)  # (method, params, message)
     events: list[dict] = field(default_factory=list)
+    connections: int = 0  # hello-ok answers
     last_frame_at: float = 0.0
 
     def attach(self, page) -> None:
@@ -84,6 +85,8 @@ class GatewayFrames:
         if frame.get("type") != "res":
             return
         self.answered.add(frame["id"])
+        if frame.get("ok") and (frame.get("payload") or {}).get("type") == "hello-ok":
+            self.connections += 1
         if not frame.get("ok"):
             method = self.methods.get(frame["id"], "?")
             self.refusals.append((method, self.params.get(frame["id"], {}), frame["error"].get("message", "")))
@@ -91,14 +94,23 @@ class GatewayFrames:
     def unknown_methods(self) -> list[tuple[str, dict, str]]:
         return [refusal for refusal in self.refusals if "unknown method" in refusal[2]]
 
-    def chat_deltas(self, session_key: str) -> list[dict]:
+    def chat_delta_texts(self, session_key: str) -> list[str]:
+        """The reply so far, as each ``chat`` delta event of the session carried it."""
         return [
-            event["payload"]
+            "".join(part.get("text", "") for part in event["payload"]["message"]["content"])
             for event in self.events
             if event["event"] == "chat"
             and event["payload"].get("sessionKey") == session_key
             and event["payload"].get("state") == "delta"
         ]
+
+    def wait_connected(self, page, more_than: int) -> None:
+        """Until the page's connection number ``more_than + 1`` is accepted."""
+        deadline = time.monotonic() + UI_WAIT_MS / 1000
+        while self.connections <= more_than:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the page did not connect; refused: {self.refusals[-5:]}")
+            page.wait_for_timeout(100)
 
     def settle(self, page, timeout_s: float = 20.0) -> None:
         """Until every call the page made is answered and no frame came for ``QUIET_S``."""
@@ -115,9 +127,10 @@ def ui_link(control_ui, gateway, path: str) -> str:
     return control_ui.url(f"{path}?gatewayUrl={quote(gateway.url, safe='')}#token={gateway.token}")
 
 
-def open_page(page, control_ui, gateway, path: str) -> None:
+def open_page(page, frames: GatewayFrames, control_ui, gateway, path: str) -> None:
+    connected = frames.connections
     page.goto(ui_link(control_ui, gateway, path))
-    expect(page.get_by_text("Connected", exact=True)).to_be_visible(timeout=UI_WAIT_MS)
+    frames.wait_connected(page, connected)
 
 
 def refusals_text(frames: GatewayFrames) -> str:
@@ -132,7 +145,7 @@ def test_openclaw_control_ui_chats_over_this_gateway(page, gateway, control_ui, 
     # The link names another gateway than the page's own origin: the UI asks before it switches.
     page.goto(ui_link(control_ui, gateway, "/chat/main"))
     page.get_by_role("button", name=f"Switch to 127.0.0.1:{gateway.port}").click()
-    expect(page.get_by_text("Connected", exact=True)).to_be_visible(timeout=UI_WAIT_MS)
+    frames.wait_connected(page, 0)
 
     sidebar_link = page.get_by_role("link", name=SESSION_LABEL)
     expect(sidebar_link).to_be_visible(timeout=UI_WAIT_MS)
@@ -141,7 +154,7 @@ def test_openclaw_control_ui_chats_over_this_gateway(page, gateway, control_ui, 
 
     sidebar_link.click()
     expect(page).to_have_url(control_ui.url("/chat/main/proof-from-the-wire"), timeout=UI_WAIT_MS)
-    composer = page.get_by_label("Chat composer").filter(visible=True)
+    composer = page.get_by_role("textbox", name="Chat composer")
     composer.fill(MESSAGE)
     composer.press("Enter")
     transcript_reply = page.get_by_text(REPLY, exact=True)
@@ -149,9 +162,9 @@ def test_openclaw_control_ui_chats_over_this_gateway(page, gateway, control_ui, 
     expect(page.get_by_text(MESSAGE, exact=True)).to_be_visible()
     frames.settle(page)
     screenshots.take(page, "chat-replied")
-    # The reply came as it was written: a delta per word, each a beginning of the reply.
-    deltas = frames.chat_deltas(SESSION_KEY)
-    assert len(deltas) >= 2, frames.events[-10:]
+    # The reply came as it was written: deltas, each a beginning of the reply.
+    streamed = frames.chat_delta_texts(SESSION_KEY)
+    assert streamed and all(REPLY.startswith(text) for text in streamed), streamed
 
     # A reload, through the chat page's own link, shows the exchange from the gateway's history.
     page.reload()
@@ -160,13 +173,13 @@ def test_openclaw_control_ui_chats_over_this_gateway(page, gateway, control_ui, 
     frames.settle(page)
     screenshots.take(page, "chat-reloaded")
 
-    open_page(page, control_ui, gateway, "/sessions")
+    open_page(page, frames, control_ui, gateway, "/sessions")
     expect(page.get_by_text(SESSION_LABEL).filter(visible=True).first).to_be_visible(timeout=UI_WAIT_MS)
     frames.settle(page)
     screenshots.take(page, "sessions")
 
     for path, name in (("/settings/devices", "devices"), ("/logs", "logs"), ("/usage", "usage")):
-        open_page(page, control_ui, gateway, path)
+        open_page(page, frames, control_ui, gateway, path)
         frames.settle(page)
         screenshots.take(page, name)
         assert "unknown method" not in page.locator("body").inner_text(), name
