@@ -3,7 +3,7 @@ names, with OpenClaw's rules and words (its ``sessions-resolve.ts``).
 
 A selector that matches nothing is an INVALID_REQUEST ``No session found: …`` (``allowMissing``: the answer
 ``{ok: false}``); a short id or reference slug that matches several sessions answers ``{ok: false, candidates}``
-(at most 10) for the caller to choose; a label or transcript id that matches several is refused, naming them.
+(at most 10) for the caller to choose; a label that matches several is refused, naming them.
 """
 
 from __future__ import annotations
@@ -126,17 +126,14 @@ def _by_key(params: SessionsResolveParams) -> Resolution:
 
 
 def _by_session_id(params: SessionsResolveParams) -> Resolution:
-    """A transcript's id (``sessionId``), or a key given as one."""
+    """A transcript's id (``sessionId``), or a key given as one. Transcript ids are unique here (OpenClaw's
+    ``Multiple sessions found for sessionId`` cannot happen), and one that is a session's id wins over a key."""
     session_id = params.sessionId.strip()
-    matches = list(_visible(params, archived=True).filter(session_id=session_id)[:2])
-    if not matches:
-        matches = list(_visible(params, archived=True).filter(key=session_id.lower())[:2])
-    if not matches:
+    visible = _visible(params, archived=True)
+    session = visible.filter(session_id=session_id).first() or visible.filter(key=session_id.lower()).first()
+    if session is None:
         return _missing(params, f"No session found: {session_id}")
-    if len(matches) > 1:
-        names = ", ".join(session.key for session in matches)
-        raise InvalidRequest(f"Multiple sessions found for sessionId: {session_id} ({names})")
-    return Resolution(session=_found(matches[0]))
+    return Resolution(session=_found(session))
 
 
 def _by_label(params: SessionsResolveParams) -> Resolution:

@@ -30,9 +30,10 @@ from openclaw_client.agent.loop import openai_messages
 
 from .. import events
 from ..events import TurnEmitter
+from ..message_subscriptions import publish_message_on_commit
 from ..models import Run, RunStatus, Session, SessionWindow, ToolArtifact, TranscriptEvent, new_id
 from ..ports import SessionAction, placements
-from ..selectors import newest_message_bodies
+from ..selectors import history_message, newest_message_bodies
 from .rows import session_write
 from .sessions import session_for_turn, session_lock
 from .transcripts import message_body, transcript_append
@@ -296,7 +297,8 @@ def active_path_messages(window: SessionWindow) -> list[dict]:
 
 def _append_to_running_run(run_id: str, body: dict, *, idempotency_key: str) -> bool:
     """PostgreSQL: append a message of a running run in one statement (one round trip, one commit), as
-    :func:`run_record_message` does in five. False when nothing was written.
+    :func:`run_record_message` does in five. False when nothing was written. The statement also reads the
+    session's event fields, so the message goes out as ``session.message`` without another round trip.
 
     Every row the statement decides on is locked (the session first, as every writer of its runs and
     transcript takes it; then the run and the window): under READ COMMITTED a locked row is re-read at its
@@ -306,17 +308,48 @@ def _append_to_running_run(run_id: str, body: dict, *, idempotency_key: str) -> 
     re-read, and the run's status would be the snapshot's.) A key recorded meanwhile by another writer meets the unique
     constraint, as on the general path.
     """
+    event_id = new_id()
     with connection.cursor() as cursor:
         cursor.execute(
             _APPEND_TO_RUNNING_RUN_SQL,
-            {"run_id": run_id, "event_id": new_id(), "body": json.dumps(body), "key": idempotency_key},
+            {"run_id": run_id, "event_id": event_id, "body": json.dumps(body), "key": idempotency_key},
         )
-        return cursor.fetchone() is not None
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    seq, *fields = row
+    session = Session(**dict(zip(_EVENT_FIELDS, fields, strict=True)))
+    event = TranscriptEvent(seq=seq, event_id=event_id, type="message", body=body)
+    publish_message_on_commit(session, event, history_message(event))
+    return True
+
+
+# The session's columns a per-session event shows (message_subscriptions.session_snapshot_fields).
+_EVENT_FIELDS = (
+    "key",
+    "agent_id",
+    "session_id",
+    "updated_at",
+    "label",
+    "display_name",
+    "category",
+    "archived_at",
+    "pinned_at",
+    "created_via",
+    "parent_session_key",
+    "status",
+    "model",
+    "model_provider",
+    "input_tokens",
+    "output_tokens",
+    "last_run_id",
+)
 
 
 _APPEND_TO_RUNNING_RUN_SQL = f"""
 WITH locked_session AS (
-    SELECT s."id", s."session_id" FROM "{Session._meta.db_table}" s
+    SELECT s."id", {", ".join(f's."{name}"' for name in _EVENT_FIELDS if name != "session_id")}, s."session_id"
+    FROM "{Session._meta.db_table}" s
     WHERE s."id" IN (SELECT "session_id" FROM "{Run._meta.db_table}" WHERE "run_id" = %(run_id)s)
     FOR NO KEY UPDATE
 ), running AS (
@@ -336,12 +369,14 @@ WITH locked_session AS (
     SET "next_seq" = c."next_seq" + 1, "leaf_event_id" = %(event_id)s, "message_count" = w."message_count" + 1
     FROM current_leaf c WHERE w."id" = c."id"
     RETURNING w."id", c."next_seq" AS "seq", c."leaf_event_id" AS "parent_id"
+), inserted AS (
+    INSERT INTO "{TranscriptEvent._meta.db_table}"
+        ("window_id", "seq", "event_id", "parent_id", "type", "body", "idempotency_key", "created_at")
+    SELECT a."id", a."seq", %(event_id)s, a."parent_id", 'message', %(body)s::jsonb, %(key)s, statement_timestamp()
+    FROM advanced a
+    RETURNING "seq"
 )
-INSERT INTO "{TranscriptEvent._meta.db_table}"
-    ("window_id", "seq", "event_id", "parent_id", "type", "body", "idempotency_key", "created_at")
-SELECT a."id", a."seq", %(event_id)s, a."parent_id", 'message', %(body)s::jsonb, %(key)s, statement_timestamp()
-FROM advanced a
-RETURNING "seq"
+SELECT i."seq", {", ".join(f's."{name}"' for name in _EVENT_FIELDS)} FROM inserted i CROSS JOIN locked_session s
 """
 
 
