@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gateway.protocol import ClosedModel
 from gateway.schemas import Identifier
@@ -39,7 +39,15 @@ class NodeIdParams(ClosedModel):
 
 
 class ExecPolicyNodeSetParams(ExecPolicySetBody, NodeIdParams):
-    pass
+    # OpenClaw's alternative to ``file`` for its macOS app's nodes, whose approvals the app keeps: no such node
+    # pairs here, so it is refused by name rather than as an unknown key.
+    native: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _no_native(self) -> ExecPolicyNodeSetParams:
+        if self.native is not None:
+            raise ValueError("native exec approvals (OpenClaw's macOS app nodes) are not kept here; send file")
+        return self
 
 
 # --- approvals -----------------------------------------------------------------------------------------
@@ -62,6 +70,23 @@ class ExecApprovalRequestParams(ClosedModel):
     timeoutMs: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_MS)
     twoPhase: bool | None = None
     warningText: str | None = Field(default=None, max_length=MAX_WARNING_CHARS)
+    # Accepted, no effect here (docs/gateway-protocol.md, "OpenClaw's params"): OpenClaw's run plans and command
+    # highlighting, message-send scopes, channel routing and delivery of the approval to chat channels, which this
+    # gateway does not have (its approvals reach the operators' clients and console only).
+    systemRunPlan: dict[str, Any] | None = None
+    env: dict[str, str] | None = None
+    scope: dict[str, Any] | None = None
+    unavailableDecisions: Annotated[list[Literal["allow-always"]], Field(min_length=1, max_length=1)] | None = None
+    commandSpans: list[dict[str, Any]] | None = None
+    resolvedPath: str | None = Field(default=None, max_length=MAX_CWD_CHARS)
+    turnSourceChannel: str | None = None
+    turnSourceTo: str | None = None
+    turnSourceAccountId: str | None = None
+    turnSourceThreadId: str | int | float | None = None
+    approvalReviewerDeviceIds: list[Annotated[str, Field(min_length=1)]] | None = None
+    requireDeliveryRoute: bool | None = None
+    suppressDelivery: bool | None = None
+    deliverToApprovalClientsOnly: bool | None = None
 
     @field_validator("commandArgv")
     @classmethod
@@ -80,8 +105,24 @@ class ResolveBody(ClosedModel):
     decision: str = Field(min_length=1, max_length=64)
 
 
+class Reviewer(ClosedModel):
+    channel: Annotated[str, Field(min_length=1, max_length=200)]
+    accountId: Annotated[str, Field(min_length=1, max_length=200)]
+    senderId: Annotated[str, Field(min_length=1, max_length=200)]
+
+
 class ExecApprovalResolveParams(ResolveBody, ApprovalIdParams):
-    pass
+    # Accepted, no effect here: the chat-channel identity of a reviewer (no channels here; the audit log names the
+    # connection's operator).
+    reviewer: Reviewer | None = None
+    # An allow-always entry here does not expire: asking for one that does is refused rather than made permanent.
+    grantExpiresInDays: Annotated[int, Field(ge=1, le=3650)] | None = None
+
+    @model_validator(mode="after")
+    def _no_expiring_grant(self) -> ExecApprovalResolveParams:
+        if self.grantExpiresInDays is not None and self.decision == "allow-always":
+            raise ValueError("allow-always entries do not expire here; grantExpiresInDays is not supported")
+        return self
 
 
 class ApprovalHistoryParams(ClosedModel):

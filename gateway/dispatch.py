@@ -49,12 +49,22 @@ def authorize(ctx: RpcContext, spec: MethodSpec) -> None:
         return
     if spec.role != ctx.role:
         raise PermissionDenied(f"unauthorized role: {ctx.role}")
-    if ctx.role == sc.ROLE_NODE or spec.scope is None:
+    if ctx.role == sc.ROLE_NODE:
         return
-    if not sc.scope_satisfied(ctx.scopes, spec.scope):
+    _require_scope(ctx, spec.scope)
+
+
+def authorize_params(ctx: RpcContext, spec: MethodSpec, params: Any) -> None:
+    """The scope the valid ``params`` need, where the method's scope depends on them (``MethodSpec.params_scope``)."""
+    if spec.params_scope is not None and ctx.role != sc.ROLE_NODE:
+        _require_scope(ctx, spec.required_scope(params))
+
+
+def _require_scope(ctx: RpcContext, scope: str | None) -> None:
+    if scope is not None and not sc.scope_satisfied(ctx.scopes, scope):
         raise PermissionDenied(
-            f"missing scope: {spec.scope}",
-            details={"code": "MISSING_SCOPE", "missingScope": spec.scope, "requiredScopes": [spec.scope]},
+            f"missing scope: {scope}",
+            details={"code": "MISSING_SCOPE", "missingScope": scope, "requiredScopes": [scope]},
         )
 
 
@@ -113,6 +123,7 @@ async def _answer_request(ctx: RpcContext, frame: RequestFrame, started: asyncio
         else:
             params = await off_loop(_params, spec, frame)
             started.set_result(None)
+        authorize_params(ctx, spec, params)
         if spec.is_async:
             payload = await spec.handler(ctx, params)
         else:

@@ -36,6 +36,16 @@ class MethodSpec:
     advertise: bool = True
     # The largest request frame of this method, in bytes of UTF-8; None: up to the connection's maxPayload.
     max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES
+    # OpenClaw's params-dependent scopes (sessions.patch's admin-only fields, …): valid params -> the scope
+    # they need. ``scope`` stays the least privilege (the method called with ``{}``), checked before the
+    # params are read; this one after they are valid.
+    params_scope: Callable[[Any], str] | None = None
+
+    def required_scope(self, params: BaseModel | None = None) -> str | None:
+        """The scope a call with ``params`` needs (None: the method called with ``{}``)."""
+        if params is None or self.params_scope is None:
+            return self.scope
+        return self.params_scope(params)
 
 
 @dataclass(frozen=True)
@@ -69,12 +79,14 @@ class MethodRegistry:
         role: Role = "operator",
         advertise: bool = True,
         max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
+        params_scope: Callable[[Any], str] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register ``handler(ctx, params)``. Unclassified methods default to ``operator.admin``.
 
         ``max_frame_bytes`` bounds the method's request frames (refused before they are parsed, where the
         frame's head names the method): a method whose params carry bulk declares more, or None for
-        ``maxPayload``.
+        ``maxPayload``. ``params_scope`` (valid params -> scope) raises ``scope`` for the params that need more,
+        as OpenClaw's method-scope table does for a few methods.
         """
 
         def decorator(handler: Callable[..., Any]) -> Callable[..., Any]:
@@ -89,6 +101,7 @@ class MethodRegistry:
                 is_async=inspect.iscoroutinefunction(handler),
                 advertise=advertise,
                 max_frame_bytes=max_frame_bytes,
+                params_scope=params_scope,
             )
             return handler
 

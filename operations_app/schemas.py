@@ -75,3 +75,5 @@ class SessionsUsageParams(UsageWindowParams):
     includeHistorical: bool | None = None
     limit: int | None = Field(default=None, ge=1, le=MAX_SESSIONS_LIMIT)
     includeContextWeight: bool | None = None
+    # Accepted, no effect here: OpenClaw's breakdown by the user profile that created a session (no profiles here).
+    creatorKey: Annotated[str, Field(min_length=1, max_length=300)] | None = None

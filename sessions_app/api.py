@@ -17,11 +17,12 @@ from ninja import Path, Query, Router, Status
 from gateway.exceptions import NotFound
 from gateway.schemas import error_responses
 
-from . import keys, selectors
+from . import history, keys, selectors
 from .schemas import (
     AbortTarget,
     ChatAbortOut,
     ChatHistoryOut,
+    ChatHistoryParams,
     DeleteGuards,
     ForkEntry,
     HistoryPage,
@@ -41,7 +42,7 @@ from .schemas import (
     SessionsAdoptParams,
     SessionsCreateParams,
     SessionsListOut,
-    SessionsListParams,
+    SessionsPageQuery,
 )
 from .services import creation, forks, runs, sessions
 from .waiters import wait_for_run
@@ -79,7 +80,7 @@ def run_detail(request: HttpRequest, params: Path[RunRef]):
 @router.get(
     "", response={200: SessionsListOut, **error_responses()}, include_in_schema=False, exclude_unset=True
 )  # /api/sessions, without the slash
-def session_list(request: HttpRequest, filters: Query[SessionsListParams]):
+def session_list(request: HttpRequest, filters: Query[SessionsPageQuery]):
     """``sessions.list``: newest first, ``limit``/``offset`` pages; unarchived ones unless ``archived``."""
     return selectors.sessions_list_payload(filters)
 
@@ -174,11 +175,15 @@ def session_delete(request: HttpRequest, key: str, expected: Query[DeleteGuards]
 
 
 @router.get(
-    "/{key}/history", response={200: ChatHistoryOut, **error_responses(404)}, summary="Read a session's history"
+    "/{key}/history",
+    response={200: ChatHistoryOut, **error_responses(404)},
+    summary="Read a session's history",
+    exclude_unset=True,
 )
 def session_history(request: HttpRequest, key: str, query: Query[HistoryPage]):
     """``chat.history``: the newest ``limit`` messages of the session's transcript, oldest first."""
-    return selectors.chat_history(selectors.session_require(_key(key)), limit=query.limit)
+    session = selectors.session_require(_key(key))
+    return history.chat_history_payload(session, ChatHistoryParams(sessionKey=session.key, limit=query.limit))
 
 
 @router.post(

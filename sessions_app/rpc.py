@@ -4,11 +4,13 @@ chat.metadata), the sessions' part of status, and diagnostics.lanes."""
 
 from __future__ import annotations
 
+from channels.db import database_sync_to_async
+
 from gateway import scopes as sc
 from gateway.context import RpcContext
 from gateway.registry import registry
 
-from . import agents, keys, model_catalog, selectors, summary
+from . import agents, history, keys, model_catalog, selectors, summary
 from .commands import chat_metadata_payload, commands_list_payload
 from .schemas import (
     MESSAGE_FRAME_BYTES,
@@ -21,10 +23,10 @@ from .schemas import (
     CommandsListParams,
     ModelsAuthStatusParams,
     ModelsListParams,
-    SessionRef,
     SessionsAdoptParams,
     SessionsCreateParams,
     SessionsDeleteParams,
+    SessionsDescribeParams,
     SessionsForkParams,
     SessionsListParams,
     SessionsPatchParams,
@@ -46,7 +48,13 @@ def _key(key: str, agent_id: str | None) -> str:
 # --- sessions.* -----------------------------------------------------------------------------
 
 
-@method("sessions.create", params=SessionsCreateParams, scope=sc.WRITE, max_frame_bytes=MESSAGE_FRAME_BYTES)
+@method(
+    "sessions.create",
+    params=SessionsCreateParams,
+    scope=sc.WRITE,
+    max_frame_bytes=MESSAGE_FRAME_BYTES,
+    params_scope=SessionsCreateParams.required_scope,
+)
 def sessions_create_rpc(ctx: RpcContext, params: SessionsCreateParams) -> dict:
     created = creation.session_create_requested(request=params)
     return selectors.session_created_payload(created.session, worktree=created.worktree, run=created.run)
@@ -57,15 +65,24 @@ def sessions_list_rpc(ctx: RpcContext, params: SessionsListParams) -> dict:
     return selectors.sessions_list_payload(params)
 
 
-@method("sessions.describe", params=SessionRef, scope=sc.READ)
-def sessions_describe_rpc(ctx: RpcContext, params: SessionRef) -> dict:
-    return {"session": selectors.session_row_of(_key(params.key, params.agentId))}
+@method("sessions.describe", params=SessionsDescribeParams, scope=sc.READ)
+def sessions_describe_rpc(ctx: RpcContext, params: SessionsDescribeParams) -> dict:
+    row = selectors.session_described(
+        _key(params.key, params.agentId),
+        derived_title=bool(params.includeDerivedTitles),
+        last_message=bool(params.includeLastMessage),
+    )
+    return {"session": row}
 
 
-@method("sessions.patch", params=SessionsPatchParams, scope=sc.ADMIN)
+@method("sessions.patch", params=SessionsPatchParams, scope=sc.WRITE, params_scope=SessionsPatchParams.required_scope)
 def sessions_patch_rpc(ctx: RpcContext, params: SessionsPatchParams) -> dict:
+    key = _key(params.key, params.agentId)
+    if params.sets_only_settings_not_kept():
+        # Accepted with no effect (docs/gateway-protocol.md, "OpenClaw's params"): the session as it is.
+        return selectors.session_entry_payload(selectors.session_require(key), resolved=True)
     session = sessions.session_patch(
-        key=_key(params.key, params.agentId),
+        key=key,
         changes=params.changes(),
         expected_session_id=params.expectedSessionId,
         expected_lifecycle_revision=params.expectedLifecycleRevision,
@@ -86,11 +103,14 @@ def sessions_reset_rpc(ctx: RpcContext, params: SessionsResetParams) -> dict:
     return selectors.session_entry_payload(session)
 
 
-@method("sessions.delete", params=SessionsDeleteParams, scope=sc.ADMIN)
+@method(
+    "sessions.delete", params=SessionsDeleteParams, scope=sc.ADMIN, params_scope=SessionsDeleteParams.required_scope
+)
 def sessions_delete_rpc(ctx: RpcContext, params: SessionsDeleteParams) -> dict:
     key = _key(params.key, params.agentId)
     deleted = sessions.session_delete(
         key=key,
+        archived_only=bool(params.archivedOnly),
         expected_session_id=params.expectedSessionId,
         expected_lifecycle_revision=params.expectedLifecycleRevision,
         expected_revision=params.expectedRevision,
@@ -99,10 +119,13 @@ def sessions_delete_rpc(ctx: RpcContext, params: SessionsDeleteParams) -> dict:
     return {"ok": True, "key": key, "deleted": deleted, "archived": []}
 
 
-@method("sessions.subscribe", scope=sc.READ)
-async def sessions_subscribe_rpc(ctx: RpcContext, params) -> dict:
+@method("sessions.subscribe", params=SessionsListParams, scope=sc.READ)
+async def sessions_subscribe_rpc(ctx: RpcContext, params: SessionsListParams) -> dict:
+    """OpenClaw's: with sessions.list's params it also answers that list (``list``)."""
     await ctx.subscribe("sessions")
-    return {"subscribed": True}
+    if not params.model_fields_set:
+        return {"subscribed": True}
+    return {"subscribed": True, "list": await database_sync_to_async(selectors.sessions_list_payload)(params)}
 
 
 @method("sessions.unsubscribe", scope=sc.READ)
@@ -134,6 +157,7 @@ def chat_send_rpc(ctx: RpcContext, params: ChatSendParams) -> dict:
         expected_session_id=params.sessionId,
         origin_channel=ctx.channel_name,
         scopes=ctx.scopes,
+        interpret_commands=not params.suppressCommandInterpretation,
     )
     return selectors.chat_send_payload(submitted.run, created=submitted.created)
 
@@ -141,7 +165,7 @@ def chat_send_rpc(ctx: RpcContext, params: ChatSendParams) -> dict:
 @method("chat.history", params=ChatHistoryParams, scope=sc.READ)
 def chat_history_rpc(ctx: RpcContext, params: ChatHistoryParams) -> dict:
     session = selectors.session_require(_key(params.sessionKey, params.agentId))
-    return selectors.chat_history(session, limit=params.limit)
+    return history.chat_history_payload(session, params)
 
 
 @method("chat.abort", params=ChatAbortParams, scope=sc.WRITE)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
+from gateway import scopes as sc
 from gateway.protocol import DEFAULT_MAX_FRAME_BYTES, MAX_SAFE_INTEGER, ClosedModel, NulCheckedByService
 from gateway.schemas import OpenSchema
 
@@ -23,7 +24,6 @@ IdempotencyKey = Annotated[str, Field(min_length=1, max_length=200)]
 Label = Annotated[str | None, Field(max_length=200)]
 Category = Annotated[str | None, Field(max_length=100)]
 ModelName = Annotated[str | None, Field(max_length=200)]
-ListLimit = Annotated[int, Field(ge=1, le=1000)]
 # A session row's ``revision`` (``Session.revision``): 1 when created, +1 on every write.
 Revision = Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
 HistoryLimit = Annotated[int, Field(ge=1, le=1000)]
@@ -39,11 +39,59 @@ MESSAGE_FRAME_BYTES = 4 * MAX_MESSAGE_CHARS + DEFAULT_MAX_FRAME_BYTES
 MessageText = Annotated[str, Field(max_length=MAX_MESSAGE_CHARS), NulCheckedByService()]
 
 
+NonEmptyText = Annotated[str, Field(min_length=1, max_length=1000)]
+PermissionMode = Literal["read-only", "guarded", "workspace", "full"]
+
+
+class ToolOverrides(ClosedModel):
+    """OpenClaw's per-session tool overrides (MCP servers, skills, web search; none exist here)."""
+
+    mcpServers: dict[str, bool] | None = None
+    mcpToolsDeny: dict[str, list[Annotated[str, Field(min_length=1)]]] | None = None
+    skills: dict[str, bool] | None = None
+    webSearch: bool | None = None
+
+
+class Mention(ClosedModel):
+    profileId: Annotated[str, Field(min_length=1, max_length=256)]
+    start: Annotated[int, Field(ge=0)]
+    end: Annotated[int, Field(ge=1)]
+
+
+Mentions = Annotated[list[Mention], Field(max_length=10)]
+
+
+def _refuse_attachments(attachments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if attachments:
+        raise ValueError("attachments are not taken by this gateway; send the message as text")
+    return attachments
+
+
+# Files and images sent with a message (OpenClaw's ``attachments``): none is taken here, so a message that carries
+# one is refused rather than sent without it; an empty list is accepted.
+NoAttachments = Annotated[list[dict[str, Any]], AfterValidator(_refuse_attachments)]
+
+
+class ProfileRelation(ClosedModel):
+    profileId: Annotated[str, Field(min_length=1, max_length=256)]
+    relationship: Literal["owned", "created", "involving"]
+
+
+class Repository(ClosedModel):
+    url: Annotated[str, Field(min_length=1, max_length=2048)]
+    ref: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+
+
 class SessionRef(ClosedModel):
     """A session named by key (``agent:<agent>:<rest>``, or a bare key under ``agentId``)."""
 
     key: str = Field(min_length=1)
     agentId: str | None = None
+
+
+class SessionsDescribeParams(SessionRef):
+    includeDerivedTitles: bool | None = None
+    includeLastMessage: bool | None = None
 
 
 class ExpectedRevision(ClosedModel):
@@ -74,24 +122,123 @@ class SessionsCreateParams(ClosedModel):
     worktreeName: str | None = Field(default=None, pattern=WORKTREE_NAME_PATTERN)
     cwd: str | None = None
     execNode: str | None = None
+    # OpenClaw's /new: the new session follows its parent (checked here: a parent with a turn under way refuses).
+    emitCommandHooks: bool | None = None
+    succeedsParent: bool | None = None
+    # Accepted, no effect here (docs/gateway-protocol.md, "OpenClaw's params"): OpenClaw's per-session runtime
+    # settings, projects, forks at creation, attachments and mentions, which this gateway does not have.
+    titleSource: Annotated[str, Field(max_length=1000)] | None = None
+    agentRuntime: NonEmptyText | None = None
+    contextWindow: NonEmptyText | None = None
+    thinkingLevel: NonEmptyText | None = None
+    fastMode: bool | Literal["auto"] | None = None
+    permissionMode: PermissionMode | None = None
+    toolOverrides: ToolOverrides | None = None
+    incognito: bool | None = None
+    visibility: Literal["shared", "read-only", "suggest", "draft"] | None = None
+    catalogId: NonEmptyText | None = None
+    spawnDepth: Annotated[int, Field(ge=1)] | None = None
+    fork: bool | None = None
+    forkFrom: Literal["last-completed"] | None = None
+    timeoutMs: Annotated[int, Field(ge=0)] | None = None
+    task: str | None = None
+    mentions: Mentions | None = None
+    attachments: NoAttachments | None = None
+    projectId: NonEmptyText | None = None
+    projectGitUrl: Annotated[str, Field(min_length=1, max_length=2048)] | None = None
+    repository: Repository | None = None
+    worktreeSource: Literal["empty"] | None = None
+
+    def required_scope(self) -> str:
+        """OpenClaw's scope of this creation: ``operator.admin`` to run it on a chosen node (``execNode``), with tool
+        overrides, incognito or ``permissionMode: "full"``; ``operator.write`` otherwise."""
+        if self.incognito is True or self.permissionMode == "full":
+            return sc.ADMIN
+        return sc.ADMIN if {"execNode", "toolOverrides"} & self.model_fields_set else sc.WRITE
+
+    @model_validator(mode="after")
+    def _succession(self) -> SessionsCreateParams:
+        """OpenClaw's checks of ``succeedsParent``, with its messages, in its order."""
+        if self.succeedsParent is not None:
+            if not self.parentSessionKey:
+                raise ValueError("succeedsParent requires parentSessionKey")
+            if self.emitCommandHooks is not True:
+                raise ValueError("succeedsParent requires emitCommandHooks")
+            if self.succeedsParent and self.fork is True:
+                raise ValueError("succeedsParent conflicts with fork: a fork runs in parallel to its parent")
+        return self
 
 
 # A cursor is what a page's ``nextCursor`` said, passed back unchanged.
 Cursor = Annotated[str, Field(min_length=1, max_length=500)]
 
 
-class SessionsListParams(ClosedModel):
-    """OpenClaw's ``limit``/``offset`` pages, and (this gateway's addition) ``cursor``: the previous page's
-    ``nextCursor``, whose page costs the same at any depth (an offset makes the database skip every row
-    before it)."""
+# A sessions.list page holds at most this many rows. The JSON API refuses a larger limit; OpenClaw takes any limit
+# >= 1 (its Control UI asks for 10000), so over the wire a larger one is clamped to it and ``limitApplied`` says so.
+SESSIONS_PAGE_MAX = 1000
 
-    limit: ListLimit = 100
+
+class SessionsPageQuery(ClosedModel):
+    """A page of sessions (the JSON API's query): OpenClaw's ``limit``/``offset`` pages, and (this gateway's
+    addition) ``cursor``: the previous page's ``nextCursor``, whose page costs the same at any depth (an offset
+    makes the database skip every row before it)."""
+
+    limit: Annotated[int, Field(ge=1, le=SESSIONS_PAGE_MAX)] = 100
     offset: int = Field(default=0, ge=0)
     cursor: Cursor | None = None
     agentId: str | None = None
-    label: str | None = None
+    label: Annotated[str, Field(min_length=1, max_length=512)] | None = None
     search: str | None = Field(default=None, max_length=200)
     archived: bool | Literal["all"] = False
+
+    @property
+    def page_limit(self) -> int:
+        return min(self.limit, SESSIONS_PAGE_MAX)
+
+
+class SessionsListParams(SessionsPageQuery):
+    """OpenClaw's ``sessions.list`` params (which of them filter here, which have no effect:
+    docs/gateway-protocol.md, "OpenClaw's params"). Its limit has no upper bound: above a page's most it is
+    clamped, as the page_limit says."""
+
+    limit: Annotated[int, Field(ge=1)] = 100
+
+    activeMinutes: Annotated[int, Field(ge=1)] | None = None
+    spawnedBy: Annotated[str, Field(min_length=1, max_length=300)] | None = None
+    pinned: bool | None = None
+    group: Annotated[str, Field(max_length=100)] | None = None
+    workspaceDir: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    requireLastInteraction: bool | None = None
+    includeDerivedTitles: bool | None = None
+    includeLastMessage: bool | None = None
+    # Every key here is agent-scoped: no "global" or "unknown" session exists for these to add.
+    includeGlobal: bool | None = None
+    includeUnknown: bool | None = None
+    # Filters on what no session has here (projects, creators and owners, boards): a row never matches them.
+    projectId: NonEmptyText | None = None
+    creatorId: NonEmptyText | None = None
+    ownerId: NonEmptyText | None = None
+    involvingProfileId: NonEmptyText | None = None
+    profileRelation: ProfileRelation | None = None
+    boardFace: Literal["chat", "dashboard"] | None = None
+    hasBoard: bool | None = None
+    # Accepted, no effect here (docs/gateway-protocol.md, "OpenClaw's params").
+    activeOnly: bool | None = None
+    sortBy: Literal["updatedAt", "lastInteractionAt", "activity"] | None = None
+    excludeSubagents: bool | None = None
+    excludeCron: bool | None = None
+    excludeSystem: bool | None = None
+    configuredAgentsOnly: bool | None = None
+    includeActivitySummary: bool | None = None
+    ownerFirst: bool | None = None
+    involvingMe: bool | None = None
+    includePeople: bool | None = None
+
+    @property
+    def selects_nothing(self) -> bool:
+        """A filter on an attribute no session has here."""
+        owned = (self.projectId, self.creatorId, self.ownerId, self.involvingProfileId, self.profileRelation)
+        return any(value is not None for value in owned) or self.boardFace is not None or self.hasBoard is True
 
 
 class SessionChanges(ExpectedRevision):
@@ -105,12 +252,98 @@ class SessionChanges(ExpectedRevision):
     model: ModelName = None
 
     def changes(self) -> dict:
-        """The fields the caller set, without the guards."""
-        return self.model_dump(exclude_unset=True, exclude={"key", "agentId", *ExpectedRevision.model_fields})
+        """The changes the caller set, without the guards (nor the fields OpenClaw's patch adds, which change
+        nothing here)."""
+        own = set(SessionChanges.model_fields) - set(ExpectedRevision.model_fields)
+        return self.model_dump(exclude_unset=True, include=own)
+
+
+NullableText = Annotated[str, Field(min_length=1, max_length=1000)] | None
+# The fields and guards of sessions.patch that operator.write may send (OpenClaw's method-scope table, and this
+# gateway's own displayName and expectedRevision); any other field, permissionMode "full" or sandboxMode need
+# operator.admin.
+PATCH_WRITE_SCOPE_FIELDS = frozenset(
+    {
+        "key",
+        "agentId",
+        "expectedSessionId",
+        "expectedLifecycleRevision",
+        "expectedPermissionMode",
+        "expectedMarkedUnreadAt",
+        "expectedRevision",
+        "label",
+        "displayName",
+        "autoLabel",
+        "icon",
+        "color",
+        "category",
+        "boardFace",
+        "boardPresentation",
+        "pinned",
+        "archived",
+        "unread",
+        "model",
+        "agentRuntime",
+        "thinkingLevel",
+        "fastMode",
+        "permissionMode",
+    }
+)
 
 
 class SessionsPatchParams(SessionChanges, SessionRef):
-    pass
+    # Accepted, no effect here (docs/gateway-protocol.md, "OpenClaw's params"): OpenClaw's per-session runtime,
+    # exec, sandbox, sidebar and tool-policy settings, which this gateway does not have.
+    expectedPermissionMode: PermissionMode | None = None
+    expectedSandboxMode: Literal["off"] | None = None
+    expectedNativeRuntimeConsent: NullableText = None
+    expectedToolOverrides: ToolOverrides | None = None
+    expectedMarkedUnreadAt: Annotated[float, Field(ge=0)] | None = None
+    autoLabel: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    icon: Annotated[str, Field(max_length=1000)] | None = None
+    color: Annotated[str, Field(max_length=1000)] | None = None
+    boardFace: Literal["chat", "dashboard"] | None = None
+    boardPresentation: Literal["split", "expanded"] | None = None
+    statusNote: Annotated[str, Field(max_length=120)] | None = None
+    attention: Literal["hand", "key", "alert", "flag", "lock", "hourglass"] | None = None
+    ttlMinutes: Annotated[int, Field(ge=1, le=120)] | None = None
+    unread: bool | None = None
+    contextWindow: NullableText = None
+    thinkingLevel: NullableText = None
+    fastMode: bool | Literal["auto"] | None = None
+    toolOverrides: ToolOverrides | None = None
+    verboseLevel: NullableText = None
+    traceLevel: NullableText = None
+    reasoningLevel: NullableText = None
+    responseUsage: Literal["off", "tokens", "full", "on"] | None = None
+    elevatedLevel: NullableText = None
+    execHost: NullableText = None
+    execSecurity: NullableText = None
+    execAsk: NullableText = None
+    execNode: NullableText = None
+    permissionMode: PermissionMode | None = None
+    sandboxMode: Literal["off"] | None = None
+    nativeRuntimeConsent: NullableText = None
+    agentRuntime: NullableText = None
+    completionOwnerSessionKey: NullableText = None
+    inheritedToolPolicyVersion: Literal[1] | None = None
+    inheritedToolAllow: list[Annotated[str, Field(min_length=1)]] | None = None
+    inheritedToolDeny: list[Annotated[str, Field(min_length=1)]] | None = None
+    sendPolicy: Literal["allow", "deny"] | None = None
+    groupActivation: Literal["mention", "always"] | None = None
+
+    def sets_only_settings_not_kept(self) -> bool:
+        """Whether this patch sets OpenClaw's settings only, none of which this gateway keeps."""
+        kept = set(SessionChanges.model_fields) | set(SessionRef.model_fields)
+        guards = {name for name in self.model_fields if name.startswith("expected")}
+        return not self.changes() and bool(self.model_fields_set - kept - guards)
+
+    def required_scope(self) -> str:
+        """OpenClaw's scope of this patch: ``operator.write`` for the ordinary fields, ``operator.admin`` for the
+        rest (exec, sandbox, tool policy, …), for ``permissionMode: "full"`` and for any ``sandboxMode``."""
+        if self.permissionMode == "full" or "sandboxMode" in self.model_fields_set:
+            return sc.ADMIN
+        return sc.WRITE if self.model_fields_set <= PATCH_WRITE_SCOPE_FIELDS else sc.ADMIN
 
 
 class SessionsResetParams(ExpectedRevision, SessionRef):
@@ -125,8 +358,21 @@ class DeleteGuards(ExpectedRevision):
     expectedSessionUpdatedAt: Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)] | None = None
 
 
+# The params of a sessions.delete that operator.write may send (OpenClaw's method-scope table): only with
+# ``archivedOnly``, which deletes an archived session only.
+DELETE_WRITE_SCOPE_FIELDS = frozenset({"key", "agentId", "deleteTranscript", "expectedSessionId", "archivedOnly"})
+
+
 class SessionsDeleteParams(DeleteGuards, SessionRef):
     deleteTranscript: bool | None = None
+    archivedOnly: bool | None = None
+    # Accepted, no effect here: OpenClaw's plugin lifecycle hooks, which this gateway does not have.
+    emitLifecycleHooks: bool | None = None
+
+    def required_scope(self) -> str:
+        if self.archivedOnly is True and self.model_fields_set <= DELETE_WRITE_SCOPE_FIELDS:
+            return sc.WRITE
+        return sc.ADMIN
 
 
 class ForkEntry(ClosedModel):
@@ -160,16 +406,73 @@ class ChatSendParams(ClosedModel):
     thinking: str | None = None
     timeoutMs: int | None = Field(default=None, ge=0)
     deliver: bool | None = None
+    # OpenClaw's: the message goes to the model as written, a slash command included.
+    suppressCommandInterpretation: bool | None = None
+    # Accepted, no effect here (docs/gateway-protocol.md, "OpenClaw's params"): OpenClaw's channels and their
+    # routing, queue modes, mentions, the Control UI's page context, goal intents, tool bindings, provenance and the
+    # guards of settings this gateway does not have.
+    mentions: Mentions | None = None
+    workContext: dict[str, Any] | None = None
+    intent: dict[str, Any] | None = None
+    fastMode: bool | Literal["auto"] | None = None
+    fastAutoOnSeconds: Annotated[int, Field(ge=1)] | None = None
+    queueMode: Literal["steer", "followup", "collect", "interrupt"] | None = None
+    originatingChannel: str | None = None
+    originatingTo: str | None = None
+    originatingAccountId: str | None = None
+    originatingThreadId: str | None = None
+    replyToId: NonEmptyText | None = None
+    toolBindings: Annotated[dict[str, Any], Field(max_length=16)] | None = None
+    systemInputProvenance: dict[str, Any] | None = None
+    systemProvenanceReceipt: str | None = None
+    expectedLeafEntryId: NonEmptyText | None = None
+    expectedSessionRoutingContract: NonEmptyText | None = None
+    expectedPermissionMode: PermissionMode | None = None
+    expectedToolOverrides: ToolOverrides | None = None
+    attachments: NoAttachments | None = None
 
 
 class HistoryPage(ClosedModel):
     limit: HistoryLimit = 200
 
 
+# OpenClaw's smallest byte budget of a history page.
+MIN_HISTORY_BYTES = 1024
+MAX_INPUT_RUN_IDS = 50
+
+
 class ChatHistoryParams(HistoryPage):
+    """OpenClaw's ``chat.history`` params (their effect here: sessions_app/history.py)."""
+
     sessionKey: str = Field(min_length=1)
     agentId: str | None = None
-    maxChars: int | None = Field(default=None, ge=1)
+    maxChars: int | None = Field(default=None, ge=1, le=500_000)
+    maxBytes: Annotated[int, Field(ge=MIN_HISTORY_BYTES)] | None = None
+    offset: Annotated[int, Field(ge=0)] | None = None
+    cursor: Annotated[str, Field(max_length=1000)] | None = None
+    messageId: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    sessionId: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    inputRunIds: (
+        Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=256)]], Field(min_length=1, max_length=MAX_INPUT_RUN_IDS)
+        ]
+        | None
+    ) = None
+    # Accepted, no effect here: this gateway keeps no pending inputs apart from its queued turns.
+    pendingBefore: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one_position(self) -> ChatHistoryParams:
+        """OpenClaw's checks, with its messages, in its order."""
+        if self.offset is not None and self.messageId is not None:
+            raise ValueError("offset and messageId cannot be used together")
+        if self.cursor is not None and (self.offset is not None or self.messageId is not None):
+            raise ValueError("cursor cannot be used with offset or messageId")
+        if self.sessionId is not None and self.messageId is None:
+            raise ValueError("sessionId requires messageId")
+        if self.inputRunIds is not None and len(set(self.inputRunIds)) != len(self.inputRunIds):
+            raise ValueError("inputRunIds must be unique")
+        return self
 
 
 class AbortTarget(ClosedModel):
@@ -181,6 +484,8 @@ class AbortTarget(ClosedModel):
 class ChatAbortParams(AbortTarget):
     sessionKey: str = Field(min_length=1)
     agentId: str | None = None
+    # OpenClaw keeps its side (``/btw``) turns running with it; every turn here is a main turn, so all stop.
+    preserveSideRuns: bool | None = None
 
 
 class AgentWaitParams(ClosedModel):
@@ -426,6 +731,8 @@ class ChatHistoryOut(Schema):
     messages: list[dict[str, Any]]
     totalMessages: int
     hasMore: bool
+    # Where the next (older) page starts, counted back from the newest message; absent on the last page.
+    nextOffset: int | None = None
 
 
 class TerminalReplyOut(Schema):

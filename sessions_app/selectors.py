@@ -6,10 +6,11 @@ import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
+from django.utils import timezone
 
 from gateway import sql_reads, state
 from gateway.cursors import cursor_decode, cursor_encode, cursor_int, cursor_str
@@ -17,11 +18,11 @@ from gateway.exceptions import InvalidRequest, NotFound
 from gateway.protocol import SERVER_VERSION
 from gateway.redaction import shown_path
 
-from . import keys
+from . import keys, titles
 from .model_providers import default_model
 from .models import Run, RunStatus, Session, SessionWindow, ToolArtifact, TranscriptEvent
 from .ports import placements
-from .schemas import RunsListParams, SessionRowOut, SessionsListParams
+from .schemas import RunsListParams, SessionRowOut, SessionsListParams, SessionsPageQuery
 
 
 def _ms(value) -> int | None:
@@ -122,8 +123,7 @@ def session_get(key: str) -> Session | None:
 def session_row_of(key: str) -> dict | None:
     """``sessions.describe``'s row of the session of ``key`` (None: no such session), read with only the columns a
     row shows, as a ``sessions.list`` page reads them."""
-    found = sql_reads.instances(Session, _PAGE_FIELDS, _BY_KEY_SQL, [key])
-    return session_row(found[0]) if found else None
+    return session_described(key)
 
 
 def session_require(key: str) -> Session:
@@ -154,30 +154,81 @@ def resolved_model(session: Session) -> dict:
 # --- payloads shared by the gateway methods and the JSON API --------------------------------
 
 
-def sessions_list_payload(query: SessionsListParams) -> dict:
-    """The sessions.list result (the JSON API's ``GET /api/sessions/`` too)."""
+@dataclass(frozen=True)
+class RowFilters:
+    """The filters of OpenClaw's ``sessions.list`` beyond the JSON API's (``None``: any value)."""
+
+    updated_since: datetime | None = None
+    parent_key: str | None = None
+    pinned: bool | None = None
+    category: str | None = None
+    cwd: str | None = None
+    with_interaction: bool = False
+
+    def __bool__(self) -> bool:
+        return self != RowFilters()
+
+
+def _row_filters(query: SessionsListParams) -> RowFilters:
+    return RowFilters(
+        updated_since=timezone.now() - timedelta(minutes=query.activeMinutes) if query.activeMinutes else None,
+        parent_key=keys.canonical_key(query.spawnedBy, query.agentId) if query.spawnedBy else None,
+        pinned=query.pinned,
+        category=query.group,
+        cwd=query.workspaceDir,
+        with_interaction=bool(query.requireLastInteraction),
+    )
+
+
+def sessions_list_payload(query: SessionsPageQuery) -> dict:
+    """The sessions.list result (the JSON API's ``GET /api/sessions/`` too, without OpenClaw's filters and row
+    fields). A limit above a page's most is clamped (``limitApplied``)."""
     if query.cursor is not None and query.offset:
         raise InvalidRequest("sessions.list takes offset or cursor, not both")
-    sessions, has_more = sessions_page(
-        limit=query.limit,
-        offset=query.offset,
-        after=cursor_decode(query.cursor, _cursor_time, cursor_int) if query.cursor is not None else None,
-        agent_id=keys.normalize_agent_id(query.agentId) if query.agentId else None,
-        label=query.label,
-        search=query.search,
-        archived=query.archived,
-    )
+    openclaw = query if isinstance(query, SessionsListParams) else None
+    limit = query.page_limit
+    if openclaw is not None and openclaw.selects_nothing:
+        sessions, has_more = [], False
+    else:
+        sessions, has_more = sessions_page(
+            limit=limit,
+            offset=query.offset,
+            after=cursor_decode(query.cursor, _cursor_time, cursor_int) if query.cursor is not None else None,
+            agent_id=keys.normalize_agent_id(query.agentId) if query.agentId else None,
+            label=query.label,
+            search=query.search,
+            archived=query.archived,
+            filters=_row_filters(openclaw) if openclaw is not None else RowFilters(),
+        )
+    rows = session_rows(sessions)
+    if openclaw is not None and (openclaw.includeDerivedTitles or openclaw.includeLastMessage):
+        extras = titles.row_extras(
+            sessions, titles=bool(openclaw.includeDerivedTitles), last_message=bool(openclaw.includeLastMessage)
+        )
+        for row in rows:
+            row.update(extras.get(row["key"], {}))
     return {
         "ts": int(time.time() * 1000),
         "count": len(sessions),
-        "limitApplied": query.limit,
+        "limitApplied": limit,
         "offset": query.offset,
         "nextOffset": query.offset + len(sessions) if has_more and query.cursor is None else None,
         "nextCursor": cursor_encode(sessions[-1].updated_at.isoformat(), sessions[-1].pk) if has_more else None,
         "hasMore": has_more,
         "defaults": session_defaults(),
-        "sessions": session_rows(sessions),
+        "sessions": rows,
     }
+
+
+def session_described(key: str, *, derived_title: bool = False, last_message: bool = False) -> dict | None:
+    """``sessions.describe``'s row, with OpenClaw's ``derivedTitle`` / ``lastMessagePreview`` when asked."""
+    found = sql_reads.instances(Session, _PAGE_FIELDS, _BY_KEY_SQL, [key])
+    if not found:
+        return None
+    row = session_row(found[0])
+    if derived_title or last_message:
+        row.update(titles.row_extras(found, titles=derived_title, last_message=last_message).get(key, {}))
+    return row
 
 
 def session_created_payload(session: Session, *, worktree: dict | None = None, run: Run | None = None) -> dict:
@@ -233,14 +284,15 @@ def sessions_page(
     label: str | None = None,
     search: str | None = None,
     archived: bool | str = False,
+    filters: RowFilters | None = None,
 ) -> tuple[list[Session], bool]:
     """One page, newest first, plus whether more follow. One query; from a keyset cursor (``after``: the
     previous page's last ``(updated_at, id)``) its cost does not grow with the depth, from an offset it does.
 
-    Without a search (a substring match the ORM words per database) the page is SQL written once per filter
-    shape (``gateway.sql_reads``: Django's compile of this queryset cost ten times its execution)."""
-    if search:
-        queryset = _sessions_filtered(agent_id, label, search, archived)
+    Without a search or OpenClaw's filters (the ORM words them per database) the page is SQL written once per
+    filter shape (``gateway.sql_reads``: Django's compile of this queryset cost ten times its execution)."""
+    if search or filters:
+        queryset = _sessions_filtered(agent_id, label, search, archived, filters or RowFilters())
         if after is not None:
             queryset = _after(queryset, *after)
         rows = list(queryset[offset : offset + limit + 1])
@@ -295,9 +347,21 @@ def _page_sql(by_agent: bool, by_label: bool, archived: bool | str, keyset: bool
 
 
 def _sessions_filtered(
-    agent_id: str | None, label: str | None, search: str | None, archived: bool | str
+    agent_id: str | None, label: str | None, search: str | None, archived: bool | str, filters: RowFilters
 ) -> QuerySet[Session]:
     qs: QuerySet[Session] = Session.objects.defer(*_UNSHOWN_COLUMNS)
+    if filters.updated_since is not None:
+        qs = qs.filter(updated_at__gte=filters.updated_since)
+    if filters.parent_key is not None:
+        qs = qs.filter(parent_session_key=filters.parent_key)
+    if filters.pinned is not None:
+        qs = qs.filter(pinned_at__isnull=not filters.pinned)
+    if filters.category is not None:
+        qs = qs.filter(category=filters.category)
+    if filters.cwd is not None:
+        qs = qs.filter(cwd=filters.cwd)
+    if filters.with_interaction:
+        qs = qs.filter(last_interaction_at__isnull=False)
     if agent_id is not None:
         qs = qs.filter(agent_id=agent_id)
     if label is not None:
@@ -340,30 +404,31 @@ def active_path(window: SessionWindow, *, limit: int | None = None) -> list[Tran
 HISTORY_TEXT_LIMIT = 12_000
 
 
-def _history_text(text: str) -> str:
-    return text if len(text) <= HISTORY_TEXT_LIMIT else text[:HISTORY_TEXT_LIMIT] + "\n...(truncated)..."
+def _history_text(text: str, limit: int = HISTORY_TEXT_LIMIT) -> str:
+    return text if len(text) <= limit else text[:limit] + "\n...(truncated)..."
 
 
-def _history_value(value):
+def _history_value(value, limit: int = HISTORY_TEXT_LIMIT):
     """A tool call's arguments as history shows them: every string cut like message text (a ``write`` may
     carry megabytes; the transcript keeps them whole)."""
     if isinstance(value, str):
-        return _history_text(value)
+        return _history_text(value, limit)
     if isinstance(value, dict):
-        return {key: _history_value(item) for key, item in value.items()}
+        return {key: _history_value(item, limit) for key, item in value.items()}
     if isinstance(value, list):
-        return [_history_value(item) for item in value]
+        return [_history_value(item, limit) for item in value]
     return value
 
 
-def history_message(event: TranscriptEvent) -> dict:
+def history_message(event: TranscriptEvent, *, text_limit: int = HISTORY_TEXT_LIMIT) -> dict:
+    """A transcript message as history shows it, each text cut at ``text_limit`` characters."""
     body = dict(event.body)
     content = []
     for part in body.get("content", []):
-        if part.get("type") == "text" and len(part.get("text", "")) > HISTORY_TEXT_LIMIT:
-            part = {**part, "text": _history_text(part["text"])}
+        if part.get("type") == "text" and len(part.get("text", "")) > text_limit:
+            part = {**part, "text": _history_text(part["text"], text_limit)}
         elif part.get("type") == "toolCall":
-            part = {**part, "arguments": _history_value(part.get("arguments"))}
+            part = {**part, "arguments": _history_value(part.get("arguments"), text_limit)}
         content.append(part)
     body["content"] = content
     body["__openclaw"] = {"id": event.event_id, "seq": event.seq}

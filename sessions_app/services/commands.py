@@ -43,9 +43,11 @@ def chat_submit(
     expected_session_id: str | None = None,
     origin_channel: str = "",
     scopes: Sequence[str] = (),
+    interpret_commands: bool = True,
 ) -> SubmitResult:
-    """``chat.send``: the command the message is, answered; otherwise a turn for the model."""
-    parsed = cmd.parse_command(message)
+    """``chat.send``: the command the message is, answered; otherwise (or with ``interpret_commands`` off, OpenClaw's
+    ``suppressCommandInterpretation``) a turn for the model."""
+    parsed = cmd.parse_command(message) if interpret_commands else None
     if parsed is None:
         return runs.chat_send(
             session_key=session_key,

@@ -11,8 +11,10 @@ from dataclasses import dataclass, replace
 
 from django.db import transaction
 
+from gateway.exceptions import Busy
+
 from .. import keys
-from ..models import Run, Session
+from ..models import Run, RunStatus, Session
 from ..schemas import SessionsCreateParams
 from . import runs, workspace
 from .sessions import SessionSpec, session_create
@@ -25,11 +27,20 @@ class CreatedSession:
     run: Run | None = None
 
 
+def _check_parent_idle(parent_key: str) -> None:
+    """OpenClaw's ``/new`` (``emitCommandHooks``) waits for the parent's turns: refused while one is queued or runs."""
+    if Run.objects.filter(session__key=parent_key, status__in=(RunStatus.QUEUED, RunStatus.RUNNING)).exists():
+        raise Busy(f"Parent session {parent_key} is still active; try again in a moment.", retryable=True)
+
+
 def session_create_requested(*, request: SessionsCreateParams) -> CreatedSession:
     """1. Validate the workspace options (OpenClaw's messages, in its order).
     2. Canonicalize the key under the agent; no key means a fresh dashboard key.
     3. Create the session, with its git worktree when asked (removed again if the insert fails).
     4. With ``message``, submit the first turn (idempotency key defaults to ``create-<sessionId>``).
+
+    OpenClaw's ``/new`` (``emitCommandHooks`` with a parent) is refused while a turn of the parent is under way; its
+    plugin hooks (session end of the parent when ``succeedsParent``, session start) have no listener here.
     """
     agent = keys.normalize_agent_id(request.agentId)
     plan = workspace.plan_session_workspace(
@@ -58,6 +69,8 @@ def session_create_requested(*, request: SessionsCreateParams) -> CreatedSession
     try:
         # One transaction: a session whose first turn is refused is not kept.
         with transaction.atomic():
+            if request.emitCommandHooks and request.parentSessionKey:
+                _check_parent_idle(spec.parent_session_key)
             session = session_create(
                 spec=replace(spec, cwd=worktree["path"], worktree=worktree) if worktree is not None else spec
             )

@@ -208,9 +208,11 @@ def session_delete(
     expected_lifecycle_revision: str | None = None,
     expected_revision: int | None = None,
     expected_updated_at_ms: int | None = None,
+    archived_only: bool = False,
     actor: Actor | None = None,
 ) -> bool:
-    """Delete a session with its windows, transcript and runs; a running turn blocks deletion.
+    """Delete a session with its windows, transcript and runs; a running turn blocks deletion, and with
+    ``archived_only`` (OpenClaw's ``archivedOnly``) a session that is not archived.
 
     A session owned by an agent harness is deleted through the harness's deletion participant
     (which removes its binding after the commit); a pending one only by clearing its initialization.
@@ -227,6 +229,8 @@ def session_delete(
             revision=expected_revision,
             updated_at_ms=expected_updated_at_ms,
         )
+        if archived_only and session.archived_at is None:
+            raise InvalidRequest(f"Session {key} is not archived. Archive it first, then delete it.")
         if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
             raise Busy("Delete is unavailable while the agent is working; abort the run first.", retryable=True)
         if session.initialization_pending:

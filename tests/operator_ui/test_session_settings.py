@@ -1,5 +1,6 @@
 """The session page's settings card: label, archive, reset, delete through sessions.patch|reset|delete's services,
-for logins holding those methods' scope (operator.admin), each form sending the revision the page showed; a page
+for logins holding those methods' scope (operator.write for a patch of the label or archive, operator.admin for
+reset and delete), each form sending the revision the page showed; a page
 older than the session changes nothing and says another operator (or a turn) changed it first."""
 
 from __future__ import annotations
@@ -60,12 +61,13 @@ def test_the_card_carries_the_revision_the_page_showed_in_every_form(staff_clien
     assert 'id="session-label" name="label" value="shown"' in page
 
 
-def test_a_login_without_the_scope_sees_no_forms_and_its_posts_are_refused(operator_client):
+def test_a_login_without_the_scope_sees_no_forms_and_its_posts_are_refused(client):
+    client.force_login(operator_user("reader", sc.READ))
     session = make("agent:main:plain", label="kept")
 
-    page = operator_client.get(reverse("ui:session", kwargs={"key": session.key})).content.decode()
+    page = client.get(reverse("ui:session", kwargs={"key": session.key})).content.decode()
     refused = [
-        operator_client.post(reverse(f"ui:session-{name}", kwargs={"key": session.key}), data)
+        client.post(reverse(f"ui:session-{name}", kwargs={"key": session.key}), data)
         for name, data in (
             ("patch", {"label": "x", "revision": "1"}),
             ("reset", {"revision": "1"}),
@@ -77,6 +79,22 @@ def test_a_login_without_the_scope_sees_no_forms_and_its_posts_are_refused(opera
     assert [response.status_code for response in refused] == [403, 403, 403]
     stored = Session.objects.get(key=session.key)
     assert (stored.label, stored.revision, stored.session_id) == ("kept", 1, session.session_id)
+
+
+def test_a_write_login_may_rename_as_sessions_patch_allows_but_not_reset_or_delete(operator_client):
+    """sessions.patch's label needs operator.write (OpenClaw's method-scope table); reset and delete need admin."""
+    session = make("agent:main:writer", label="old")
+
+    renamed = post(operator_client, session, "patch", {"label": "New", "revision": "1"})
+    refused = [
+        operator_client.post(reverse(f"ui:session-{name}", kwargs={"key": session.key}), {"revision": "2"})
+        for name in ("reset", "delete")
+    ]
+
+    assert messages_of(renamed) == ["Label saved."]
+    assert [response.status_code for response in refused] == [403, 403]
+    stored = Session.objects.get(key=session.key)
+    assert (stored.label, stored.revision, stored.session_id) == ("New", 2, session.session_id)
 
 
 def test_saving_the_label_with_the_current_revision_is_audited_as_the_user(staff_client):

@@ -221,7 +221,7 @@ def test_describe_takes_the_key_in_the_path(client):
     missing = client.get("/api/sessions/agent:main:nope")
 
     assert full.status_code == 200
-    assert full.json() == rpc.sessions_describe_rpc(None, schemas.SessionRef(key=session.key))
+    assert full.json() == rpc.sessions_describe_rpc(None, schemas.SessionsDescribeParams(key=session.key))
     assert full.json()["session"]["label"] == "L"
     assert bare.json() == full.json() == encoded.json()
     assert missing.status_code == 404
