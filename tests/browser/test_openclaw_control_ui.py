@@ -85,7 +85,8 @@ class GatewayFrames:
         if frame.get("type") != "res":
             return
         self.answered.add(frame["id"])
-        if frame.get("ok") and (frame.get("payload") or {}).get("type") == "hello-ok":
+        payload = frame.get("payload")
+        if frame.get("ok") and isinstance(payload, dict) and payload.get("type") == "hello-ok":
             self.connections += 1
         if not frame.get("ok"):
             method = self.methods.get(frame["id"], "?")

@@ -87,6 +87,12 @@ def wait_until(predicate, timeout: float = STEP_WAIT_S) -> None:
         time.sleep(0.1)
 
 
+def close_picker(tui: PtyProgram) -> None:
+    """Escape, then a pause: a key typed right after it would read as the rest of an escape sequence."""
+    tui.type("\x1b")
+    time.sleep(0.5)
+
+
 def run_command(tui: PtyProgram, command: str) -> int:
     """A slash command typed as a person types it (its completion list shows meanwhile), then Enter."""
     mark = tui.mark()
@@ -136,18 +142,23 @@ def test_the_openclaw_tui_chats_aborts_and_runs_its_commands(tui_gateway, mock_m
         new_session = Session.objects.get(key__startswith="agent:main:tui-")
         assert new_session.parent_session_key == "agent:main:main"
 
-        # /sessions: the picker lists both sessions, the one made over the wire by its label.
+        # /sessions: the picker lists both sessions (OpenClaw's picker cuts keys to 30 characters), the one made
+        # over the wire by its label with the aborted reply's words as its last message; picking it switches back.
         mark = run_command(tui, "/sessions")
-        shown = tui.wait_for("Main from the wire", since=mark, timeout=STEP_WAIT_S)
+        shown = tui.wait_for("Main from the wire (main)", since=mark, timeout=STEP_WAIT_S)
+        shown = tui.wait_for(new_session.key.removeprefix("agent:main:")[:30], since=mark, timeout=STEP_WAIT_S)
         assert "failed" not in shown, shown[-2000:]
-        assert new_session.key.removeprefix("agent:main:") in shown
-        tui.type("\x1b")
+        assert "word0 word1 word2" in shown
+        mark = tui.mark()
+        tui.type("wire", per_key_s=0.02)
+        tui.type("\r")
+        tui.wait_for("session main ", since=mark, timeout=STEP_WAIT_S)
 
         # /models: the picker lists the configured model.
         mark = run_command(tui, "/models")
         shown = tui.wait_for(MODEL, since=mark, timeout=STEP_WAIT_S)
         assert "failed" not in shown, shown[-2000:]
-        tui.type("\x1b")
+        close_picker(tui)
 
         # /status: answered by the gateway (its status card), never sent to the model.
         requests_before = len(mock_model.snapshot()["requests"])
