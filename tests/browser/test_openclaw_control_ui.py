@@ -55,6 +55,8 @@ class GatewayFrames:
     methods: dict[str, str] = field(default_factory=dict)  # request id -> method
     params: dict[str, dict] = field(default_factory=dict)
     answered: set[str] = field(default_factory=set)
+    # The calls of connections that closed (a page left) unanswered: no answer can come any more.
+    abandoned: set[str] = field(default_factory=set)
     refusals: list[tuple[str, dict, str]] = field(default_factory=list)  # (method, params, message)
     events: list[dict] = field(default_factory=list)
     connections: int = 0  # hello-ok answers
@@ -66,15 +68,20 @@ class GatewayFrames:
     def _socket(self, socket) -> None:
         if not socket.url.rstrip("/").startswith(self.gateway_url):
             return  # the UI's first try, at its own origin
-        socket.on("framesent", self._sent)
+        sent_here: set[str] = set()
+        socket.on("framesent", lambda payload: sent_here.add(self._sent(payload)))
         socket.on("framereceived", self._received)
+        socket.on("close", lambda _socket: self.abandoned.update(sent_here - self.answered))
 
-    def _sent(self, payload) -> None:
+    def _sent(self, payload) -> str | None:
+        """The request's id (None for other frames)."""
         frame = json.loads(payload)
-        if frame.get("type") == "req":
-            self.methods[frame["id"]] = frame["method"]
-            self.params[frame["id"]] = frame.get("params") or {}
         self.last_frame_at = time.monotonic()
+        if frame.get("type") != "req":
+            return None
+        self.methods[frame["id"]] = frame["method"]
+        self.params[frame["id"]] = frame.get("params") or {}
+        return frame["id"]
 
     def _received(self, payload) -> None:
         frame = json.loads(payload)
@@ -113,14 +120,17 @@ class GatewayFrames:
                 raise AssertionError(f"the page did not connect; refused: {self.refusals[-5:]}")
             page.wait_for_timeout(100)
 
+    def unanswered(self) -> list[str]:
+        return sorted({self.methods[i] for i in set(self.methods) - self.answered - self.abandoned})
+
     def settle(self, page, timeout_s: float = 20.0) -> None:
         """Until every call the page made is answered and no frame came for ``QUIET_S``."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             page.wait_for_timeout(250)
-            if set(self.methods) <= self.answered and time.monotonic() - self.last_frame_at >= QUIET_S:
+            if self.unanswered() == [] and time.monotonic() - self.last_frame_at >= QUIET_S:
                 return
-        unanswered = sorted({self.methods[i] for i in set(self.methods) - self.answered})
+        unanswered = self.unanswered()
         raise AssertionError(f"calls still unanswered after {timeout_s:.0f} s: {unanswered}")
 
 
@@ -138,7 +148,7 @@ def refusals_text(frames: GatewayFrames) -> str:
     return "\n".join(f"{method} {json.dumps(params)}: {message}" for method, params, message in frames.refusals)
 
 
-def test_openclaw_control_ui_chats_over_this_gateway(page, gateway, control_ui, screenshots):
+def test_openclaw_control_ui_chats_over_this_gateway(control_ui, page, gateway, screenshots):
     call_beside_the_browser(gateway, "sessions.create", {"key": SESSION_KEY, "label": SESSION_LABEL})
     frames = GatewayFrames(gateway.url)
     frames.attach(page)
@@ -173,11 +183,13 @@ def test_openclaw_control_ui_chats_over_this_gateway(page, gateway, control_ui, 
     expect(page.get_by_text(MESSAGE, exact=True)).to_be_visible()
     frames.settle(page)
     screenshots.take(page, "chat-reloaded")
+    assert "unknown method" not in page.locator("body").inner_text()
 
     open_page(page, frames, control_ui, gateway, "/sessions")
     expect(page.get_by_text(SESSION_LABEL).filter(visible=True).first).to_be_visible(timeout=UI_WAIT_MS)
     frames.settle(page)
     screenshots.take(page, "sessions")
+    assert "unknown method" not in page.locator("body").inner_text()
 
     for path, name in (("/settings/devices", "devices"), ("/logs", "logs"), ("/usage", "usage")):
         open_page(page, frames, control_ui, gateway, path)
@@ -186,3 +198,5 @@ def test_openclaw_control_ui_chats_over_this_gateway(page, gateway, control_ui, 
         assert "unknown method" not in page.locator("body").inner_text(), name
 
     assert frames.unknown_methods() == [], refusals_text(frames)
+    # And every param the UI sends is one the gateway takes (OpenClaw's params for every method).
+    assert [refusal for refusal in frames.refusals if " params: " in refusal[2]] == [], refusals_text(frames)
