@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sessions_app.models import Run, RunStatus, Session
+from tests.e2e.test_openclaw_compat import wait_until
 from tests.support.clients import call_once
 from tests.support.mock_openai import MockOpenAI, slow
 from tests.support.openclaw_cli import TOOL, require_openclaw_cli
@@ -79,14 +80,6 @@ def latest_run_status(session_key: str) -> str | None:
     return Run.objects.filter(session__key=session_key).order_by("-created_at").values_list("status", flat=True).first()
 
 
-def wait_until(predicate, timeout: float = STEP_WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.1)
-
-
 def close_picker(tui: PtyProgram) -> None:
     """Escape, then a pause: a key typed right after it would read as the rest of an escape sequence."""
     tui.type("\x1b")
@@ -122,7 +115,9 @@ def test_the_openclaw_tui_chats_aborts_and_runs_its_commands(tui_gateway, mock_m
         tui.type("Tell me the Greek letters\r")
         tui.wait_for(re.compile(r"streaming"), since=mark, timeout=STEP_WAIT_S)
         tui.wait_for(STREAMED_WORDS, since=mark, timeout=STEP_WAIT_S)
-        wait_until(lambda: Run.objects.filter(session__key="agent:main:main", status=RunStatus.OK).count() == 2)
+        wait_until(
+            lambda: Run.objects.filter(session__key="agent:main:main", status=RunStatus.OK).count() == 2, STEP_WAIT_S
+        )
 
         # Abort: Escape while the reply streams stops the turn with one chat.abort, accepted as the TUI sent it.
         mock_model.script(slow(ABORTED_WORDS, WORD_DELAY_S))
@@ -131,7 +126,7 @@ def test_the_openclaw_tui_chats_aborts_and_runs_its_commands(tui_gateway, mock_m
         tui.wait_for("word2", since=mark, timeout=STEP_WAIT_S)
         tui.type("\x1b")
         shown = tui.wait_for("run aborted", since=mark, timeout=STEP_WAIT_S)
-        wait_until(lambda: latest_run_status("agent:main:main") == RunStatus.ABORTED)
+        wait_until(lambda: latest_run_status("agent:main:main") == RunStatus.ABORTED, STEP_WAIT_S)
         assert "word59" not in tui.text(mark)
         assert rpc_calls(access_log, "chat.abort") == ["ok"], shown[-2000:]
 

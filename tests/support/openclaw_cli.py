@@ -24,6 +24,7 @@ import pytest
 from tests.support.browser import in_ci
 from tests.support.processes import ROOT
 
+# ./dev test exports where it found the tool (next to the checkout, or the workplace's shared folder).
 TOOL = Path(os.environ.get("OPENCLAW_CLI_TOOL") or ROOT.parent / "shared" / "tools" / "openclaw-cli")
 
 
