@@ -25,6 +25,7 @@ from approvals_app.session_events import session_approvals_subscription
 from gateway import scopes as sc
 from gateway.context import RpcContext
 from gateway.events import keyed_subscription, publish_to_subscription_rollback_unsafe
+from gateway.exceptions import InvalidRequest
 from gateway.registry import registry
 
 from .models import Session, TranscriptEvent
@@ -36,12 +37,23 @@ EVENT_SESSION_MESSAGE = registry.event("session.message", scope=sc.READ, subscri
 EVENT_SESSION_TOOL = registry.event("session.tool", scope=sc.READ, subscription=MESSAGES_FAMILY)
 
 
+# Each followed session is a channel-layer group membership held in Redis until the connection ends: bounded, so
+# one connection cannot make the gateway hold an unbounded number of them (OpenClaw's UI follows one or two).
+MAX_FOLLOWED_SESSIONS = 200
+
+
 def messages_subscription(session_key: str) -> str:
     return keyed_subscription(MESSAGES_FAMILY, session_key)
 
 
 async def subscribe(ctx: RpcContext, session_key: str, *, include_approvals: bool) -> None:
-    await ctx.subscribe(messages_subscription(session_key))
+    subscription = messages_subscription(session_key)
+    followed = sum(1 for held in ctx.subscriptions if held.startswith(f"{MESSAGES_FAMILY}."))
+    if subscription not in ctx.subscriptions and followed >= MAX_FOLLOWED_SESSIONS:
+        raise InvalidRequest(
+            f"this connection already follows {MAX_FOLLOWED_SESSIONS} sessions: unsubscribe from one first"
+        )
+    await ctx.subscribe(subscription)
     if include_approvals:
         await ctx.subscribe(session_approvals_subscription(session_key))
 

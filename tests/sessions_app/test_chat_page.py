@@ -346,6 +346,23 @@ def test_subscriptions_are_per_connection_per_session_and_end_when_unsubscribed(
     assert reader.subscriptions == set()
 
 
+def test_a_connection_follows_a_bounded_number_of_sessions(monkeypatch):
+    class Layer:
+        async def group_add(self, group, channel):
+            pass
+
+    monkeypatch.setattr("gateway.context.get_channel_layer", lambda: Layer())
+    monkeypatch.setattr("sessions_app.message_subscriptions.MAX_FOLLOWED_SESSIONS", 2)
+    spec = registry.methods["sessions.messages.subscribe"]
+    reader = operator_context([sc.READ])
+    for key in ("one", "two", "two"):
+        asyncio.run(spec.handler(reader, spec.params.model_validate({"key": key})))
+    with pytest.raises(InvalidRequest) as refused:
+        asyncio.run(spec.handler(reader, spec.params.model_validate({"key": "three"})))
+    assert refused.value.message == "this connection already follows 2 sessions: unsubscribe from one first"
+    assert len(reader.subscriptions) == 2
+
+
 def test_an_event_of_one_session_reaches_only_holders_of_that_sessions_subscription():
     spec = registry.events["session.message"]
     mine, theirs = messages_subscription("agent:main:a"), messages_subscription("agent:main:b")
@@ -407,3 +424,22 @@ def test_a_session_approval_payload_is_openclaws_snapshot():
     assert payload["phase"] == "pending" and payload["sessionKey"] == "agent:main:a"
     assert payload["approval"]["status"] == "pending" and payload["approval"]["urlPath"] == "/approve/ap%201"
     assert payload["approval"]["presentation"]["commandText"] == "ls"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_startup_by_link_follows_the_session_list_as_openclaws_does(monkeypatch):
+    joined: list[str] = []
+
+    class Layer:
+        async def group_add(self, group, channel):
+            joined.append(group)
+
+    monkeypatch.setattr("gateway.context.get_channel_layer", lambda: Layer())
+    spec = registry.methods["chat.startup"]
+    reader = operator_context([sc.READ])
+    by_key = spec.params.model_validate({"sessionKey": "main", "limit": 80})
+    assert asyncio.run(spec.handler(reader, by_key))["messages"] == []
+    assert reader.subscriptions == set()  # the key form subscribes to nothing
+    by_link = spec.params.model_validate({"shortId": "0123abcd", "agentId": "main"})
+    assert asyncio.run(spec.handler(reader, by_link)) == {"resolution": {"ok": False}}
+    assert reader.subscriptions == {"sessions"} and joined == [subscription_group("sessions")]
