@@ -42,32 +42,22 @@ def cap_by_bytes(messages: list[dict], max_bytes: int) -> list[dict]:
 def around_message(older: list[dict], anchor: dict, newer: list[dict], *, limit: int, max_bytes: float) -> list[dict]:
     """A page around ``anchor``: older (newest first) and newer (oldest first) messages added by turns while the
     page holds at most ``limit`` messages and its JSON fits ``max_bytes``."""
-    page_older: list[dict] = []
-    page_newer: list[dict] = []
+    sides = (older, newer)
+    taken = [0, 0]
+    growing = [bool(older), bool(newer)]
     cost = json_bytes(anchor) + 1
-    budget = max_bytes - 1
-    next_older = next_newer = 0
-    grow_older, grow_newer = bool(older), bool(newer)
-    while (grow_older or grow_newer) and 1 + len(page_older) + len(page_newer) < limit:
-        if grow_older:
-            size = json_bytes(older[next_older]) + 1
-            if cost + size <= budget:
-                page_older.append(older[next_older])
-                cost += size
-                next_older += 1
-                grow_older = next_older < len(older)
-            else:
-                grow_older = False
-        if grow_newer and 1 + len(page_older) + len(page_newer) < limit:
-            size = json_bytes(newer[next_newer]) + 1
-            if cost + size <= budget:
-                page_newer.append(newer[next_newer])
-                cost += size
-                next_newer += 1
-                grow_newer = next_newer < len(newer)
-            else:
-                grow_newer = False
-    return [*reversed(page_older), anchor, *page_newer]
+    while any(growing) and 1 + sum(taken) < limit:
+        for side in (0, 1):
+            if not growing[side] or 1 + sum(taken) >= limit:
+                continue
+            size = json_bytes(sides[side][taken[side]]) + 1
+            if cost + size > max_bytes - 1:
+                growing[side] = False
+                continue
+            cost += size
+            taken[side] += 1
+            growing[side] = taken[side] < len(sides[side])
+    return [*reversed(older[: taken[0]]), anchor, *newer[: taken[1]]]
 
 
 def input_receipts(session: Session, window: SessionWindow, run_ids: list[str]) -> list[dict]:

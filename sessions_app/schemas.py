@@ -335,7 +335,7 @@ class SessionsPatchParams(SessionChanges, SessionRef):
     def sets_only_settings_not_kept(self) -> bool:
         """Whether this patch sets OpenClaw's settings only, none of which this gateway keeps."""
         kept = set(SessionChanges.model_fields) | set(SessionRef.model_fields)
-        guards = {name for name in self.model_fields if name.startswith("expected")}
+        guards = {name for name in SessionsPatchParams.model_fields if name.startswith("expected")}
         return not self.changes() and bool(self.model_fields_set - kept - guards)
 
     def required_scope(self) -> str:

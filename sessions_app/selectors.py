@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
@@ -162,7 +163,8 @@ class RowFilters:
     parent_key: str | None = None
     pinned: bool | None = None
     category: str | None = None
-    cwd: str | None = None
+    # The working directory as clients see it (``spawnedCwd``).
+    shown_cwd: str | None = None
     with_interaction: bool = False
 
     def __bool__(self) -> bool:
@@ -175,7 +177,7 @@ def _row_filters(query: SessionsListParams) -> RowFilters:
         parent_key=keys.canonical_key(query.spawnedBy, query.agentId) if query.spawnedBy else None,
         pinned=query.pinned,
         category=query.group,
-        cwd=query.workspaceDir,
+        shown_cwd=query.workspaceDir,
         with_interaction=bool(query.requireLastInteraction),
     )
 
@@ -346,6 +348,20 @@ def _page_sql(by_agent: bool, by_label: bool, archived: bool | str, keyset: bool
     )
 
 
+def _shown_cwd_is(shown: str) -> Q:
+    """Sessions whose working directory clients see as ``shown`` (``gateway.redaction.shown_path``): under the
+    state directory by its relative path, elsewhere by its last part. A host path itself matches nothing: where a
+    session works on this host is not a reader's to find out by trying paths."""
+    relative = PurePosixPath(shown)
+    if relative.is_absolute() or ".." in relative.parts:
+        return Q(pk__in=[])
+    state_dir = Path(settings.STATE_DIR).resolve()
+    under_state_dir = Q(cwd=str(state_dir / relative))
+    if len(relative.parts) != 1:
+        return under_state_dir
+    return under_state_dir | (Q(cwd__endswith=f"/{shown}") & ~Q(cwd__startswith=f"{state_dir}/"))
+
+
 def _sessions_filtered(
     agent_id: str | None, label: str | None, search: str | None, archived: bool | str, filters: RowFilters
 ) -> QuerySet[Session]:
@@ -358,8 +374,8 @@ def _sessions_filtered(
         qs = qs.filter(pinned_at__isnull=not filters.pinned)
     if filters.category is not None:
         qs = qs.filter(category=filters.category)
-    if filters.cwd is not None:
-        qs = qs.filter(cwd=filters.cwd)
+    if filters.shown_cwd is not None:
+        qs = qs.filter(_shown_cwd_is(filters.shown_cwd))
     if filters.with_interaction:
         qs = qs.filter(last_interaction_at__isnull=False)
     if agent_id is not None:

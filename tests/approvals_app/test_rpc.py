@@ -309,8 +309,8 @@ def test_unknown_ids_and_bad_decisions_are_refused_with_nothing_written():
             "invalid exec.approval.request params: at /host: Input should be 'gateway' or 'node'",
         ),
         (
-            {"command": "ls", "systemRunPlan": {}},
-            "invalid exec.approval.request params: at /systemRunPlan: unexpected property",
+            {"command": "ls", "runPlan": {}},
+            "invalid exec.approval.request params: at /runPlan: unexpected property",
         ),
         (
             {"command": "x" * 65537},

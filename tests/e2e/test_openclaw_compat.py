@@ -212,3 +212,33 @@ def test_openclaw_cli_reads_what_its_clients_read_at_start(gateway):
     code, config, result = openclaw_call(gateway, "config.get")
     assert code == 0 and config["config"]["gateway"]["auth"]["token"] == "__OPENCLAW_REDACTED__"
     assert gateway.token not in result.stdout
+
+
+def test_openclaw_cli_patches_a_label_with_least_privilege_and_reads_with_its_clients_params(gateway):
+    """OpenClaw's CLI asks each method's least-privilege scope: sessions.patch of a label is operator.write (it was
+    refused as needing operator.admin); sessions.list and chat.history take the params its Control UI sends."""
+    code, created, _ = openclaw_call(gateway, "sessions.create", {"key": "oc-params", "label": "before"})
+    assert code == 0 and created["key"] == "agent:main:oc-params"
+
+    code, patched, result = openclaw_call(gateway, "sessions.patch", {"key": "agent:main:oc-params", "label": "after"})
+    assert code == 0, result.stderr
+    assert patched["entry"]["label"] == "after"
+
+    sidebar = {
+        "includeGlobal": True,
+        "includeUnknown": True,
+        "configuredAgentsOnly": True,
+        "limit": 10000,
+        "includeDerivedTitles": True,
+        "includeLastMessage": True,
+        "agentId": "main",
+    }
+    code, listed, result = openclaw_call(gateway, "sessions.list", sidebar)
+    assert code == 0, result.stderr
+    assert listed["limitApplied"] == 1000
+    assert {row["key"]: row.get("derivedTitle") for row in listed["sessions"]}["agent:main:oc-params"] == "after"
+
+    history = {"sessionKey": "agent:main:oc-params", "limit": 80, "maxBytes": 262144, "inputRunIds": ["none"]}
+    code, page, result = openclaw_call(gateway, "chat.history", history)
+    assert code == 0, result.stderr
+    assert (page["messages"], page["inputReceipts"], page["inputConsumptions"]) == ([], [], [])

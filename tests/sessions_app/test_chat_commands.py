@@ -219,7 +219,7 @@ def test_model_shows_the_current_model_and_sets_this_sessions_model_the_way_sess
         "Model set to openai/gpt-small"
     )
     assert current().model == "gpt-small"
-    assert rpc.sessions_describe_rpc(None, schemas.SessionRef(key=KEY))["session"]["model"] == "gpt-small"
+    assert rpc.sessions_describe_rpc(None, schemas.SessionsDescribeParams(key=KEY))["session"]["model"] == "gpt-small"
 
     assert reply_of(send("/model default", "m4", scopes=WRITER).run.run_id) == (
         "Session model reset to configured default (openai/mock-model)."

@@ -18,6 +18,7 @@ from sessions_app import history, titles
 from sessions_app.models import Run, RunStatus, Session
 from sessions_app.schemas import SessionsCreateParams
 from sessions_app.services import creation, runs, sessions
+from tests.e2e.test_openclaw_client_startup import PAGE_LOAD_CALLS
 from tests.support.connections import dispatched, handled
 
 pytestmark = pytest.mark.django_db
@@ -57,16 +58,8 @@ def refusal(method: str, params: dict, scopes=(sc.ADMIN,)) -> str:
 
 
 def test_the_control_uis_and_tuis_list_params_are_answered():
-    make("agent:main:one", label="One")
-    ui_sidebar = {
-        "includeGlobal": True,
-        "includeUnknown": True,
-        "configuredAgentsOnly": True,
-        "limit": 200,
-        "includeDerivedTitles": True,
-        "includeLastMessage": True,
-        "agentId": "main",
-    }
+    # A child of the main session, as the Control UI's second list (spawnedBy) asks for.
+    make("agent:main:one", label="One", parent_session_key="agent:main:main")
     tui_picker = {
         "limit": 50,
         "activeMinutes": 10080,
@@ -76,10 +69,10 @@ def test_the_control_uis_and_tuis_list_params_are_answered():
         "includeLastMessage": True,
         "agentId": "main",
     }
+    calls = [params for method, params in PAGE_LOAD_CALLS if method == "sessions.list"] + [tui_picker]
 
-    for params in (ui_sidebar, tui_picker):
-        payload = listed(params)
-        assert "agent:main:one" in keys_of(payload)
+    for params in calls:
+        assert "agent:main:one" in keys_of(listed(params)), params
 
 
 def test_a_limit_above_a_page_is_clamped_not_refused():
@@ -135,8 +128,21 @@ def test_pinned_group_workspace_and_interaction_filter_as_openclaws():
     assert keys_of(listed({"pinned": True})) == ["agent:main:filed"]
     assert "agent:main:filed" not in keys_of(listed({"pinned": False}))
     assert keys_of(listed({"group": "ops"})) == ["agent:main:filed"]
-    assert keys_of(listed({"workspaceDir": "/srv/work"})) == ["agent:main:filed"]
+    # The working directory as rows show it (spawnedCwd: the last part outside the state directory); the host
+    # path itself is not a reader's to probe.
+    assert keys_of(listed({"workspaceDir": "work"})) == ["agent:main:filed"]
+    assert keys_of(listed({"workspaceDir": "/srv/work"})) == []
+    assert keys_of(listed({"workspaceDir": "../srv/work"})) == []
     assert keys_of(listed({"requireLastInteraction": True})) == ["agent:main:filed"]
+
+
+def test_workspace_dir_under_the_state_directory_is_its_relative_path(settings, tmp_path):
+    settings.STATE_DIR = str(tmp_path)
+    inside = make("agent:main:inside", cwd=str(tmp_path / "worktrees" / "x"))
+
+    assert handled("sessions.describe", {"key": inside.key}, scopes=[sc.READ])["session"]["spawnedCwd"] == "worktrees/x"
+    assert keys_of(listed({"workspaceDir": "worktrees/x"})) == ["agent:main:inside"]
+    assert keys_of(listed({"workspaceDir": "x"})) == []
 
 
 @pytest.mark.parametrize(

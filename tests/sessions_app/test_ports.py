@@ -149,7 +149,7 @@ def test_contributed_fields_appear_in_describe_list_and_the_api(api_token, port,
         return {s.key: {"residence": {"host": "gateway", "slot": 0}} for s in batch if s.key != "agent:main:s1"}
 
     port.fields = residence
-    described = rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))
+    described = rpc.sessions_describe_rpc(_ctx(), schemas.SessionsDescribeParams(key="agent:main:s0"))
     # The page in one query; the port here reads nothing.
     with django_assert_num_queries(1):
         listed = rpc.sessions_list_rpc(_ctx(), schemas.SessionsListParams())
@@ -176,7 +176,7 @@ def test_the_port_is_asked_once_per_page_and_not_for_an_empty_one(port):
     make("agent:main:s0")
     make("agent:main:s1")
     rpc.sessions_list_rpc(_ctx(), schemas.SessionsListParams())
-    rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s1"))
+    rpc.sessions_describe_rpc(_ctx(), schemas.SessionsDescribeParams(key="agent:main:s1"))
     assert asked == [["agent:main:s0", "agent:main:s1"], ["agent:main:s1"]]
 
 
@@ -184,7 +184,7 @@ def test_a_port_may_not_override_session_fields(port):
     make("agent:main:s0")
     port.fields = lambda batch: {s.key: {"status": "hijacked"} for s in batch}
     with pytest.raises(RuntimeError, match=r"overrides session fields \['status'\]"):
-        rpc.sessions_describe_rpc(_ctx(), schemas.SessionRef(key="agent:main:s0"))
+        rpc.sessions_describe_rpc(_ctx(), schemas.SessionsDescribeParams(key="agent:main:s0"))
 
 
 # --- what a port refuses ---------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from devices_app import selectors as device_selectors
 from gateway.models import AuditLog
 from sessions_app import rpc as session_rpc
 from sessions_app import selectors as session_selectors
-from sessions_app.schemas import SessionRef
+from sessions_app.schemas import SessionsDescribeParams
 from sessions_app.services.sessions import session_patch
 from tests.support.api import API_TOKEN
 from workers_app import rpc, selectors
@@ -561,7 +561,7 @@ def test_the_fields_workers_app_adds_to_session_and_node_rows_reach_the_api(clie
     nodes = client.get("/api/gateway/nodes").json()["nodes"]
     environments = client.get("/api/workers/environments").json()["environments"]
 
-    assert described == session_rpc.sessions_describe_rpc(ctx(), SessionRef(key=KEY))
+    assert described == session_rpc.sessions_describe_rpc(ctx(), SessionsDescribeParams(key=KEY))
     assert described["session"]["placement"]["state"] == S.ACTIVE
     assert listed["sessions"][0]["placement"] == described["session"]["placement"]
     assert (node["sessionHost"], node["workerSlots"]) == (True, {"total": 2, "available": 2})

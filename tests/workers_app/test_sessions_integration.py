@@ -28,7 +28,7 @@ class Ctx:
 
 
 def describe(key: str) -> dict:
-    return rpc.sessions_describe_rpc(Ctx(), schemas.SessionRef(key=key))["session"]
+    return rpc.sessions_describe_rpc(Ctx(), schemas.SessionsDescribeParams(key=key))["session"]
 
 
 def test_a_session_without_a_placement_has_no_placement_field():
