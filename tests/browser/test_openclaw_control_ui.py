@@ -55,8 +55,8 @@ class GatewayFrames:
     methods: dict[str, str] = field(default_factory=dict)  # request id -> method
     params: dict[str, dict] = field(default_factory=dict)
     answered: set[str] = field(default_factory=set)
-    # The calls of connections that closed (a page left) unanswered: no answer can come any more.
-    abandoned: set[str] = field(default_factory=set)
+    # The calls of the newest connection: an earlier page's connection closed with it, unanswered calls and all.
+    current: set[str] = field(default_factory=set)
     refusals: list[tuple[str, dict, str]] = field(default_factory=list)  # (method, params, message)
     events: list[dict] = field(default_factory=list)
     connections: int = 0  # hello-ok answers
@@ -69,9 +69,9 @@ class GatewayFrames:
         if not socket.url.rstrip("/").startswith(self.gateway_url):
             return  # the UI's first try, at its own origin
         sent_here: set[str] = set()
+        self.current = sent_here
         socket.on("framesent", lambda payload: sent_here.add(self._sent(payload)))
         socket.on("framereceived", self._received)
-        socket.on("close", lambda _socket: self.abandoned.update(sent_here - self.answered))
 
     def _sent(self, payload) -> str | None:
         """The request's id (None for other frames)."""
@@ -121,7 +121,7 @@ class GatewayFrames:
             page.wait_for_timeout(100)
 
     def unanswered(self) -> list[str]:
-        return sorted({self.methods[i] for i in set(self.methods) - self.answered - self.abandoned})
+        return sorted({self.methods[i] for i in self.current - self.answered if i is not None})
 
     def settle(self, page, timeout_s: float = 20.0) -> None:
         """Until every call the page made is answered and no frame came for ``QUIET_S``."""
