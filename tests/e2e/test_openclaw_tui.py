@@ -1,8 +1,9 @@
 """OpenClaw's own terminal UI (``openclaw tui --url … --token …``, through the workplace's ``openclaw-cli`` tool) in
 a pseudo-terminal against a real gateway process whose model is the tests' mock OpenAI server: it connects and
 shows the session's history, a sent message's reply streams in, Escape aborts the running turn with one
-``chat.abort`` (no retry without ``preserveSideRuns``), and ``/new``, ``/sessions``, ``/models`` and ``/status`` do
-what they do against OpenClaw's gateway.
+``chat.abort`` (no retry without ``preserveSideRuns``), ``/new`` opens a successor session, ``/sessions`` lists and
+switches sessions, ``/models`` lists the configured model and picking it sets the session's model for its next
+turn, and ``/status`` is answered by the gateway, never by the model.
 
 What the TUI called is read from the gateway's own access log (one JSON line per call: method and outcome).
 Skipped without the tool; under ``CI=true`` it fails instead.
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -80,12 +80,6 @@ def latest_run_status(session_key: str) -> str | None:
     return Run.objects.filter(session__key=session_key).order_by("-created_at").values_list("status", flat=True).first()
 
 
-def close_picker(tui: PtyProgram) -> None:
-    """Escape, then a pause: a key typed right after it would read as the rest of an escape sequence."""
-    tui.type("\x1b")
-    time.sleep(0.5)
-
-
 def run_command(tui: PtyProgram, command: str) -> int:
     """A slash command typed as a person types it (its completion list shows meanwhile), then Enter."""
     mark = tui.mark()
@@ -109,7 +103,7 @@ def test_the_openclaw_tui_chats_aborts_and_runs_its_commands(tui_gateway, mock_m
         tui.wait_for("earlier answer")
         assert "failed" not in tui.text(), tui.text()[-2000:]
 
-        # Send: the reply streams in (the status line says so while its words arrive), then the turn is idle.
+        # Send: the reply streams in (the status line says so while its words arrive) and the turn ends ok.
         mock_model.script(slow(STREAMED_WORDS, WORD_DELAY_S))
         mark = tui.mark()
         tui.type("Tell me the Greek letters\r")
@@ -149,11 +143,18 @@ def test_the_openclaw_tui_chats_aborts_and_runs_its_commands(tui_gateway, mock_m
         tui.type("\r")
         tui.wait_for("session main ", since=mark, timeout=STEP_WAIT_S)
 
-        # /models: the picker lists the configured model.
+        # /models: the picker lists the configured model; picking it sets it on the session (sessions.patch, which
+        # OpenClaw's clients send with operator.write).
         mark = run_command(tui, "/models")
         shown = tui.wait_for(MODEL, since=mark, timeout=STEP_WAIT_S)
         assert "failed" not in shown, shown[-2000:]
-        close_picker(tui)
+        tui.type("\r")
+        shown = tui.wait_for(re.compile(r"model set (to|failed)"), since=mark, timeout=STEP_WAIT_S)
+        assert re.search(rf"model set to \S*{MODEL}", shown), shown[-2000:]
+        # The session's next turn asks the provider for that model.
+        tui.type("Reply exactly: after the pick\r")
+        wait_until(lambda: latest_run_status("agent:main:main") == RunStatus.OK, STEP_WAIT_S)
+        assert mock_model.snapshot()["requests"][-1]["model"] == MODEL
 
         # /status: answered by the gateway (its status card), never sent to the model.
         requests_before = len(mock_model.snapshot()["requests"])
