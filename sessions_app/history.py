@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 
-from gateway.exceptions import InvalidRequest
+from gateway.exceptions import InvalidRequest, NotFound
 
+from . import keys, selectors
 from .models import Run, RunStatus, Session, SessionWindow, TranscriptEvent
 from .schemas import ChatHistoryParams
 from .selectors import HISTORY_TEXT_LIMIT, history_message
@@ -80,6 +81,19 @@ def input_receipts(session: Session, window: SessionWindow, run_ids: list[str]) 
 
 def _messages(events: list[TranscriptEvent], text_limit: int) -> list[dict]:
     return [history_message(event, text_limit=text_limit) for event in events]
+
+
+def session_for_page(key: str) -> Session | None:
+    """The session whose history is asked for; ``None`` for an agent's main session that its first turn has not
+    created yet (its page is empty, as OpenClaw answers it); any other unknown key is refused."""
+    session = selectors.session_get(key)
+    if session is None and not keys.is_main_key(key):
+        raise NotFound(f"session not found: {key}")
+    return session
+
+
+def empty_main_page(requested_key: str) -> dict:
+    return {"sessionKey": requested_key, "messages": [], "hasMore": False, "totalMessages": 0}
 
 
 def chat_history_payload(session: Session, params: ChatHistoryParams) -> dict:

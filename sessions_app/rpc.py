@@ -164,7 +164,9 @@ def chat_send_rpc(ctx: RpcContext, params: ChatSendParams) -> dict:
 
 @method("chat.history", params=ChatHistoryParams, scope=sc.READ)
 def chat_history_rpc(ctx: RpcContext, params: ChatHistoryParams) -> dict:
-    session = selectors.session_require(_key(params.sessionKey, params.agentId))
+    session = history.session_for_page(_key(params.sessionKey, params.agentId))
+    if session is None:
+        return history.empty_main_page(params.sessionKey)
     return history.chat_history_payload(session, params)
 
 

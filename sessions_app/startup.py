@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.exceptions import InvalidRequest, NotFound
+from gateway.exceptions import InvalidRequest
 
 from . import history, keys, selectors
 from .models import Run, RunStatus, Session, SessionWindow
@@ -59,11 +59,8 @@ def chat_startup(params: ChatStartupParams) -> dict[str, Any]:
 def chat_startup_page(params: ChatStartupParams) -> dict[str, Any]:
     history_params = _history_params(params)
     key = keys.canonical_key(params.sessionKey, params.agentId)
-    session = selectors.session_get(key)
+    session = history.session_for_page(key)
     if session is None:
-        if not keys.is_main_key(key):
-            raise NotFound(f"session not found: {key}")
-        # The agent's main session is created by its first turn: until then its page is empty.
         return _empty_main_page(params.sessionKey, key)
     # The page itself is chat.history's, params for params (sessions_app/history.py).
     page = history.chat_history_payload(session, history_params)
@@ -113,11 +110,8 @@ def _history_params(params: ChatStartupParams) -> ChatHistoryParams:
 
 def _empty_main_page(requested_key: str, key: str) -> dict[str, Any]:
     return {
-        "sessionKey": requested_key,
-        "messages": [],
+        **history.empty_main_page(requested_key),
         "pendingInputs": {"items": [], "total": 0},
-        "hasMore": False,
-        "totalMessages": 0,
         "defaults": selectors.session_defaults(),
         "sessionInfo": {"key": key, "agentId": keys.agent_of(key), "kind": "direct", "hasActiveRun": False},
     }

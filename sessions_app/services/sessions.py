@@ -15,7 +15,7 @@ from django.utils import timezone
 from gateway.audit import Actor, audit
 from gateway.exceptions import Busy, Conflict, InvalidRequest, NotFound
 
-from .. import events, keys
+from .. import events, keys, selectors
 from ..models import Run, RunStatus, Session, SessionWindow, WindowReason, new_id
 from ..ports import SessionAction, placements
 from .initialization import delete_session_guarded
@@ -147,12 +147,23 @@ def session_patch(
         if "pinned" in changes:
             session.pinned_at = now if changes["pinned"] else None
         if "model" in changes:
-            session.model = (changes["model"] or "").strip()[:200]
+            session.model = model_id_of(changes["model"] or "", session)[:200]
         session_write(session, *(PATCHED_FIELDS[name] for name in changes))
         if actor is not None:
             audit(actor, "session.patch", "session", key, {"changes": changes, "revision": session.revision})
         events.publish_session_changed_on_commit(session, reason="patch")
     return session
+
+
+def model_id_of(reference: str, session: Session) -> str:
+    """The model id a ``sessions.patch {model}`` names: OpenClaw's clients send ``provider/model`` as their
+    ``models.list`` shows it (the TUI's picker does), and the provider's own prefix is not part of the id it takes.
+    Anything else is kept whole: a model id may hold slashes of its own (``meta-llama/…``)."""
+    reference = reference.strip()
+    provider, slash, model = reference.partition("/")
+    if slash and model and provider.lower() == selectors.resolved_model(session)["modelProvider"].lower():
+        return model
+    return reference
 
 
 def session_reset(

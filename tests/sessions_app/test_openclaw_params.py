@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from gateway import scopes as sc
-from gateway.exceptions import Busy, InvalidRequest
+from gateway.exceptions import Busy, InvalidRequest, NotFound
 from sessions_app import history, titles
 from sessions_app.models import Run, RunStatus, Session
 from sessions_app.schemas import SessionsCreateParams
@@ -253,6 +253,19 @@ def chat_history(params: dict) -> dict:
     return handled("chat.history", params, scopes=[sc.READ])
 
 
+def test_the_history_of_a_main_session_not_created_yet_is_an_empty_page_and_of_another_unknown_key_refused():
+    # The TUI reads the main session's history at connect, before any turn created it.
+    assert chat_history({"sessionKey": "main", "agentId": "ops"}) == {
+        "sessionKey": "main",
+        "messages": [],
+        "hasMore": False,
+        "totalMessages": 0,
+    }
+    assert not Session.objects.filter(key="agent:ops:main").exists()
+    with pytest.raises(NotFound, match=r"^session not found: agent:main:never$"):
+        chat_history({"sessionKey": "never"})
+
+
 def test_offset_pages_back_from_the_newest(talk):
     first = chat_history({"sessionKey": talk.key, "limit": 4})
     second = chat_history({"sessionKey": talk.key, "limit": 4, "offset": first["nextOffset"]})
@@ -472,3 +485,21 @@ def test_a_message_with_attachments_is_refused_and_nothing_is_sent():
 
     assert "attachments are not taken by this gateway; send the message as text" in message
     assert not Run.objects.filter(run_id="att-1").exists()
+
+
+@pytest.mark.parametrize(
+    ("reference", "stored"),
+    [
+        ("openai/gpt-x", "gpt-x"),  # the TUI's picker: provider/model as models.list shows it
+        ("OpenAI/gpt-x", "gpt-x"),
+        ("gpt-x", "gpt-x"),
+        ("meta-llama/Llama-3-8B", "meta-llama/Llama-3-8B"),  # a model id of its own with a slash
+        ("openai/", "openai/"),
+    ],
+)
+def test_a_patched_model_reference_of_the_configured_provider_stores_its_model_id(settings, reference, stored):
+    settings.OPENCLAW_MODEL = {**settings.OPENCLAW_MODEL, "PROVIDER": "openai"}
+    make("agent:main:picked")
+    handled("sessions.patch", {"key": "agent:main:picked", "model": reference}, scopes=[sc.WRITE])
+
+    assert Session.objects.get(key="agent:main:picked").model == stored
