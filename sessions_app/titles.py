@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from .models import Session, TranscriptEvent
+from django.db.models import JSONField, OuterRef, QuerySet, Subquery
+
+from .models import Session, SessionWindow, TranscriptEvent
 
 DERIVED_TITLE_MAX = 60
 PREVIEW_MAX = 240
 # OpenClaw reads the preview from the newest 20 messages.
 PREVIEW_SCAN = 20
+SPOKEN_ROLES = ("user", "assistant")
 
 HOST_ENVELOPE_PREFIXES = (
     "# agents.md instructions for ",
@@ -104,7 +108,7 @@ def message_text(body: dict) -> str | None:
 def preview_of(bodies: Sequence[dict]) -> str | None:
     """The preview of the newest user or assistant message with text among ``bodies`` (newest first)."""
     for body in bodies:
-        if body.get("role") not in ("user", "assistant"):
+        if body.get("role") not in SPOKEN_ROLES:
             continue
         text = (message_text(body) or "").strip()
         if text:
@@ -112,14 +116,8 @@ def preview_of(bodies: Sequence[dict]) -> str | None:
     return None
 
 
-def _first_user_text(window_id: str) -> str | None:
-    body = (
-        TranscriptEvent.objects.filter(window_id=window_id, type="message", body__role="user")
-        .order_by("seq")
-        .values_list("body", flat=True)
-        .first()
-    )
-    return message_text(body) if body else None
+def _messages_of_window() -> QuerySet[TranscriptEvent]:
+    return TranscriptEvent.objects.filter(window_id=OuterRef("pk"), type="message")
 
 
 def _newest_bodies(window_id: str) -> list[dict]:
@@ -130,25 +128,65 @@ def _newest_bodies(window_id: str) -> list[dict]:
     )
 
 
-def derived_title(session: Session) -> str | None:
+@dataclass(frozen=True)
+class _WindowReads:
+    """What one statement read of a window for its row fields: the first user message, the newest user or
+    assistant message (and its position), and the position of the oldest message a preview may come from."""
+
+    first_user: dict | None = None
+    newest_spoken: dict | None = None
+    newest_spoken_seq: int | None = None
+    scan_floor_seq: int | None = None
+
+
+def _window_reads(window_ids: list[str], *, titles: bool, last_message: bool) -> dict[str, _WindowReads]:
+    """One statement for every window, each read an indexed probe of its transcript from its start or its end
+    (``(window, seq)``), whatever the number of rows."""
+    annotations = {}
+    if titles:
+        first = _messages_of_window().filter(body__role="user").order_by("seq")
+        annotations["first_user"] = Subquery(first.values("body")[:1], output_field=JSONField())
+    if last_message:
+        spoken = _messages_of_window().filter(body__role__in=SPOKEN_ROLES).order_by("-seq")
+        annotations["newest_spoken"] = Subquery(spoken.values("body")[:1], output_field=JSONField())
+        annotations["newest_spoken_seq"] = Subquery(spoken.values("seq")[:1])
+        floor = _messages_of_window().order_by("-seq").values("seq")[PREVIEW_SCAN - 1 : PREVIEW_SCAN]
+        annotations["scan_floor_seq"] = Subquery(floor)
+    rows = SessionWindow.objects.filter(pk__in=window_ids).annotate(**annotations).values("pk", *annotations)
+    return {row.pop("pk"): _WindowReads(**row) for row in rows}
+
+
+def _preview(window_id: str, reads: _WindowReads) -> str | None:
+    """OpenClaw's preview from the newest ``PREVIEW_SCAN`` messages: the newest user or assistant message when it
+    is among them and has text (the common case, read in the batch); otherwise those messages are read."""
+    if reads.newest_spoken is None:
+        return None
+    if reads.scan_floor_seq is not None and reads.newest_spoken_seq < reads.scan_floor_seq:
+        return None
+    return preview_of([reads.newest_spoken]) or preview_of(_newest_bodies(window_id))
+
+
+def derived_title(session: Session, first_user: dict | None) -> str | None:
     label = session.label.strip()
     if label:
         return label
     display_name = session.display_name.strip()
     if display_name:
         return display_name
-    return title_from_message(_first_user_text(session.session_id))
+    return title_from_message(message_text(first_user)) if first_user else None
 
 
 def row_extras(sessions: Sequence[Session], *, titles: bool, last_message: bool) -> dict[str, dict]:
-    """``derivedTitle`` and ``lastMessagePreview`` per session key, where there is one (each an indexed read of
-    the session's active transcript from its start or its end)."""
+    """``derivedTitle`` and ``lastMessagePreview`` per session key, where there is one: one statement for all the
+    rows (:func:`_window_reads`)."""
+    reads = _window_reads([session.session_id for session in sessions], titles=titles, last_message=last_message)
     extras: dict[str, dict] = {}
     for session in sessions:
+        window = reads.get(session.session_id, _WindowReads())
         fields = {}
-        if titles and (title := derived_title(session)):
+        if titles and (title := derived_title(session, window.first_user)):
             fields["derivedTitle"] = title
-        if last_message and (preview := preview_of(_newest_bodies(session.session_id))):
+        if last_message and (preview := _preview(session.session_id, window)):
             fields["lastMessagePreview"] = preview
         if fields:
             extras[session.key] = fields

@@ -10,14 +10,16 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from gateway import scopes as sc
 from gateway.exceptions import Busy, InvalidRequest, NotFound
 from sessions_app import history, titles
-from sessions_app.models import Run, RunStatus, Session
+from sessions_app.models import Run, RunStatus, Session, SessionWindow
 from sessions_app.schemas import SessionsCreateParams
-from sessions_app.services import creation, runs, sessions
+from sessions_app.services import creation, runs, sessions, transcripts
 from tests.e2e.test_openclaw_client_startup import PAGE_LOAD_CALLS
 from tests.support.connections import dispatched, handled
 
@@ -185,6 +187,47 @@ def test_derived_titles_and_last_message_previews_per_row():
     assert "lastMessagePreview" not in rows[named.key]  # no message yet
     without = {row["key"]: row for row in listed({})["sessions"]}
     assert not {"derivedTitle", "lastMessagePreview"} & set(without["agent:main:plain"])
+
+
+def append_message(session: Session, body: dict) -> None:
+    window = SessionWindow.objects.get(pk=session.session_id)
+    transcripts.transcript_append(session=session, window=window, type="message", body=body)
+
+
+def test_a_preview_comes_from_the_newest_twenty_messages_only():
+    tools = make("agent:main:tools")
+    finished_turn(tools, "r1", "read the file", "Reading it.")
+    # The newest assistant message calls a tool and says nothing: the preview is the one before.
+    append_message(tools, {"role": "assistant", "content": [{"type": "toolCall", "id": "t", "name": "read"}]})
+    quiet = make("agent:main:quiet")
+    finished_turn(quiet, "r2", "long ago", "Long ago.")
+    for index in range(titles.PREVIEW_SCAN):
+        append_message(quiet, {"role": "toolResult", "content": [{"type": "text", "text": f"output {index}"}]})
+    edge = make("agent:main:edge")
+    finished_turn(edge, "r3", "at the edge", "Just in.")
+    for index in range(titles.PREVIEW_SCAN - 1):
+        append_message(edge, {"role": "toolResult", "content": [{"type": "text", "text": f"output {index}"}]})
+
+    rows = {row["key"]: row for row in listed({"includeLastMessage": True})["sessions"]}
+
+    assert rows[tools.key]["lastMessagePreview"] == "Reading it."
+    assert "lastMessagePreview" not in rows[quiet.key]  # no user or assistant text among the newest 20
+    assert rows[edge.key]["lastMessagePreview"] == "Just in."
+
+
+def test_titles_and_previews_of_a_page_cost_the_same_queries_for_any_number_of_rows():
+    def page_queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            listed({"includeDerivedTitles": True, "includeLastMessage": True})
+        return len(captured.captured_queries)
+
+    for index in range(3):
+        finished_turn(make(f"agent:main:few-{index}"), f"few-{index}", f"plan step {index}", "ok")
+    few = page_queries()
+    for index in range(30):
+        finished_turn(make(f"agent:main:many-{index}"), f"many-{index}", f"plan step {index}", "ok")
+
+    assert page_queries() == few
 
 
 def test_titles_and_previews_are_cut_as_openclaws():
