@@ -232,6 +232,12 @@ class NodeOut(OpenSchema):
     pendingDeclaredCaps: list[str] | None = None
     pendingDeclaredCommands: list[str] | None = None
     pendingDeclaredPermissions: dict[str, Any] | None = None
+    # The node's latest node.host.stats sample with updatedAtMs (also once offline).
+    hostStats: dict[str, Any] | None = None
+    # While connected: what the node declared on this connection (node.pluginTools.update, node.skills.update;
+    # the skills without their content).
+    nodePluginTools: list[dict[str, Any]] | None = None
+    nodeSkills: list[dict[str, str]] | None = None
 
 
 class NodeListOut(Schema):
