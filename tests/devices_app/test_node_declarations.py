@@ -50,19 +50,23 @@ def node() -> PairedDevice:
         approved_commands=COMMANDS,
         approved_at=timezone.now(),
     )
-    device_connections.connection_register(
-        record=connection_record(
-            boot_id=state.BOOT_ID,
-            channel_name="inmemory!node",
-            role=sc.ROLE_NODE,
-            device_id=NODE_ID,
-            node_id=NODE_ID,
-            client_id="node-host",
-            client_mode="node",
-            commands=COMMANDS,
-        )
-    )
+    register_node_connection("inmemory!node")
     return device
+
+
+def register_node_connection(channel_name: str) -> None:
+    """A connection of the node host, as its connect registers it."""
+    record = connection_record(
+        boot_id=state.BOOT_ID,
+        channel_name=channel_name,
+        role=sc.ROLE_NODE,
+        device_id=NODE_ID,
+        node_id=NODE_ID,
+        client_id="node-host",
+        client_mode="node",
+        commands=COMMANDS,
+    )
+    device_connections.connection_register(record=record)
 
 
 def node_ctx(commands: list[str] = COMMANDS) -> RpcContext:
@@ -142,12 +146,16 @@ def test_skills_are_kept_normalised_answered_and_listed_without_content(node):
     ],
 )
 def test_bad_skill_declarations_are_refused_and_change_nothing(node, params):
-    wire(node_ctx(), "node.skills.update", {"skills": [skill("kept")]})
+    refused_with_nothing_written("node.skills.update", {"skills": [skill("kept")]}, params)
+
+
+def refused_with_nothing_written(method: str, kept: dict, params: Any) -> None:
+    wire(node_ctx(), method, kept)
     before = stored()
 
-    code, message = refusal(wire(node_ctx(), "node.skills.update", params))
+    code, message = refusal(wire(node_ctx(), method, params))
 
-    assert code == "INVALID_REQUEST" and message.startswith("invalid node.skills.update params")
+    assert code == "INVALID_REQUEST" and message.startswith(f"invalid {method} params")
     assert stored() == before
 
 
@@ -232,13 +240,7 @@ def test_at_most_128_plugin_tools_are_kept():
     ],
 )
 def test_bad_plugin_tool_declarations_are_refused_and_change_nothing(node, params):
-    wire(node_ctx(), "node.pluginTools.update", {"tools": [tool("kept")]})
-    before = stored()
-
-    code, message = refusal(wire(node_ctx(), "node.pluginTools.update", params))
-
-    assert code == "INVALID_REQUEST" and message.startswith("invalid node.pluginTools.update params")
-    assert stored() == before
+    refused_with_nothing_written("node.pluginTools.update", {"tools": [tool("kept")]}, params)
 
 
 def test_an_oversize_tool_catalog_is_refused_whole(node):
@@ -262,16 +264,7 @@ def test_a_new_connection_starts_without_the_last_ones_declarations(node):
     wire(node_ctx(), "node.skills.update", {"skills": [skill("kept")]})
     wire(node_ctx(), "node.pluginTools.update", {"tools": [tool("snap")]})
 
-    device_connections.connection_register(
-        record=connection_record(
-            boot_id=state.BOOT_ID,
-            channel_name="inmemory!node2",
-            role=sc.ROLE_NODE,
-            device_id=NODE_ID,
-            node_id=NODE_ID,
-            commands=COMMANDS,
-        )
-    )
+    register_node_connection("inmemory!node2")
 
     assert stored()["skills"] == [] and stored()["tools"] == []
 
