@@ -154,8 +154,14 @@ def _pairing_required(request, reason: str, role: str, scopes: list[str], device
         "reason": reason,
         "requestId": request_id,
         "remediationHint": f"approve with: python manage.py pairing approve {request_id}",
-        "recommendedNextStep": "wait_for_approval",
+        # Only nodes are asked to pair here (operators pair silently with the shared secret). OpenClaw's clients
+        # stop reconnecting after a PAIRING_REQUIRED close ("reconnect paused … waiting for operator action")
+        # unless told to wait and retry, as OpenClaw's gateway tells them while an approval can still come without
+        # the node's doing (bootstrap, SSH verification). A node host runs unattended: it keeps retrying (backoff
+        # up to 30 s), its retries keep its request open, and it connects once an operator approves it.
+        "recommendedNextStep": "wait_then_retry",
         "retryable": True,
+        "pauseReconnect": False,
         "waitForResolution": True,
         "deviceId": request.device_id,
         "requestedRole": role,

@@ -41,6 +41,15 @@ class PairedDevice(models.Model):
     last_disconnected_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     last_seen_reason = models.CharField(max_length=64, blank=True)
+    # What a node host declares of itself while connected (node.skills.update, node.pluginTools.update): the
+    # latest declaration replaces the previous one; bounded by devices_app.schemas (NODE_*_MAX_*).
+    node_skills = models.JSONField(default=list, blank=True)
+    node_skills_updated_at = models.DateTimeField(null=True, blank=True)
+    node_plugin_tools = models.JSONField(default=list, blank=True)
+    node_plugin_tools_updated_at = models.DateTimeField(null=True, blank=True)
+    # The node host's latest node.host.stats sample with the gateway's receipt time (updatedAtMs), as OpenClaw's
+    # paired node record keeps lastHostStats: shown on node.list by every gateway process, also once offline.
+    host_stats = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "gateway_paireddevice"  # the table the gateway app created (devices_app/migrations/0001)

@@ -18,13 +18,16 @@ from . import selectors
 from .schemas import (
     DeviceIdParams,
     NodeEventParams,
+    NodeHostStatsPayload,
     NodeIdParams,
+    NodePluginToolsUpdateParams,
     NodeRenameParams,
+    NodeSkillsUpdateParams,
     RequestIdParams,
     TokenRevokeParams,
     TokenRotateParams,
 )
-from .services import connections, pairing, tokens
+from .services import connections, declarations, pairing, tokens
 
 method = registry.method
 
@@ -152,6 +155,43 @@ async def node_describe_rpc(ctx: RpcContext, params: NodeIdParams) -> dict:
 def node_rename_rpc(ctx: RpcContext, params: NodeRenameParams) -> dict:
     device = pairing.node_rename(node_id=params.nodeId, display_name=params.displayName, actor=ctx.actor())
     return {"nodeId": device.device_id, "displayName": device.operator_label}
+
+
+# --- what a node host declares of itself -----------------------------------------------------
+
+
+# Up to maxPayload: 64 skills of up to 64 KiB each may take more than a control frame before the stored bound
+# (512 KiB of content in all) is checked, and refused with its own message.
+@method("node.skills.update", params=NodeSkillsUpdateParams, role="node", max_frame_bytes=None)
+def node_skills_update_rpc(ctx: RpcContext, params: NodeSkillsUpdateParams) -> dict:
+    skills = declarations.node_skills_update(node_id=ctx.node_id, skills=params.skills)
+    return {"nodeId": ctx.node_id, "skills": skills}
+
+
+@method("node.pluginTools.update", params=NodePluginToolsUpdateParams, role="node", max_frame_bytes=None)
+def node_plugin_tools_update_rpc(ctx: RpcContext, params: NodePluginToolsUpdateParams) -> dict:
+    tools = declarations.node_plugin_tools_update(
+        node_id=ctx.node_id, tools=params.tools, allowed_commands=ctx.commands
+    )
+    return {"nodeId": ctx.node_id, "tools": tools}
+
+
+NODE_HOST_STATS_EVENT = "node.host.stats"
+
+
+def _node_host_stats(ctx: RpcContext, payload: Any) -> dict:
+    """OpenClaw's answers: a payload that is not a valid sample is ``invalid_payload`` and changes nothing; a
+    node no longer paired is ``stale_connection``."""
+    try:
+        stats = NodeHostStatsPayload.model_validate(payload)
+    except ValueError:
+        return {"handled": False, "reason": "invalid_payload"}
+    if declarations.node_host_stats_record(node_id=ctx.node_id, stats=stats) is None:
+        return {"handled": False, "reason": "stale_connection"}
+    return {"handled": True, "reason": "updated"}
+
+
+registry.node_event_handlers[NODE_HOST_STATS_EVENT] = _node_host_stats
 
 
 # A worker's progress (its turns' steps and tool output) comes this way: bounded by maxPayload only.

@@ -236,7 +236,16 @@ def _node_entry(
         "lastSeenReason": "connect" if conn else (device.last_seen_reason if device else None),
         "approvedAtMs": to_ms(device.approved_at) if device else None,
         "approvalState": approval_state,
+        # OpenClaw's node.list shows the latest sample also once the node is offline (its lastHostStats).
+        "hostStats": device.host_stats if device else None,
     }
+    if conn is not None and device is not None:
+        # What the node declared on its current connection (cleared when it connects again), as OpenClaw shows
+        # its live session's: the tools with their descriptors, the skills without their content.
+        entry["nodePluginTools"] = list(device.node_plugin_tools or [])
+        entry["nodeSkills"] = [
+            {"name": skill["name"], "description": skill["description"]} for skill in device.node_skills or []
+        ]
     if request is not None:
         entry["pendingRequestId"] = str(request.request_id)
         entry["pendingDeclaredCaps"] = sorted(set(request.caps))

@@ -225,9 +225,12 @@ def _connection_insert(record: ConnectionRecord) -> None:
             connected_at=now,
         )
         if record.device_id:
-            PairedDevice.objects.filter(device_id=record.device_id).update(
-                last_connected_at=now, last_seen_at=now, last_seen_reason="connect"
-            )
+            fields = {"last_connected_at": now, "last_seen_at": now, "last_seen_reason": "connect"}
+            if record.role == sc.ROLE_NODE:
+                # A node declares its skills and plugin tools per connection (OpenClaw's live session): a new
+                # connection starts with none until it publishes them again.
+                fields.update(node_skills=[], node_plugin_tools=[])
+            PairedDevice.objects.filter(device_id=record.device_id).update(**fields)
         if record.role == sc.ROLE_NODE:
             node_catalog_changed()
 

@@ -128,8 +128,12 @@ def pairing_request_ensure(*, claim: PairingClaim) -> tuple[DevicePairingRequest
                 # Locked so that a concurrent approve cannot resolve the request mid-refresh.
                 if existing is not None:
                     changed = {k: v for k, v in fields.items() if getattr(existing, k) != v}
+                    # A device that keeps asking keeps its request open (OpenClaw's refreshedAtMs): a node
+                    # retrying while it waits for approval is approved by the same requestId.
+                    DevicePairingRequest.objects.filter(pk=existing.pk).update(
+                        expires_at=timezone.now() + ttl, **changed
+                    )
                     if changed:
-                        DevicePairingRequest.objects.filter(pk=existing.pk).update(**changed)
                         if claim.role == sc.ROLE_NODE or existing.role == sc.ROLE_NODE:
                             node_catalog_changed()
                         for key, value in changed.items():

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -277,3 +278,30 @@ def test_a_silent_pairing_that_fails_midway_leaves_no_device_token_or_connection
     assert not PairedDevice.objects.filter(device_id=identity.device_id).exists()
     assert not DeviceToken.objects.filter(device_id=identity.device_id).exists()
     assert not GatewayConnection.objects.filter(device_id=identity.device_id).exists()
+
+
+def test_an_unpaired_node_is_told_to_keep_retrying_and_keeps_its_one_request_open():
+    """OpenClaw's node host pauses its reconnects after a PAIRING_REQUIRED close ("waiting for operator action")
+    unless the details say wait_then_retry / pauseReconnect false; its retries keep the same request open, so the
+    operator approves the requestId it first saw, and the next retry connects."""
+    identity = DeviceIdentity.generate()
+    node = dict(role="node", client_id="node-host", client_mode="node", commands=["system.run"])
+    with pytest.raises(HandshakeRejected) as first:
+        _connect(identity, [], **node)
+    details = first.value.error.details
+    assert details["code"] == "PAIRING_REQUIRED" and details["reason"] == "not-paired"
+    assert details["recommendedNextStep"] == "wait_then_retry"
+    assert details["pauseReconnect"] is False and details["retryable"] is True
+    request = DevicePairingRequest.objects.get(device_id=identity.device_id)
+    DevicePairingRequest.objects.filter(pk=request.pk).update(expires_at=timezone.now() + timedelta(seconds=1))
+
+    with pytest.raises(HandshakeRejected) as retry:
+        _connect(identity, [], **node)
+
+    assert retry.value.error.details["requestId"] == str(request.pk)
+    refreshed = DevicePairingRequest.objects.get(pk=request.pk)
+    assert refreshed.status == PairingStatus.PENDING
+    assert refreshed.expires_at > timezone.now() + timedelta(seconds=60)  # refreshed by the retry
+    pairing.pairing_request_approve(request_id=str(request.pk), actor=Actor.system("operator"))
+    conn_id, hello_ok = _connect(identity, [], **node)
+    assert hello_ok["auth"]["role"] == "node" and GatewayConnection.objects.filter(conn_id=conn_id).exists()

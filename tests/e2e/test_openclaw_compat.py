@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from devices_app.models import DevicePairingRequest
+from devices_app.models import DevicePairingRequest, PairedDevice
 from devices_app.services import pairing
 from gateway.audit import Actor
 from gateway.models import GatewayConnection
@@ -46,7 +46,7 @@ def openclaw_call(server, method: str, params: dict | None = None, token: str | 
     return result.returncode, payload, result
 
 
-def start_openclaw_node(server, home: str) -> subprocess.Popen:
+def start_openclaw_node(server, home: str, stderr=subprocess.DEVNULL) -> subprocess.Popen:
     env = {
         **os.environ,
         "HOME": home,
@@ -60,7 +60,7 @@ def start_openclaw_node(server, home: str) -> subprocess.Popen:
         ["node", str(OPENCLAW), "node", "run", "--host", "127.0.0.1", "--port", str(server.port)],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
     )
 
 
@@ -84,22 +84,23 @@ def test_openclaw_gateway_call(gateway):
     assert code != 0 and unknown["error"]["message"] == "unknown method: no.such.method"
 
 
-def test_openclaw_node_host_pairs_connects_and_runs_a_command(gateway):
+def test_openclaw_node_host_pairs_connects_once_approved_without_a_restart_and_runs_a_command(gateway):
     home = tempfile.mkdtemp(prefix="openclaw-node-home-")
-    first = start_openclaw_node(gateway, home)
+    log_path = Path(home) / "node-host.log"
+    with log_path.open("w") as log:
+        node = start_openclaw_node(gateway, home, stderr=log)
     try:
         wait_until(lambda: DevicePairingRequest.objects.filter(role="node", status="pending").exists())
-    finally:
-        first.terminate()
-        first.wait(20)
-    request = DevicePairingRequest.objects.get(role="node", status="pending")
-    assert "system.which" in request.commands
-    pairing.pairing_request_approve(request_id=str(request.pk), actor=Actor.system("test"))
+        request = DevicePairingRequest.objects.get(role="node", status="pending")
+        assert "system.which" in request.commands
+        pairing.pairing_request_approve(request_id=str(request.pk), actor=Actor.system("test"))
 
-    # OpenClaw's node host waits for an operator after PAIRING_REQUIRED; a restart picks up the approval.
-    second = start_openclaw_node(gateway, home)
-    try:
-        wait_until(lambda: GatewayConnection.objects.filter(role="node", node_id=request.device_id).exists())
+        # Told wait_then_retry with its PAIRING_REQUIRED, the same node host process keeps retrying (backoff up
+        # to 30 s) instead of pausing "waiting for operator action", and connects once approved.
+        wait_until(lambda: GatewayConnection.objects.filter(role="node", node_id=request.device_id).exists(), 90)
+        # Once connected, it publishes its resource sample (node.host.stats) and its plugin tools.
+        wait_until(lambda: PairedDevice.objects.get(device_id=request.device_id).host_stats is not None)
+        wait_until(lambda: PairedDevice.objects.get(device_id=request.device_id).node_plugin_tools_updated_at)
 
         async def invoke():
             admin = operator(gateway)
@@ -124,12 +125,18 @@ def test_openclaw_node_host_pairs_connects_and_runs_a_command(gateway):
 
         result, nodes, dispatched = asyncio.run(invoke())
     finally:
-        second.terminate()
-        second.wait(20)
+        node.terminate()
+        node.wait(20)
+    node_log = log_path.read_text()
+    assert "reconnect paused" not in node_log, node_log
+    for publication in ("skill", "plugin tool", "stats"):
+        assert f"node host {publication} publish failed" not in node_log, node_log
     assert result["ok"] is True
     assert result["payload"]["bins"]["sh"].endswith("/sh")
     row = next(n for n in nodes if n["nodeId"] == request.device_id)
     assert row["connected"] is True and not row.get("sessionHost") and "workerBundle" not in row
+    assert row["hostStats"]["cpuCount"] >= 1 and row["hostStats"]["memoryTotalBytes"] > 0
+    assert row["hostStats"]["updatedAtMs"] > 0 and isinstance(row["nodePluginTools"], list)
     assert not any(command.startswith("worker.") for command in row.get("commands", []))
     assert dispatched["ok"] is False
     assert dispatched["error"]["message"] == (

@@ -8,11 +8,15 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from devices_app.models import DevicePairingRequest, PairedDevice
+from devices_app.services import connections as device_connections
 from devices_app.services import pairing
 from gateway import scopes as sc
+from gateway import state
 from gateway.audit import Actor
 from gateway.models import AuditLog
+from gateway.services import connections
 from tests.devices_app.test_services_pairing import claim
+from tests.support.connections import connection_record
 from tests.support.operators import operator_user
 
 pytestmark = pytest.mark.django_db
@@ -116,3 +120,31 @@ def test_an_empty_nodes_page_says_how_to_add_one(operator_client):
     page = operator_client.get(reverse("ui:nodes")).content.decode()
 
     assert "No node is waiting for approval." in page and "No nodes yet." in page
+
+
+def test_the_nodes_page_shows_a_nodes_host_stats_and_what_it_declares_while_connected(operator_client):
+    node_id = "f" * 64
+    paired = pending_request(node_id)
+    pairing.pairing_request_approve(request_id=str(paired.request_id), actor=Actor.system(), role="node")
+    stats = {"cpuCount": 8, "loadAverage": [1.5, 1, 1], "memoryTotalBytes": 16 * 2**30, "memoryFreeBytes": 4 * 2**30}
+    PairedDevice.objects.filter(device_id=node_id).update(host_stats={**stats, "updatedAtMs": 1})
+
+    offline = operator_client.get(reverse("ui:nodes")).content.decode().split('id="nodes-title"')[1]
+
+    assert "8 CPU, load 1.50" in offline and "memory 4.0\xa0GB free of 16.0\xa0GB" in offline
+    assert "disk " not in offline  # no disk values in the sample, no disk line
+
+    connections.process_register(boot_id=state.BOOT_ID)
+    record = connection_record(
+        boot_id=state.BOOT_ID, channel_name="inmemory!n", role="node", device_id=node_id, node_id=node_id
+    )
+    device_connections.connection_register(record=record)
+    PairedDevice.objects.filter(device_id=node_id).update(
+        node_skills=[{"name": "deploy", "description": "How to deploy", "content": "..."}],
+        node_plugin_tools=[{"pluginId": "camera", "name": "snap", "description": "Take a photo", "command": "c"}],
+    )
+
+    online = operator_client.get(reverse("ui:nodes")).content.decode().split('id="nodes-title"')[1]
+
+    assert 'Skills: <span title="How to deploy">deploy</span>' in online
+    assert 'Tools: <span title="Take a photo">camera/snap</span>' in online
