@@ -18,6 +18,7 @@ import json
 from typing import Any
 from urllib.parse import parse_qs
 
+from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -93,4 +94,9 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             return
         if message["event"] == "agent" and (message.get("payload") or {}).get("stream") not in AGENT_STREAMS:
             return
-        await self.send(text_data=json.dumps({"event": message["event"], "payload": message.get("payload")}))
+        try:
+            await self.send(text_data=json.dumps({"event": message["event"], "payload": message.get("payload")}))
+        except Disconnected:
+            # The page went away before its disconnect reached this consumer (an event got there first): nothing
+            # is wrong, and the disconnect that follows leaves the groups.
+            pass
