@@ -10,9 +10,15 @@ the model and the project's node host (``python -m openclaw_client.node``) as a 
 3. on a second gateway with a 1 s tick: the gateway's memory and tick CPU with 1,000 idle node connections (made
    from separate client processes, paired in bulk, each declaring a worker host).
 
+With ``--node-host openclaw`` or ``both`` (the default), parts 1 and 2 also run with OpenClaw's own node host
+(``openclaw node run`` from the workplace's ``openclaw-cli`` tool, ``tests/support/openclaw_node_process.py``), one
+host after the other on the same gateway and mock model, reported side by side (each host's first dispatch too);
+that part is skipped with a message when the tool's package is not installed.
+
 See ``bench/README.md`` for what each figure means.
 
     .venv/bin/python bench/node_workers.py
+    .venv/bin/python bench/node_workers.py --node-host both --turns 20 --dispatch-samples 2 --skip-idle-nodes
     .venv/bin/python bench/node_workers.py --database-url postgres://postgres@127.0.0.1:5432/postgres \\
         --redis-url redis://127.0.0.1:6379/0 --json node-workers.json
 """
@@ -47,7 +53,6 @@ from bench.common import (  # noqa: E402  (the repository root must be importabl
     base_environment,
     connected_client,
     environment_lines,
-    fmt_ms,
     latency_header,
     latency_row,
     process_cpu_seconds,
@@ -61,6 +66,7 @@ from openclaw_client.client import (  # noqa: E402
     ClientOptions,
     ConnectError,
     GatewayClient,
+    GatewayError,
     NodeCommandError,
 )
 from openclaw_client.identity import DeviceIdentity  # noqa: E402
@@ -71,8 +77,11 @@ from openclaw_client.node import (  # noqa: E402
     STATUS_COMMAND,
     WORKER_SUPERVISOR_FEATURE,
 )
+from tests.support.openclaw_node_process import OpenClawNodeProcess, openclaw_node_missing  # noqa: E402
 from tests.support.processes import NodeHostProcess, start_mock_openai, start_node_host  # noqa: E402
 
+NODE_HOSTS = ("project", "openclaw")
+NODE_HOST_NAMES = {"project": "the project's node host", "openclaw": "OpenClaw's node host"}
 AGENT_ID = "bench"
 SESSION_PREFIX = f"agent:{AGENT_ID}:node-workers"
 NODE_CAPACITY = 2
@@ -234,8 +243,9 @@ class NodeRig:
 
     deployment: Deployment
     scratch: Path
-    node_host: NodeHostProcess
+    node_host: NodeHostProcess | OpenClawNodeProcess
     node_id: str
+    kind: str  # one of NODE_HOSTS: names its checkouts and sessions apart from the other host's
 
     @property
     def url(self) -> str:
@@ -284,13 +294,41 @@ def start_paired_node_host(deployment: Deployment, scratch: Path) -> tuple[NodeH
     return node_host, node_id
 
 
+def start_paired_openclaw_node_host(
+    deployment: Deployment, cleanups: contextlib.ExitStack, *, failed: Callable[[], bool]
+) -> tuple[OpenClawNodeProcess, str]:
+    """OpenClaw's node host (``tests/support/openclaw_node_process.py``) with the project host's capacity, its
+    pairing request approved over ``node.pair.list``/``node.pair.approve``; stopped and its HOME removed by
+    ``cleanups``."""
+    assert deployment.gateway is not None
+    node_host = OpenClawNodeProcess.start(deployment.gateway, capacity=NODE_CAPACITY)
+    cleanups.callback(lambda: _stop_openclaw_node_host(node_host, failed=failed()))
+
+    async def approve(operator: Operator) -> str:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            pending = (await operator.client.request("node.pair.list", {}))["pending"]
+            if pending:
+                break
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"OpenClaw's node host asked for no pairing:\n{node_host.log()[-3000:]}")
+            await asyncio.sleep(0.1)
+        request = pending[0]
+        await operator.client.request("node.pair.approve", {"requestId": request["requestId"]})
+        await operator.wait_hosting(request["nodeId"])
+        return str(request["nodeId"])
+
+    node_host.node_id = asyncio.run(with_operator(deployment.url, deployment.token, approve))
+    return node_host, node_host.node_id
+
+
 def run_turns(rig: NodeRig, turns: int) -> dict[str, Any]:
     """Warm-up, then ``turns`` pairs of turns, local and node interleaved (both transcripts grow alike)."""
-    checkout = publish_checkout(rig.checkouts, "turns", 10)
+    checkout = publish_checkout(rig.checkouts, f"{rig.kind}-turns", 10)
 
     async def work(operator: Operator) -> dict[str, Any]:
-        local_key = await operator.create_session(checkout, "local")
-        node_key = await operator.create_session(checkout, "node")
+        local_key = await operator.create_session(checkout, f"{rig.kind}-local")
+        node_key = await operator.create_session(checkout, f"{rig.kind}-node")
         first_dispatch = await operator.timed_dispatch(node_key, rig.node_id)
         for n in range(TURN_WARMUP):
             await operator.timed_turn(local_key, f"WARM-LOCAL-{n}")
@@ -301,7 +339,10 @@ def run_turns(rig: NodeRig, turns: int) -> dict[str, Any]:
             node.append(await operator.timed_turn(node_key, f"NODE-{n}"))
         return {"nodeKey": node_key, "firstDispatchS": first_dispatch, "localS": local, "nodeS": node}
 
-    progress(f"{turns} local and {turns} node turns, interleaved, after {TURN_WARMUP} warm-up turns each")
+    progress(
+        f"{NODE_HOST_NAMES[rig.kind]}: first dispatch, then {turns} local and {turns} node turns, interleaved, "
+        f"after {TURN_WARMUP} warm-up turns each"
+    )
     measured: dict[str, Any] = rig.operate(work)
     return measured
 
@@ -309,6 +350,7 @@ def run_turns(rig: NodeRig, turns: int) -> dict[str, Any]:
 def restart_node_host(rig: NodeRig) -> None:
     """Stop the node host (its idle worker children stop with it), start it again, and wait until it is connected,
     hosting, and has answered the retain the gateway sends after every connect (so that is not in the turn)."""
+    assert isinstance(rig.node_host, NodeHostProcess)  # the project's: its log counts connects and invokes
     connects, retains = rig.node_host.connects(), rig.node_host.invokes(RETAIN_COMMAND)
     rig.node_host.stop()
     rig.node_host.start_again()
@@ -348,27 +390,33 @@ def run_dispatches(rig: NodeRig, samples: int, *, warm_up: bool) -> dict[str, An
     """Per size: ``samples`` dispatches of worktrees whose content the node has never seen (each sample its own
     checkout), and as many of a second worktree of the same checkout (the node's blob store already has it)."""
     checkouts = {
-        size: [publish_checkout(rig.checkouts, f"d{size}-{i}", size) for i in range(samples)] for size in DISPATCH_SIZES
+        size: [publish_checkout(rig.checkouts, f"{rig.kind}-d{size}-{i}", size) for i in range(samples)]
+        for size in DISPATCH_SIZES
     }
-    warm_up_checkout = publish_checkout(rig.checkouts, "dispatch-warmup", 10) if warm_up else None
+    warm_up_checkout = publish_checkout(rig.checkouts, f"{rig.kind}-dispatch-warmup", 10) if warm_up else None
 
     async def work(operator: Operator) -> dict[str, Any]:
         result: dict[str, Any] = {}
         if warm_up_checkout is not None:  # the node's first dispatch installs the worker bundle
-            key = await operator.create_session(warm_up_checkout, "dispatch-warmup")
+            key = await operator.create_session(warm_up_checkout, f"{rig.kind}-dispatch-warmup")
             result["firstDispatchS"] = await operator.timed_dispatch(key, rig.node_id)
         for size, sources in checkouts.items():
-            new, known = [], []
+            new: list[float] = []
+            known: list[float] = []
+            failures: list[str] = []
             for i, checkout in enumerate(sources):
-                key = await operator.create_session(checkout, f"d{size}-{i}-new")
-                new.append(await operator.timed_dispatch(key, rig.node_id))
-                key = await operator.create_session(checkout, f"d{size}-{i}-again")
-                known.append(await operator.timed_dispatch(key, rig.node_id))
-            result[str(size)] = {"newContentS": new, "knownContentS": known}
+                for samples_of_kind, what in ((new, "new"), (known, "again")):
+                    key = await operator.create_session(checkout, f"{rig.kind}-d{size}-{i}-{what}")
+                    try:
+                        samples_of_kind.append(await operator.timed_dispatch(key, rig.node_id))
+                    except (GatewayError, RuntimeError) as exc:  # counted and reported; the series goes on
+                        failures.append(f"{what}: {exc}")
+            result[str(size)] = {"newContentS": new, "knownContentS": known, "failures": failures}
         return result
 
     progress(
-        f"{samples} dispatches each of {', '.join(map(str, DISPATCH_SIZES))}-file worktrees (new and known content)"
+        f"{NODE_HOST_NAMES[rig.kind]}: {samples} dispatches each of {', '.join(map(str, DISPATCH_SIZES))}-file "
+        "worktrees (new and known content)"
     )
     measured: dict[str, Any] = rig.operate(work)
     return measured
@@ -385,7 +433,7 @@ def model_env(mock_base_url: str, roots: Path) -> dict[str, str]:
 
 
 def run_node_gateway(args: argparse.Namespace, cleanups: contextlib.ExitStack, report: dict[str, Any]) -> None:
-    """Parts 1 and 2 on one gateway with the mock model and one paired node host."""
+    """Parts 1 and 2 on one gateway with the mock model, for each ``--node-host`` in turn (one paired at a time)."""
     scratch = Path(tempfile.mkdtemp(prefix="openclaw-bench-nodes-"))
     cleanups.callback(lambda: _remove_scratch(scratch, args.keep_state))
     (scratch / "workspaces").mkdir()
@@ -397,11 +445,55 @@ def run_node_gateway(args: argparse.Namespace, cleanups: contextlib.ExitStack, r
     )
     cleanups.callback(lambda: deployment.close(failed=not report.get("complete")))
     deployment.start()
-    progress("node gateway: starting the node host and approving its pairing")
+    facts = asyncio.run(gateway_facts(deployment.url, deployment.token))
+    hosts: dict[str, Any] = {}
+    for kind in node_hosts(args.node_host):
+        missing = openclaw_node_missing() if kind == "openclaw" else None
+        if missing:
+            progress(f"skipping {NODE_HOST_NAMES[kind]}: {missing}")
+            hosts[kind] = {"skipped": missing}
+            continue
+        finished = HostRun()
+        with contextlib.ExitStack() as host_cleanups:
+            progress(f"node gateway: starting {NODE_HOST_NAMES[kind]} and approving its pairing")
+            node_host, node_id = start_paired_host(kind, deployment, scratch, host_cleanups, finished)
+            hosts[kind] = run_node_host(NodeRig(deployment, scratch, node_host, node_id, kind), args)
+            hosts[kind]["nodeHostTracebacks"] = node_host.log().count("Traceback")
+            finished.complete = True
+        # The host is stopped (and OpenClaw's HOME removed) before the next one starts: one node on the gateway.
+    part: dict[str, Any] = {"hosts": hosts, "memory": deployment.memory()}
+    deployment.stop()
+    part["logs"] = deployment.logs
+    part["mockCompletions"] = len(mock.requests())
+    report["environment"] = _environment(deployment, facts, args)
+    report["nodeGateway"] = part
+
+
+@dataclass
+class HostRun:
+    """Whether a node host's series completed (else its cleanup prints the tail of its log)."""
+
+    complete: bool = False
+
+
+def start_paired_host(
+    kind: str, deployment: Deployment, scratch: Path, cleanups: contextlib.ExitStack, run: HostRun
+) -> tuple[NodeHostProcess | OpenClawNodeProcess, str]:
+    """The ``kind`` node host, paired and hosting; ``cleanups`` stops it."""
+    if kind == "openclaw":
+        return start_paired_openclaw_node_host(deployment, cleanups, failed=lambda: not run.complete)
     node_host, node_id = start_paired_node_host(deployment, scratch)
-    cleanups.callback(lambda: _stop_node_host(node_host, failed=not report.get("complete")))
-    rig = NodeRig(deployment, scratch, node_host, node_id)
-    facts = asyncio.run(gateway_facts(rig.url, rig.token))
+    cleanups.callback(lambda: _stop_node_host(node_host, failed=not run.complete))
+    return node_host, node_id
+
+
+def node_hosts(choice: str) -> tuple[str, ...]:
+    return NODE_HOSTS if choice == "both" else (choice,)
+
+
+def run_node_host(rig: NodeRig, args: argparse.Namespace) -> dict[str, Any]:
+    """One node host's series: its first dispatch (the bundle install), node turns, cold starts (the project's node
+    host only: OpenClaw's starts a worker for every turn anyway), dispatches."""
     part: dict[str, Any] = {}
     if not args.skip_turns:
         turns = run_turns(rig, args.turns)
@@ -410,25 +502,23 @@ def run_node_gateway(args: argparse.Namespace, cleanups: contextlib.ExitStack, r
             "node": summarize(turns["nodeS"]),
             "firstDispatchS": turns["firstDispatchS"],
         }
-        part["coldStart"] = {
-            k: summarize(v) for k, v in run_cold_starts(rig, turns["nodeKey"], args.cold_starts).items()
-        }
+        if rig.kind == "project":
+            part["coldStart"] = {
+                k: summarize(v) for k, v in run_cold_starts(rig, turns["nodeKey"], args.cold_starts).items()
+            }
     if not args.skip_dispatch:
         dispatches = run_dispatches(rig, args.dispatch_samples, warm_up=args.skip_turns)
         if "firstDispatchS" in dispatches:
             part.setdefault("turns", {})["firstDispatchS"] = dispatches.pop("firstDispatchS")
         part["dispatch"] = {
-            size: {kind: summarize(samples) for kind, samples in by_kind.items()}
+            size: {
+                "newContentS": summarize(by_kind["newContentS"]),
+                "knownContentS": summarize(by_kind["knownContentS"]),
+                "failures": by_kind["failures"],
+            }
             for size, by_kind in dispatches.items()
         }
-    part["memory"] = deployment.memory()
-    part["nodeHostTracebacks"] = node_host.log().count("Traceback")
-    _stop_node_host(node_host, failed=False)
-    deployment.stop()
-    part["logs"] = deployment.logs
-    part["mockCompletions"] = len(mock.requests())
-    report["environment"] = _environment(deployment, facts, args)
-    report["nodeGateway"] = part
+    return part
 
 
 # --- part 3: idle node connections -------------------------------------------------------------
@@ -940,6 +1030,14 @@ def _stop_node_host(node_host: NodeHostProcess, *, failed: bool) -> None:
         print("--- last lines of the node host log ---", *tail, sep="\n", file=sys.stderr)
 
 
+def _stop_openclaw_node_host(node_host: OpenClawNodeProcess, *, failed: bool) -> None:
+    _guarded(node_host.stop, "stopping OpenClaw's node host")
+    if failed:
+        tail = node_host.log().splitlines()[-30:]
+        print("--- last lines of OpenClaw's node host log ---", *tail, sep="\n", file=sys.stderr)
+    _guarded(node_host.remove_state, "removing OpenClaw's node host HOME")
+
+
 def _remove_scratch(scratch: Path, keep: bool) -> None:
     if keep:
         progress(f"checkouts and node host state kept in {scratch}")
@@ -962,49 +1060,54 @@ def run(args: argparse.Namespace, cleanups: contextlib.ExitStack) -> dict[str, A
 # --- output -----------------------------------------------------------------------------------
 
 
-def _ms_pair(stats: dict[str, float]) -> str:
-    return f"{fmt_ms(stats.get('p50')).strip()} / {fmt_ms(stats.get('max')).strip()}"
-
-
 def render_node_gateway(part: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    lines: list[str] = []
-    turns = part.get("turns") or {}
-    if "local" in turns:
-        local, node = turns["local"], turns["node"]
+    hosts = part["hosts"]
+    measured = {kind: host for kind, host in hosts.items() if "skipped" not in host}
+    lines = [f"{NODE_HOST_NAMES[kind]}: skipped ({hosts[kind]['skipped']})" for kind in hosts if kind not in measured]
+    if any("local" in host.get("turns", {}) for host in measured.values()):
         lines += [
             "",
             f"chat.send→agent.wait round trip: {args.turns} turns each, local and node interleaved on one "
-            f"connection, after {TURN_WARMUP} warm-up turns each",
-            latency_header("round trips (ms)", 46),
-            latency_row("local session (gateway runs the turn)", local, 46),
-            latency_row("session placed on the node (warm worker)", node, 46),
-            f"  node − local, p50: {node['p50'] - local['p50']:+.2f} ms (goal < 20 ms)",
+            f"connection, after {TURN_WARMUP} warm-up turns each; one node host at a time",
+            latency_header("round trips (ms)", 50),
         ]
-        cold = part["coldStart"]
-        lines += [
-            latency_row("first node turn after node host start", cold["coldS"], 46),
-            latency_row("  the node turn right after it", cold["nextS"], 46),
-        ]
-    if "firstDispatchS" in turns:
-        lines.append(
-            f"first dispatch to the node (bundle install + 10-file sync): {turns['firstDispatchS'] * 1000:.0f} ms"
-        )
-    dispatch = part.get("dispatch")
-    if dispatch:
+        for kind, host in measured.items():
+            local, node = host["turns"]["local"], host["turns"]["node"]
+            lines += [
+                latency_row(f"{kind}: local session (beside the node turns)", local, 50),
+                latency_row(f"{kind}: session placed on the node", node, 50),
+            ]
+            if "coldStart" in host:
+                cold = host["coldStart"]
+                lines += [
+                    latency_row(f"{kind}: first node turn after node host start", cold["coldS"], 50),
+                    latency_row(f"{kind}:   the node turn right after it", cold["nextS"], 50),
+                ]
+            lines.append(f"  {kind}: node − local, p50: {node['p50'] - local['p50']:+.2f} ms (goal < 20 ms)")
+    firsts = {kind: host["turns"]["firstDispatchS"] for kind, host in measured.items() if "turns" in host}
+    if firsts:
+        lines += ["", "first dispatch to the node (bundle install + 10-file sync), ms"]
+        lines += [f"  {kind:<10}{seconds * 1000:>10.0f}" for kind, seconds in firsts.items()]
+    if any("dispatch" in host for host in measured.values()):
         lines += [
             "",
-            "sessions.dispatch until active (ms, p50 / max; ~1 KiB files; goal: 1,000 files < 5 s)",
-            f"{'worktree':<12}{'n':>4}{'content new to the node':>28}{'content the node has':>26}",
+            "sessions.dispatch until active (ms; ~1 KiB files; goal: 1,000 files < 5 s)",
+            latency_header("worktree, content", 50),
         ]
-        for size, kinds in dispatch.items():
-            new, known = kinds["newContentS"], kinds["knownContentS"]
-            lines.append(f"{int(size):>6} files{new['n']:>4}{_ms_pair(new):>28}{_ms_pair(known):>26}")
+        for kind, host in measured.items():
+            for size, kinds in host.get("dispatch", {}).items():
+                lines += [
+                    latency_row(f"{kind}: {int(size)} files, new to the node", kinds["newContentS"], 50),
+                    latency_row(f"{kind}: {int(size)} files, the node has it", kinds["knownContentS"], 50),
+                    *(f"  {kind}: {int(size)} files, failed dispatch: {failure}" for failure in kinds["failures"]),
+                ]
     memory, logs = part["memory"], part["logs"]
+    tracebacks = ", ".join(f"{kind} {host['nodeHostTracebacks']}" for kind, host in measured.items())
     lines += [
         "",
         f"node gateway RSS {memory['gatewayRssMiB']:.1f} MiB (idle {memory['gatewayIdleRssMiB']:.1f})"
         + (f", worker {memory['workerRssMiB']:.1f} MiB" if memory["workerRssMiB"] else "")
-        + f"; mock completions served: {part['mockCompletions']}; node host Tracebacks: {part['nodeHostTracebacks']}",
+        + f"; mock completions served: {part['mockCompletions']}; node host Tracebacks: {tracebacks or '-'}",
         *_log_lines("node gateway", logs),
     ]
     return lines
@@ -1117,6 +1220,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--database-url", help="PostgreSQL server to use (a scratch database is created and dropped)")
     parser.add_argument(
         "--redis-url", help="Redis for the channel layer, cache and Celery (a unique key prefix per gateway)"
+    )
+    parser.add_argument(
+        "--node-host",
+        choices=(*NODE_HOSTS, "both"),
+        default="both",
+        help="node host(s) measured, one after the other on the same gateway (openclaw: the openclaw-cli tool's)",
     )
     parser.add_argument("--turns", type=int, default=200, help="measured turns per kind (local, node)")
     parser.add_argument("--cold-starts", type=int, default=5, help="node host restarts, each timing its first turn")

@@ -17,6 +17,10 @@ class NodeWorkers(Protocol):
         """Extra ``node.list`` / ``node.describe`` fields per node id (``live``: node id → its live
         ``GatewayConnection``); nodes without any may be absent. May not repeat a catalog field."""
 
+    def node_leaving(self, node_id: str) -> None:
+        """The node's pairing is about to be removed, while it may still be connected: ask it to delete what it
+        keeps for this gateway (a node that cleans up only when told). Best effort, bounded; never raises."""
+
     def node_removed(self, node_id: str) -> None:
         """The node's pairing was removed: clean up what ran on it before ``node.pair.remove`` answers."""
 
@@ -24,6 +28,9 @@ class NodeWorkers(Protocol):
 class _NoWorkers:
     def node_fields(self, node_ids: set[str], live: dict[str, Any]) -> dict[str, dict]:
         return {}
+
+    def node_leaving(self, node_id: str) -> None:
+        return None
 
     def node_removed(self, node_id: str) -> None:
         return None

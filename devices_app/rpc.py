@@ -107,8 +107,12 @@ def node_pair_reject_rpc(ctx: RpcContext, params: RequestIdParams) -> dict:
 
 
 @method("node.pair.remove", params=NodeIdParams, scope=sc.PAIRING)
-def node_pair_remove_rpc(ctx: RpcContext, params: NodeIdParams) -> dict:
-    pairing.node_pair_remove(node_id=params.nodeId, actor=ctx.actor())
+async def node_pair_remove_rpc(ctx: RpcContext, params: NodeIdParams) -> dict:
+    # In a pool thread: the removal may wait on the node (told to delete its files) and on worker teardowns,
+    # which must not hold the one thread every other request's database work goes through.
+    await database_sync_to_async(pairing.node_pair_remove, thread_sensitive=False)(
+        node_id=params.nodeId, actor=ctx.actor()
+    )
     return {"nodeId": params.nodeId}
 
 

@@ -8,6 +8,7 @@ tokens and message text stay out.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import re
@@ -24,6 +25,8 @@ http_logger = logging.getLogger("openclaw.access.http")
 rpc_logger = logging.getLogger("openclaw.access.rpc")
 
 REQUEST_ID_HEADER = "X-Request-ID"
+# The status an access line gives a request whose client left before the answer (nginx's convention).
+CLIENT_CLOSED_REQUEST = 499
 # A proxy's request id is kept when it is a plain token; anything else is replaced (it lands in every line).
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 MAX_LOGGED_PATH_CHARS = 300
@@ -89,6 +92,11 @@ class RequestLogMiddleware:
             try:
                 response = await self.get_response(request)
                 status = response.status_code
+            except asyncio.CancelledError:
+                # Django cancels the view when the client disconnects first (a health check's timeout): nothing
+                # failed here, and no answer went out.
+                status = CLIENT_CLOSED_REQUEST
+                raise
             finally:
                 _log_http(request, status, started)
         response[REQUEST_ID_HEADER] = request_id

@@ -8,4 +8,7 @@ class GatewayConfig(AppConfig):
 
     def ready(self) -> None:
         # Filling the method registry is a side effect of importing the handler modules.
-        from . import absent_features, rpc  # noqa: F401
+        from . import absent_features, lifecycle, rpc, task_consumers  # noqa: F401
+
+        # Celery task mode: a WARNING at start when no worker consumes the turn queue.
+        lifecycle.on_startup(task_consumers.start_watching)

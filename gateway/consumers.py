@@ -20,7 +20,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from . import invoke, lifecycle, log_context, metrics, state
+from . import invoke, lifecycle, log_context, metrics, pairing_wait, state
 from .conf import gateway_setting
 from .context import RpcContext
 from .dispatch import error_response, run_request
@@ -40,6 +40,7 @@ from .ports import connection_authority
 from .protocol import (
     DROP_IF_SLOW_KEY,
     INVALID_FRAME_ID,
+    ConnectParams,
     EncodedEvent,
     RequestFrame,
     decode_frame,
@@ -230,22 +231,26 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.phase = "authenticating"
         # Read beside the database hop and its queue: hello-ok needs it, the connect's decision does not.
         health_version = health_version_soon()
+        context = ConnectContext(
+            conn_id=self.conn_id,
+            boot_id=state.BOOT_ID,
+            channel_name=self.channel_name,
+            nonce=self.nonce,
+            remote_ip=self.remote_ip,
+            forwarded=_has_forwarded_headers(self.scope),
+            browser_origin=_has_origin_header(self.scope),
+        )
         try:
             await lifecycle.ensure_process_registered()
-            self.ctx, hello, presence = await database_sync_to_async(accept_connect)(
-                params,
-                ConnectContext(
-                    conn_id=self.conn_id,
-                    boot_id=state.BOOT_ID,
-                    channel_name=self.channel_name,
-                    nonce=self.nonce,
-                    remote_ip=self.remote_ip,
-                    forwarded=_has_forwarded_headers(self.scope),
-                    browser_origin=_has_origin_header(self.scope),
-                ),
-                protocol,
-                health_version,
-            )
+            try:
+                self.ctx, hello, presence = await database_sync_to_async(accept_connect)(
+                    params, context, protocol, health_version
+                )
+            except HandshakeRejected as rejected:
+                if not await self._pairing_approved_while_held(params, rejected):
+                    raise
+                # Decided again now that the device is paired (its proof signed this connection's nonce).
+                self.ctx, hello, presence = await database_sync_to_async(accept_connect)(params, context, protocol)
         except HandshakeRejected as rejected:
             await self._reject_handshake(request_id, rejected)
             return
@@ -271,6 +276,16 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.counted_open = True
         await self._send_frame({"type": "res", "id": request_id, "ok": True, "payload": hello})
         presence_changed(presence)
+
+    async def _pairing_approved_while_held(self, params: ConnectParams, rejected: HandshakeRejected) -> bool:
+        """A node refused only for its pending pairing: hold its connect until an operator decides or the hold
+        ends (``pairing_wait``); True when it was approved meanwhile, and the connect is to be decided again."""
+        details = rejected.error.details if isinstance(rejected.error.details, dict) else {}
+        hold_s = pairing_wait.hold_seconds()
+        if params.role != "node" or details.get("code") != "PAIRING_REQUIRED" or params.device is None or hold_s <= 0:
+            return False
+        await lifecycle.ensure_broadcast_subscribed()  # the decision arrives as a broadcast to this process
+        return await pairing_wait.decision(params.device.id, hold_s) == "approved"
 
     async def _reject_handshake(
         self, request_id: str, rejected: HandshakeRejected, *, failure: str | None = None

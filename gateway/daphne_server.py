@@ -215,6 +215,20 @@ SLOW_HEAD_AFTER_S = 1.0
 
 URI_TOO_LONG = b"414 URI Too Long"
 HEADER_FIELDS_TOO_LARGE = b"431 Request Header Fields Too Large"
+CONTENT_TOO_LARGE = b"413 Content Too Large"
+# Raw bytes of a body past its cap that are still taken: a chunked body's framing, and the part of the next pipelined
+# request a read may bring with the body's end.
+BODY_FRAMING_SLACK_BYTES = 64 * 1024
+# Path prefixes whose requests may carry larger bodies than OPENCLAW_MAX_PAYLOAD_BYTES (see allow_large_bodies).
+_large_body_paths: list[tuple[bytes, int]] = []
+
+
+def allow_large_bodies(path_prefix: str, max_bytes: int) -> None:
+    """Requests whose path starts with ``path_prefix`` may carry bodies of up to ``max_bytes`` (every other request:
+    ``OPENCLAW_MAX_PAYLOAD_BYTES``, Django's own limit too). Called where such a route is mounted."""
+    _large_body_paths.append((path_prefix.encode("latin-1"), max_bytes))
+
+
 REQUEST_TIMEOUT = b"408 Request Timeout"
 TOO_MANY_REQUESTS = b"429 Too Many Requests"
 
@@ -242,6 +256,8 @@ class RequestHeads:
         timeout_s: float,
         per_address: int,
         exempt: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = (),
+        max_body_bytes: int = 25 * 1024 * 1024,
+        large_bodies: Sequence[tuple[bytes, int]] = (),
     ):
         self.timeout_s = timeout_s
         self.slow_after_s = min(SLOW_HEAD_AFTER_S, timeout_s / 2)
@@ -249,6 +265,8 @@ class RequestHeads:
         self.exempt = tuple(exempt)
         self.slow: dict[str, int] = {}
         self.retry_after = b"Retry-After: %d" % math.ceil(timeout_s)
+        self.max_body_bytes = max_body_bytes
+        self.large_bodies = tuple(large_bodies)
 
     @classmethod
     def from_settings(cls) -> RequestHeads:
@@ -256,7 +274,13 @@ class RequestHeads:
             timeout_s=gateway_setting("HTTP_HEAD_TIMEOUT_MS") / 1000,
             per_address=gateway_setting("HTTP_SLOW_HEADS_PER_ADDRESS"),
             exempt=gateway_setting("HTTP_SLOW_HEADS_EXEMPT"),
+            max_body_bytes=gateway_setting("MAX_PAYLOAD_BYTES"),
+            large_bodies=_large_body_paths,
         )
+
+    def body_limit(self, path: bytes) -> int:
+        """The largest body a request for ``path`` may carry."""
+        return max([self.max_body_bytes, *(limit for prefix, limit in self.large_bodies if path.startswith(prefix))])
 
     def bounded_address(self, peer) -> str | None:
         """The peer's IP address when its connections count toward the bound; None when exempt (or not IP)."""
@@ -325,6 +349,11 @@ class GatewayHTTPChannel(http.HTTPChannel):
         # The address whose count of slow heads includes this connection.
         self.counted_as_slow: str | None = None
         self.gone = False
+        # The current request's body: its cap, the raw bytes taken so far (until its end), and whether it was refused.
+        self.request_path = b""
+        self.body_limit = 0
+        self.body_taken: int | None = None
+        self.body_refused = False
 
     def connectionMade(self):
         super().connectionMade()
@@ -343,9 +372,48 @@ class GatewayHTTPChannel(http.HTTPChannel):
             self.head_begun = True
         super().dataReceived(data)
 
+    def lineReceived(self, line):
+        # A request line is the line that made the channel add a request: its target is kept for the body's cap.
+        requests = len(self.requests)
+        super().lineReceived(line)
+        if len(self.requests) > requests:
+            parts = line.split(None, 2)
+            self.request_path = parts[1] if len(parts) == 3 else b""
+
     def allHeadersReceived(self):
         self.stop_awaiting_head()
+        # Twisted spools a body past 100 kB to a temporary file and Daphne then queues all of it in memory, before
+        # any route's own limit can look at it: a body over its cap is refused here, from its declared length before
+        # a byte of it is taken, or (chunked) once it has passed the cap.
+        self.body_limit = self.heads.body_limit(self.request_path)
+        if self.length is not None and self.length > self.body_limit:
+            self.refuse_body()
+            return
+        self.body_taken = 0
         super().allHeadersReceived()
+
+    def rawDataReceived(self, data):
+        if self.body_refused:
+            return
+        if self.body_taken is not None:
+            self.body_taken += len(data)
+            if self.body_taken > self.body_limit + BODY_FRAMING_SLACK_BYTES:
+                self.refuse_body()
+                return
+        super().rawDataReceived(data)
+
+    def allContentReceived(self):
+        self.body_taken = None
+        super().allContentReceived()
+
+    def refuse_body(self) -> None:
+        self.body_refused = True
+        self.body_taken = None
+        metrics.record_http_head_refused("body-too-large")
+        self.transport.write(bodiless_answer(CONTENT_TOO_LARGE))
+        # Nothing more is read: what the client still sends is not taken, and the 413 goes out before the close.
+        self.transport.pauseProducing()
+        self.loseConnection()
 
     def requestDone(self, request):
         # Kept alive: the next head's deadline starts now. Pipelined bytes the channel buffered meanwhile are parsed
@@ -446,11 +514,12 @@ def run_gateway_server(
     reactor.addSystemEventTrigger("before", "shutdown", broadcast_shutdown)
 
     def on_ready():
-        # Server.run() calls this once its factories exist and before the reactor runs: no connection was built yet.
+        # Server.run() calls this once its factories exist and its port is bound, before the reactor runs: no
+        # connection was built yet. ``listening_addresses`` holds the bound (host, port): the real port of port 0.
         install_gateway_protocols(server)
         lifecycle.start_in_background(asyncio.get_event_loop())
         if ready_callable is not None:
-            ready_callable()
+            ready_callable(list(server.listening_addresses))
 
     host_part = host.replace(":", r"\:")
     server = Server(

@@ -80,6 +80,13 @@ class Unauthorized(InvalidRequest):
     http_status = 401
 
 
+class RateLimited(InvalidRequest):
+    """Too many failed attempts from this client address: refused, whatever the request, until ``retry_after_ms``
+    has passed (HTTP 429 with ``Retry-After``)."""
+
+    http_status = 429
+
+
 class NotPaired(GatewayError):
     code = "NOT_PAIRED"
     http_status = 403

@@ -76,7 +76,7 @@ def hold_lease() -> None:
         label = worker_process_label()
         thread = threading.Thread(target=_renew_forever, args=(label,), name="executor-lease", daemon=True)
         thread.start()
-        logger.info("holding executor lease %s (ttl %d s)", label, lease_ttl_s())
+        logger.debug("holding executor lease %s (ttl %d s)", label, lease_ttl_s())
 
 
 def _renew_forever(label: str) -> None:

@@ -24,10 +24,13 @@ HEALTH_WAIT_AGE_S = 5.0
 
 # One thread of its own: the probe asks whether the database answers, and must not wait behind every
 # request's database work in the request thread (under a burst of big chat.send calls it waited seconds).
-_probe_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-health")
+probe_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-health")
 
 
-class _HealthCache:
+class HealthCache:
+    """The latest probe and the refresh in flight. Public so that a test can start from a cache of its own
+    (``monkeypatch.setattr(health, "probe_cache", HealthCache())``) and wait for a refresh."""
+
     def __init__(self) -> None:
         self.snapshot: dict[str, Any] | None = None
         self.probed_at: float | None = None
@@ -37,7 +40,7 @@ class _HealthCache:
         return None if self.probed_at is None else time.monotonic() - self.probed_at
 
 
-_cache = _HealthCache()
+probe_cache = HealthCache()
 
 
 def probe_database() -> dict[str, Any]:
@@ -53,12 +56,12 @@ def probe_database() -> dict[str, Any]:
 
 
 def last_health() -> dict[str, Any] | None:
-    return _cache.snapshot
+    return probe_cache.snapshot
 
 
 async def _probe() -> dict[str, Any]:
-    snapshot = await DatabaseSyncToAsync(probe_database, thread_sensitive=False, executor=_probe_pool)()
-    _cache.snapshot, _cache.probed_at = snapshot, time.monotonic()
+    snapshot = await DatabaseSyncToAsync(probe_database, thread_sensitive=False, executor=probe_pool)()
+    probe_cache.snapshot, probe_cache.probed_at = snapshot, time.monotonic()
     return snapshot
 
 
@@ -70,9 +73,9 @@ def _seen(task: asyncio.Task) -> None:
 
 def _refresh() -> asyncio.Task:
     """The probe in flight, started if there is none (on this event loop)."""
-    refresh = _cache.refresh
+    refresh = probe_cache.refresh
     if refresh is None or refresh.done() or refresh.get_loop() is not asyncio.get_running_loop():
-        refresh = _cache.refresh = asyncio.ensure_future(_probe())
+        refresh = probe_cache.refresh = asyncio.ensure_future(_probe())
         refresh.add_done_callback(_seen)
     return refresh
 
@@ -81,10 +84,10 @@ async def health_snapshot() -> dict[str, Any]:
     """The latest probe; one older than :data:`HEALTH_MAX_AGE_S` starts the next in the background, and a
     caller waits for it only when there is no probe yet or the latest is older than :data:`HEALTH_WAIT_AGE_S`.
     ``probedAtMs`` says how fresh the answer is."""
-    age = _cache.age()
+    age = probe_cache.age()
     if age is None or age > HEALTH_MAX_AGE_S:
         refresh = _refresh()
-        if age is None or age > HEALTH_WAIT_AGE_S or _cache.snapshot is None:
+        if age is None or age > HEALTH_WAIT_AGE_S or probe_cache.snapshot is None:
             # Shielded: a caller that gives up (a cancel frame) does not cancel the others' probe.
             return await asyncio.shield(refresh)
-    return _cache.snapshot
+    return probe_cache.snapshot

@@ -29,6 +29,14 @@ logger = logging.getLogger(__name__)
 
 Snapshot = tuple[list, dict]
 
+# What a node reads in hello-ok to shape its worker-host declaration (OpenClaw's gateway capabilities;
+# node-worker-dialect.md §1.0). Portal streams are not served, so their capability is not listed.
+GATEWAY_CAPABILITIES = (
+    "node-worker-bundle-retention-v1",
+    "node-worker-bundle-status-v1",
+    "node-worker-captured-exec-policy",
+    "node-worker-environment-session-v1",
+)
 PRESENCE_VERSION_KEY = "gateway:state:presence"
 HEALTH_VERSION_KEY = "gateway:state:health"
 
@@ -129,7 +137,11 @@ def build_hello(ctx: RpcContext, outcome: ConnectOutcome, protocol: int, snapsho
         "type": "hello-ok",
         "protocol": protocol,
         "server": {"version": SERVER_VERSION, "connId": ctx.conn_id, "bootId": state.BOOT_ID},
-        "features": {"methods": registry.method_names(), "events": registry.event_names(), "capabilities": []},
+        "features": {
+            "methods": registry.method_names(),
+            "events": registry.event_names(),
+            "capabilities": list(GATEWAY_CAPABILITIES),
+        },
         "snapshot": snapshot_payload,
         "auth": auth,
         "policy": {

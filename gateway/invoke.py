@@ -233,21 +233,27 @@ async def invoke_private(
     on_progress: ProgressCallback | None = None,
     conn_id: str | None = None,
     target: InvokeTarget | None = None,
+    declared_worker_host: bool = False,
+    idempotency_key: str | None = None,
 ) -> Any:
     """Run ``command`` on the node's live connection and return its payload; raises :class:`NodeCommandFailed`.
 
     ``conn_id`` pins the connection: a node that reconnected since is refused (its state may differ).
     ``target``: the node's connection as the caller just looked it up (saves the lookup here).
+    ``declared_worker_host``: the caller proved the connection's worker-host declaration, so a private
+    command goes out although the node does not list it (OpenClaw's node host never lists them).
+    ``idempotency_key``: the request frame's key (default: the invoke's own id).
     Progress (``data`` of each ``node.invoke.progress``) goes to ``on_progress`` in ``seq`` order; one
     that arrives after a later one is dropped. ``timeout_ms`` is an idle timeout: progress resets it.
     """
     if target is None:
-        target = await database_sync_to_async(invoke_target)(node_id)
+        # Off the thread every request's database work shares: a caller may be waiting on this invoke from it.
+        target = await database_sync_to_async(invoke_target, thread_sensitive=False)(node_id)
     if target is None:
         raise NodeCommandFailed("NOT_CONNECTED", "node not connected")
     if conn_id is not None and target.conn_id != conn_id:
         raise NodeCommandFailed("NOT_CONNECTED", "node connection is no longer current")
-    if command not in target.commands:
+    if command not in target.commands and not (declared_worker_host and is_private_node_command(command)):
         # Asked of a node that never offered it, the command would wait for its timeout unanswered.
         raise NodeCommandFailed("UNSUPPORTED", f"node does not offer {command}")
     layer = get_channel_layer()
@@ -264,7 +270,7 @@ async def invoke_private(
             "command": command,
             "paramsJSON": json.dumps(params),
             "timeoutMs": timeout_ms,
-            "idempotencyKey": invoke_id,
+            "idempotencyKey": idempotency_key or invoke_id,
             "replyChannel": reply_channel,
         },
     )
@@ -280,7 +286,7 @@ async def invoke_private(
         except TimeoutError:
             # A connection that closed before it took the request (or whose process died) answers nothing:
             # the wait ends when the connection is gone, not at the timeout.
-            current = await database_sync_to_async(invoke_target)(node_id)
+            current = await database_sync_to_async(invoke_target, thread_sensitive=False)(node_id)
             if current is None or current.conn_id != target.conn_id:
                 raise NodeCommandFailed("NOT_CONNECTED", f"node disconnected ({command})") from None
             continue

@@ -21,7 +21,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.cache import cache
 
-from . import background, broadcast, state
+from . import background, broadcast, pairing_wait, state
 from .conf import gateway_setting
 from .events import BROADCAST_GROUP
 from .ports import connection_authority
@@ -217,6 +217,7 @@ async def _process_listener() -> None:
                 joined_at = time.monotonic()
             message = await layer.receive(channel)
             if broadcast.is_broadcast(message):
+                pairing_wait.notice(message)
                 await broadcast.fan_out(message)
                 continue
             handler = state.process_message_handler(message.get("type", ""))

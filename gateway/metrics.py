@@ -131,7 +131,8 @@ SLOW_CONSUMER_DISCONNECTS = Counter(
 HTTP_HEADS_REFUSED = Counter(
     "openclaw_gateway_http_heads_refused",
     "HTTP connections answered before their request head was complete, by reason: timeout (408, the head deadline "
-    "passed) or address-limit (429, the client address holds too many slow heads).",
+    "passed), address-limit (429, the client address holds too many slow heads) or body-too-large (413, a body "
+    "over its cap, refused before it is taken).",
     ("reason",),
 )
 handshake_reason_label = BoundedLabel(64)
@@ -164,7 +165,7 @@ def record_slow_consumer_disconnect() -> None:
 
 
 def record_http_head_refused(reason: str) -> None:
-    """``reason``: ``timeout`` or ``address-limit`` (fixed by the code)."""
+    """``reason``: ``timeout``, ``address-limit`` or ``body-too-large`` (fixed by the code)."""
     if metrics_enabled():
         HTTP_HEADS_REFUSED.labels(reason).inc()
 

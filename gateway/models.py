@@ -14,6 +14,9 @@ class GatewayProcess(models.Model):
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField(db_index=True)
 
+    class Meta:
+        verbose_name_plural = "gateway processes"
+
     def __str__(self) -> str:
         return f"{self.hostname}:{self.pid} ({self.boot_id})"
 

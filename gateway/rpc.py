@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
-from . import health, invoke, selectors, state
+from . import health, invoke, selectors, state, task_consumers
 from . import scopes as sc
 from .context import RpcContext
 from .effective_config import config_snapshot
@@ -30,7 +30,16 @@ async def health_rpc(ctx: RpcContext, params) -> dict:
     except Exception:
         # The database error's text names hosts and SQL: the log keeps it under the reference.
         raise internal_error(logger, "health probe") from None
-    return {**probe, "ts": selectors.now_ms(), "version": SERVER_VERSION, "uptimeMs": state.uptime_ms()}
+    # OpenClaw's clients show the payload as it is (its health object is open): one field more for who runs turns.
+    # Its state is the latest check's, never waited for; a missing worker leaves ``ok`` true (the process serves).
+    task_queue = task_consumers.consumer_watch.current().to_json()
+    return {
+        **probe,
+        "ts": selectors.now_ms(),
+        "version": SERVER_VERSION,
+        "uptimeMs": state.uptime_ms(),
+        "taskQueue": task_queue,
+    }
 
 
 def _rss_bytes() -> int | None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection
 from django.db.models import Count, QuerySet
 from django.utils import timezone
+
+from openclaw_client.running_gateway import process_alive
 
 from . import sql_reads
 from .conf import gateway_setting
@@ -66,19 +67,9 @@ def dead_process_boot_ids() -> list[str]:
     host = socket.gethostname()
     dead = {str(boot_id) for boot_id in stale_processes().values_list("boot_id", flat=True)}
     for boot_id, pid in live_processes().filter(hostname=host).values_list("boot_id", "pid"):
-        if not _pid_exists(pid):
+        if not process_alive(pid):
             dead.add(str(boot_id))
     return sorted(dead)
-
-
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def live_process_boot_ids() -> set[str]:
@@ -87,7 +78,7 @@ def live_process_boot_ids() -> set[str]:
     The pid check notices a killed process at once instead of after the heartbeat timeout.
     """
     host = socket.gethostname()
-    return {str(p.boot_id) for p in live_processes() if p.hostname != host or _pid_exists(p.pid)}
+    return {str(p.boot_id) for p in live_processes() if p.hostname != host or process_alive(p.pid)}
 
 
 def live_processes_and_connection_counts() -> tuple[list[dict], dict[str, int]]:

@@ -1,9 +1,12 @@
 """``gateway call``: one RPC against a gateway, printing the JSON result (like ``openclaw gateway call``).
 
-Two front ends share this module: the console script ``openclaw-gateway call`` (:func:`main`, no Django)
-and ``manage.py gateway call`` (which takes its defaults from the project's settings). Success prints the
-method's payload as JSON on stdout; every failure prints one line ``error: …`` on stderr and exits with a
-code that tells the kind of failure apart (:data:`EXIT_CODES_HELP`).
+Front ends sharing this module: ``python -m openclaw_client call`` and the console script ``openclaw-gateway call``
+(:func:`main`, no Django, well under a second to start), and ``manage.py gateway call``, which hands a plain call to
+:func:`main` before Django loads (``manage.py``) and otherwise takes its defaults from the project's settings.
+Without ``--url`` the call goes to the gateway recorded in ``<state dir>/gateway.json``
+(:mod:`openclaw_client.running_gateway`), else to the configured address. Success prints the method's payload as
+JSON on stdout; every failure prints one line ``error: …`` on stderr and exits with a code that tells the kind of
+failure apart (:data:`EXIT_CODES_HELP`).
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from websockets.uri import parse_uri
 
 from .client import ClientOptions, ConnectError, ConnectionClosed, GatewayClient, HandshakeClosed
 from .identity import IdentityStore
+from .running_gateway import DEFAULT_HOST, DEFAULT_PORT, gateway_file, gateway_url, read_gateway_file
 
 DEFAULT_SCOPES = ["operator.admin", "operator.read", "operator.write", "operator.approvals", "operator.pairing"]
-DEFAULT_URL = "ws://127.0.0.1:18789"
+DEFAULT_URL = gateway_url(DEFAULT_HOST, DEFAULT_PORT)
 DEFAULT_TIMEOUT_MS = 30_000
 # Methods that wait on the server for up to ``params.timeoutMs`` (these defaults when it is absent): the
 # client waits that long plus a margin, so that the gateway's own answer (``status: "timeout"``) arrives.
@@ -143,7 +147,14 @@ def call_parser_kwargs(configured: str = STANDALONE_CONFIGURED) -> dict[str, Any
 def add_call_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("method", help="Gateway method, e.g. health or node.list")
     parser.add_argument("--params", default="{}", help="JSON params of the method (default: {})")
-    parser.add_argument("--url", default=None, help=f"Gateway WebSocket URL (default: {DEFAULT_URL})")
+    parser.add_argument(
+        "--url",
+        default=None,
+        help=(
+            "Gateway WebSocket URL (default: the running gateway recorded in <state dir>/gateway.json, else "
+            f"OPENCLAW_GATEWAY_BIND and OPENCLAW_GATEWAY_PORT, by default {DEFAULT_URL})"
+        ),
+    )
     parser.add_argument("--token", default=None, help="Shared gateway token (used as given, no fallback)")
     parser.add_argument("--password", default=None, help="Shared gateway password (used as given, no fallback)")
     parser.add_argument(
@@ -215,10 +226,15 @@ def resolve_credentials(
     )
 
 
+def state_root(environ: Mapping[str, str]) -> Path:
+    """The state folder of the Django-free front ends: $OPENCLAW_STATE_DIR, else ``./.openclaw-state``."""
+    return Path(environ.get("OPENCLAW_STATE_DIR") or ".openclaw-state").resolve()
+
+
 def standalone_configured(environ: Mapping[str, str]) -> tuple[list[Secret], list[str], Path]:
     """The console script's configured secrets: OPENCLAW_GATEWAY_TOKEN / _PASSWORD, else the gateway token file
     in OPENCLAW_STATE_DIR (``./.openclaw-state``), as ``manage.py`` finds them. Returns (secrets, searched, root)."""
-    root = Path(environ.get("OPENCLAW_STATE_DIR") or ".openclaw-state").resolve()
+    root = state_root(environ)
     token_path = root / "gateway-token"
     secrets: list[Secret] = []
     token = (environ.get("OPENCLAW_GATEWAY_TOKEN") or "").strip()
@@ -233,6 +249,47 @@ def standalone_configured(environ: Mapping[str, str]) -> tuple[list[Secret], lis
     if password:
         secrets.append(Secret("password", password, "from OPENCLAW_GATEWAY_PASSWORD"))
     return secrets, ["OPENCLAW_GATEWAY_TOKEN", "OPENCLAW_GATEWAY_PASSWORD", str(token_path)], root
+
+
+# --- which gateway ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GatewayAddress:
+    url: str
+    # Why <state dir>/gateway.json was not used although it exists (added to a failure to connect).
+    ignored_file: str | None = None
+
+
+def default_address(root: Path, *, bind: str, port: int) -> GatewayAddress:
+    """The running gateway of the state folder ``root``, else ``bind``:``port``; port 0 (the gateway picks one at
+    start) names no address of its own."""
+    reading = read_gateway_file(root)
+    if reading.gateway is not None:
+        return GatewayAddress(reading.gateway.url)
+    if port == 0:
+        why = reading.ignored_because or f"{gateway_file(root)} does not exist"
+        raise CallFailed(
+            EXIT_UNREACHABLE,
+            f"no running gateway recorded ({why}) and OPENCLAW_GATEWAY_PORT is 0 (picked at start): pass --url",
+        )
+    return GatewayAddress(gateway_url(bind, port), reading.ignored_because)
+
+
+def standalone_address(environ: Mapping[str, str], root: Path) -> GatewayAddress:
+    """The Django-free front ends' default address: the state folder's running gateway, else
+    OPENCLAW_GATEWAY_BIND / OPENCLAW_GATEWAY_PORT as ``manage.py`` reads them."""
+    bind = (environ.get("OPENCLAW_GATEWAY_BIND") or "").strip() or DEFAULT_HOST
+    port_text = (environ.get("OPENCLAW_GATEWAY_PORT") or "").strip()
+    if not port_text:
+        return default_address(root, bind=bind, port=DEFAULT_PORT)
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not 0 <= port < 65536:
+        raise CallFailed(EXIT_USAGE, f"OPENCLAW_GATEWAY_PORT must be a port number from 0 to 65535: {port_text!r}")
+    return default_address(root, bind=bind, port=port)
 
 
 # --- failures as one line ------------------------------------------------------------------------
@@ -396,18 +453,23 @@ def run_call(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     traceback: bool = False,
+    ignored_file: str | None = None,
 ) -> int:
     """Run ``call`` for parsed arguments (``url`` and ``state_dir`` already defaulted); returns the exit code.
 
     ``configured`` are the shared secrets the front end found (environment, settings, the state dir), tried only
     when neither ``--token`` nor ``--password`` is given; ``searched`` names where it looked, for the message
     when there is no credential at all. ``traceback`` re-raises unexpected exceptions instead of one line.
+    ``ignored_file`` says why the state folder's gateway.json was not used for the default ``url``: a failure to
+    connect names it.
     """
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     try:
         payload = _run(args, configured or [], searched or [], stderr)
     except CallFailed as failure:
+        if failure.exit_code == EXIT_UNREACHABLE and ignored_file:
+            failure.message += f" ({ignored_file})"
         _write(stderr, f"error: {failure.message}")
         if failure.extra:
             _write(stderr, failure.extra)
@@ -463,17 +525,25 @@ def _run(args: argparse.Namespace, configured: list[Secret], searched: list[str]
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="openclaw-gateway", description="Talk to an OpenClaw gateway over its WebSocket protocol."
-    )
+def main(argv: list[str] | None = None, *, prog: str = "openclaw-gateway") -> int:
+    """``<prog> call <method> …`` without Django: the console script, ``python -m openclaw_client`` and the fast
+    path of ``manage.py gateway call``."""
+    parser = argparse.ArgumentParser(prog=prog, description="Talk to an OpenClaw gateway over its WebSocket protocol.")
     sub = parser.add_subparsers(dest="command", required=True)
     add_call_arguments(sub.add_parser("call", **call_parser_kwargs()))
     args = parser.parse_args(argv)
     configured, searched, root = standalone_configured(os.environ)
     if not args.state_dir:
         args.state_dir = str(root / "cli")
-    return run_call(args, configured=configured, searched=searched)
+    ignored_file = None
+    if not args.url:
+        try:
+            address = standalone_address(os.environ, root)
+        except CallFailed as failure:
+            _write(sys.stderr, f"error: {failure.message}")
+            return failure.exit_code
+        args.url, ignored_file = address.url, address.ignored_file
+    return run_call(args, configured=configured, searched=searched, ignored_file=ignored_file)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,11 @@ InvokeHandler = Callable[[str, Any], Awaitable[Any]]
 ProgressSender = Callable[[dict[str, Any]], Awaitable["asyncio.Future[Any] | None"]]
 
 PROGRESS_EVENT = "node.invoke.progress"
+# While a pairing request waits for an operator: retry after 1 s, then each wait 1.25 times the last, up to 5 s
+# (a connect is cheap for the gateway; the node connects within seconds of the approval).
+PAIRING_RETRY_INITIAL_S = 1.0
+PAIRING_RETRY_FACTOR = 1.25
+PAIRING_RETRY_MAX_S = 5.0
 
 
 class GatewayError(Exception):
@@ -494,19 +499,25 @@ class GatewayClient:
         on_closed: Callable[[int | None, str | None], Awaitable[None]] | None = None,
         backoff_initial: float = 1.0,
         backoff_max: float = 30.0,
+        pairing_retry_initial: float = PAIRING_RETRY_INITIAL_S,
+        pairing_retry_max: float = PAIRING_RETRY_MAX_S,
         stop: asyncio.Event | None = None,
     ) -> None:
         """Stay connected: reconnect with exponential backoff (1 s → 30 s, jittered).
 
-        A refused pairing keeps retrying (an operator may approve meanwhile); other refusals
-        that retrying cannot fix (bad credentials, protocol mismatch) are raised.
+        A refused pairing keeps retrying (an operator may approve meanwhile), and faster: while the
+        gateway answers "pairing required", every 1 s growing slowly to 5 s, so the connection follows an
+        approval within seconds rather than after a 30 s backoff. Other refusals that retrying cannot fix
+        (bad credentials, protocol mismatch) are raised.
         """
         delay = backoff_initial
+        pairing_delay = pairing_retry_initial
         stop = stop or asyncio.Event()
         while not stop.is_set():
+            wait, waiting_for_pairing = delay, False
             try:
                 await self.connect()
-                delay = backoff_initial
+                delay, pairing_delay = backoff_initial, pairing_retry_initial
                 if on_connected is not None:
                     await on_connected(self)
                 stop_wait = asyncio.create_task(stop.wait())
@@ -529,13 +540,33 @@ class GatewayClient:
                     "code"
                 ) in ("AUTH_TOKEN_MISMATCH", "AUTH_PASSWORD_MISMATCH"):
                     raise
-                logger.warning("connect refused: %s; retrying in %.1fs", error, delay)
+                waiting_for_pairing = awaits_pairing(error)
+                if waiting_for_pairing:
+                    wait, pairing_delay = pairing_delay, min(pairing_retry_max, pairing_delay * PAIRING_RETRY_FACTOR)
+                    # Said once per request by the caller (``on_refused``); a line per retry would be noise.
+                    logger.debug("pairing pending: %s; retrying in %.1fs", error, wait)
+                    delay = backoff_initial
+                else:
+                    logger.warning("connect refused: %s; retrying in %.1fs", error, wait)
             except (OSError, websockets.WebSocketException, TimeoutError) as error:
-                logger.warning("gateway unreachable (%s); retrying in %.1fs", error, delay)
+                logger.warning("gateway unreachable (%s); retrying in %.1fs", error, wait)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay * (0.8 + 0.4 * random.random())):
+                async with asyncio.timeout(wait * (0.8 + 0.4 * random.random())):
                     await stop.wait()
-            delay = min(backoff_max, delay * 2)
+            if not waiting_for_pairing:
+                delay = min(backoff_max, delay * 2)
+
+
+def awaits_pairing(error: ConnectError) -> bool:
+    """The gateway refused the connect only because an operator has not approved this device yet (the
+    refusal OpenClaw's gateway sends as ``NOT_PAIRED`` with details ``PAIRING_REQUIRED``), and did not ask
+    the client to stop reconnecting."""
+    details = error.details or {}
+    return (
+        error.code == "NOT_PAIRED"
+        and details.get("code") == "PAIRING_REQUIRED"
+        and details.get("pauseReconnect") is not True
+    )
 
 
 def _close_info(closed: websockets.ConnectionClosed) -> tuple[int | None, str | None]:

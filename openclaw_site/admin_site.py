@@ -13,6 +13,7 @@ from collections.abc import Callable
 from django.contrib import admin
 from django.contrib.admin.apps import AdminConfig
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse_lazy
 
 from gateway.auth import AuthRateLimiter
 
@@ -22,6 +23,8 @@ admin_login_limiter = AuthRateLimiter("admin-login")
 class GatewayAdminSite(admin.AdminSite):
     site_header = "OpenClaw gateway"
     site_title = "OpenClaw gateway admin"
+    # "View site" opens the operators' console (``/`` is the gateway's socket and a redirect).
+    site_url = reverse_lazy("ui:home")
 
     def login(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
         return rate_limited_login(request, lambda: super(GatewayAdminSite, self).login(request, extra_context))

@@ -9,6 +9,7 @@ bad input (400, naming only what the client sent), a missing or wrong token (401
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
@@ -74,7 +75,10 @@ api.add_router("/usage", usage_router)
 
 
 def error_response(error: GatewayError) -> JsonResponse:
-    return JsonResponse({"error": error.to_shape()}, status=error.http_status)
+    response = JsonResponse({"error": error.to_shape()}, status=error.http_status)
+    if error.http_status == 429 and error.retry_after_ms is not None:
+        response["Retry-After"] = str(max(1, math.ceil(error.retry_after_ms / 1000)))
+    return response
 
 
 @api.exception_handler(GatewayError)

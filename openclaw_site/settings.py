@@ -204,7 +204,14 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000}}}
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    # An OpenClaw node's workspace download keeps an entry per file for its duration (up to the manifest's
+    # 50,000 files); Django's default of 300 entries would cull a transfer's own files while the node pulls them.
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "OPTIONS": {"MAX_ENTRIES": 1_000_000},
+        }
+    }
 
 # Where long work (model turns, sweeps) runs: Celery workers when Redis is configured, else a thread
 # pool inside the gateway process. OPENCLAW_TASK_MODE overrides ("celery" | "inprocess").
@@ -253,6 +260,9 @@ OPENCLAW_GATEWAY = {
     "TOKEN": env_str("OPENCLAW_GATEWAY_TOKEN"),
     "PASSWORD": env_str("OPENCLAW_GATEWAY_PASSWORD"),
     "HANDSHAKE_TIMEOUT_MS": env_int("OPENCLAW_HANDSHAKE_TIMEOUT_MS", 10_000, minimum=100),
+    # A node's connect refused for a pending pairing is answered after at most this long, at once when an operator
+    # approves it meanwhile (gateway/pairing_wait.py); below the 15 s OpenClaw's clients wait for the answer.
+    "PAIRING_HOLD_MS": env_int("OPENCLAW_PAIRING_HOLD_MS", 8_000, minimum=0, maximum=12_000),
     "TICK_INTERVAL_MS": env_int("OPENCLAW_TICK_INTERVAL_MS", 30_000, minimum=100),
     # Embedded profile: how often the gateway loop runs the recovery sweeps (production: Celery beat).
     "SWEEP_INTERVAL_MS": env_int("OPENCLAW_SWEEP_INTERVAL_MS", 15_000, minimum=1000),
@@ -288,6 +298,9 @@ OPENCLAW_GATEWAY = {
     "EXECUTOR_LEASE_RENEW_MS": env_int("OPENCLAW_EXECUTOR_LEASE_RENEW_MS", 1_000, minimum=100),
     "EXECUTOR_LEASE_TTL_MS": env_int("OPENCLAW_EXECUTOR_LEASE_TTL_MS", 5_000, minimum=1_000),
     "EXECUTOR_WATCH_INTERVAL_MS": env_int("OPENCLAW_EXECUTOR_WATCH_INTERVAL_MS", 1_000, minimum=100),
+    # Celery task mode: a queued turn that no worker has taken this long, while no worker consumes the turn queue
+    # (gateway/task_consumers.py), fails with the reason "worker-missing"; 0 leaves it queued (the warnings stay).
+    "TURN_PICKUP_TIMEOUT_S": env_int("OPENCLAW_TURN_PICKUP_TIMEOUT_S", 90, minimum=0),
     # Right after a start, operators' reads (RPC, JSON API, console, admin) wait for startup recovery to have
     # reconciled the placements, at most this long; then they are answered UNAVAILABLE (retryable).
     "STARTUP_READ_WAIT_MS": env_int("OPENCLAW_STARTUP_READ_WAIT_MS", 30_000, minimum=0),
@@ -418,6 +431,8 @@ LOGGING = logging_config(
     file_path=OPENCLAW_LOG_FILE,
     file_max_bytes=OPENCLAW_LOG_FILE_MAX_BYTES,
     file_backups=OPENCLAW_LOG_FILE_BACKUPS,
+    # Celery's lines about each periodic sweep (every 15 s) go to DEBUG; each sweep logs what it changed.
+    routine_tasks=[entry["task"] for entry in CELERY_BEAT_SCHEDULE.values()],
 )
 # Celery workers keep this configuration instead of replacing the root logger's handlers with their own.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -9,6 +9,7 @@ from operator_ui import system_views
 urlpatterns = [
     # HTTP only: a WebSocket at `/` is the gateway's (asgi.py routes it before Django sees it).
     path("", system_views.root, name="root"),
+    path("favicon.ico", system_views.favicon, name="favicon"),
     path("healthz", operations_views.healthz, name="healthz"),
     path("readyz", operations_views.readyz, name="readyz"),
     path("admin/", admin.site.urls),

@@ -1,13 +1,16 @@
 """Liveness and readiness of this process, for load balancers and orchestrators (docs/operations.md, "Health").
 
-Readiness is five checks: startup recovery has run (operators' reads wait for it until then), the database
+Readiness is six checks: startup recovery has run (operators' reads wait for it until then), the database
 answers, the channel layer's Redis answers (the in-memory layer always does), the Celery broker answers when turns
-run in Celery, and no migration is left unapplied. Each check runs
+run in Celery, no migration is left unapplied, and a Celery worker consumes the turn queue. The last one is only
+ever a ``warning``, never "not ready": without a worker the process still serves everything but turns, and every
+process of the deployment would leave the load balancer at once. Each check runs
 on a thread of its own with a deadline, so a database that stopped answering makes ``/readyz`` say so within
 :data:`CHECK_TIMEOUT_S` instead of hanging with it; a check still running from an earlier call is waited for
 again rather than started twice, so a dead dependency never piles up threads.
 
-What a check reports is a fixed word (``ok``, ``failing``, ``timeout``, ``not configured``) and a fixed reason:
+What a check reports is a fixed word (``ok``, ``warning``, ``failing``, ``timeout``, ``not configured``) and a fixed
+reason:
 ``/readyz`` answers anyone, so exception text only goes to the log, once per change of state.
 """
 
@@ -29,8 +32,9 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 from kombu import Connection as BrokerConnection
 
-from gateway import state
+from gateway import state, task_consumers
 from gateway.health import probe_database
+from gateway.task_consumers import QueueState
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +46,14 @@ REDIS_CHANNEL_LAYER = "channels_redis.core.RedisChannelLayer"
 
 class CheckState(StrEnum):
     OK = "ok"
+    # Ready, with something an operator should act on (the reason says what).
+    WARNING = "warning"
     FAILING = "failing"
     TIMEOUT = "timeout"
     NOT_CONFIGURED = "not configured"
 
 
-READY_STATES = frozenset({CheckState.OK, CheckState.NOT_CONFIGURED})
+READY_STATES = frozenset({CheckState.OK, CheckState.WARNING, CheckState.NOT_CONFIGURED})
 
 
 @dataclass(frozen=True)
@@ -130,7 +136,9 @@ class BoundedCheck:
     def note(self, result: CheckResult, failure: BaseException | None = None) -> None:
         if result.state == self.last_state:
             return
-        if result.ready:
+        if result.state == CheckState.WARNING:
+            pass  # the probe's own module logs what the warning is about
+        elif result.ready:
             if self.last_state is not None:
                 logger.warning("readiness check %s is %s again", self.name, result.state)
         else:
@@ -203,6 +211,21 @@ def broker_probe() -> CheckResult:
     return CheckResult(CheckState.OK)
 
 
+def task_workers_probe() -> CheckResult:
+    """Whether a Celery worker consumes the turn queue, from the latest check of ``gateway.task_consumers`` (never
+    waited for: a stale one is refreshed on its own thread, the broadcast to Redis workers takes seconds)."""
+    if not broker_configured():
+        return CheckResult(CheckState.NOT_CONFIGURED, "in-process")
+    consumers = task_consumers.consumer_watch.current()
+    if consumers.state == QueueState.CONSUMED:
+        return CheckResult(CheckState.OK, f"{consumers.consumers} consumer(s) of queue '{consumers.queue}'")
+    if consumers.worker_missing:
+        return CheckResult(CheckState.WARNING, consumers.message())
+    if consumers.checked_at_ms is None:
+        return CheckResult(CheckState.WARNING, "not checked yet")
+    return CheckResult(CheckState.WARNING, "not known: the broker did not answer")
+
+
 class MigrationsCheck:
     """Unapplied migrations of every database, computed once per process and again only while some were left
     (loading every migration module costs far more than a readiness probe should)."""
@@ -230,7 +253,7 @@ class MigrationsCheck:
 
 
 class ReadinessChecks:
-    """The four checks of this process (one instance per process: their threads and caches live here)."""
+    """The checks of this process (one instance per process: their threads and caches live here)."""
 
     def __init__(self) -> None:
         self.migrations = MigrationsCheck()
@@ -239,6 +262,7 @@ class ReadinessChecks:
             "channelLayer": BoundedCheck("channelLayer", channel_layer_probe, failure_reason="unreachable"),
             "broker": BoundedCheck("broker", broker_probe, failure_reason="unreachable"),
             "migrations": BoundedCheck("migrations", self.migrations, failure_reason="not checked: database error"),
+            "taskWorkers": BoundedCheck("taskWorkers", task_workers_probe, failure_reason="not checked"),
         }
 
     def run(self, timeout_s: float = CHECK_TIMEOUT_S) -> Readiness:

@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Literal
 
-from django.db.models import Case, Count, F, FloatField, Max, Min, Q, QuerySet, Sum, Value, When
-from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, TruncDate
+from django.db.models import Count, F, Max, Min, Q, QuerySet, Sum
+from django.db.models.functions import TruncDate
 
 from gateway import selectors as gateway_selectors
 from gateway import state
@@ -32,6 +31,7 @@ from gateway.protocol import SERVER_VERSION
 from gateway.selectors import now_ms, to_ms
 from sessions_app import keys
 from sessions_app.models import Run, RunStatus, Session
+from sessions_app.run_usage import TOKEN_KINDS, recorded_tokens, recorded_total_tokens
 
 from .models import RecordedError
 from .pricing import CostTotals, TokenCounts, cost_of, model_prices, price_for, usd
@@ -88,9 +88,6 @@ def recent_errors(limit: int = ERRORS_SHOWN) -> list[RecordedError]:
 
 
 # --- usage ------------------------------------------------------------------------------------------
-TOKEN_KINDS = ("input", "output", "cacheRead", "cacheWrite")
-# A run's count of one kind is at most this (far above any model's context): larger is not a token count.
-MAX_RUN_TOKENS = 10**15
 UNKNOWN_MODEL = "unknown"
 
 
@@ -188,21 +185,9 @@ class UsageReport:
         return [self.days.get(day) or DayUsage(day=day) for day in self.window.each_day()]
 
 
-def _recorded(kind: str) -> Case:
-    """``Run.usage[kind]`` when it is a JSON number in [0, MAX_RUN_TOKENS), else 0.
-
-    The range test is a JSON comparison on both databases, and JSON orders every text, boolean, array and object
-    value above every number (PostgreSQL ``jsonb``; SQLite compares ``JSON_EXTRACT``'s text above its numbers), so
-    only numbers pass it and the cast that follows never sees text.
-    """
-    lookup = f"usage__{kind}"
-    is_count = Q(**{f"{lookup}__gte": 0, f"{lookup}__lt": MAX_RUN_TOKENS})
-    return Case(When(is_count, then=Cast(KT(lookup), FloatField())), default=Value(0.0), output_field=FloatField())
-
-
 def _sums() -> dict[str, Any]:
     return {
-        **{kind: Sum(_recorded(kind)) for kind in TOKEN_KINDS},
+        **{kind: Sum(recorded_tokens(kind)) for kind in TOKEN_KINDS},
         "usage_runs": Count("run_id", filter=Q(usage__isnull=False)),
         "runs": Count("run_id"),
         "replies": Count("run_id", filter=Q(status=RunStatus.OK)),
@@ -316,7 +301,7 @@ def _session_usage(
     priced: Callable[[str, str, TokenCounts], tuple[CostTotals, bool]],
 ) -> tuple[list[SessionUsage], int]:
     runs = _runs(window, scope)
-    total_tokens = sum((_recorded(kind) for kind in TOKEN_KINDS[1:]), _recorded(TOKEN_KINDS[0]))
+    total_tokens = recorded_total_tokens()
     ranked = runs.values("session_id").annotate(tokens=Sum(total_tokens), latest=Max("created_at"))
     ranking = ("-tokens", "-latest") if order == "tokens" else ("-latest", "-tokens")
     ids = [row["session_id"] for row in ranked.order_by(*ranking, "session_id")[:limit]]

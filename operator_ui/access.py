@@ -13,8 +13,8 @@ from functools import wraps
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 
 from gateway.user_scopes import missing_scope
 
@@ -31,9 +31,15 @@ def operator_required(*methods: str, scope: str | None = None) -> Callable[[Call
         def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             lacking = missing_scope(request.user, methods, scope)
             if lacking is not None:
-                raise PermissionDenied(f"this page needs {lacking}")
+                return forbidden(request, f"this page needs {lacking}")
             return view(request, *args, **kwargs)
 
         return guarded
 
     return decorator
+
+
+def forbidden(request: HttpRequest, reason: str) -> HttpResponse:
+    """The console's 403: the styled page saying what the login lacks (``reason``, the console's own words, never an
+    exception's text)."""
+    return render(request, "403.html", {"reason": reason}, status=403)

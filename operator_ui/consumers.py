@@ -9,7 +9,8 @@ A page asks for its topics in the query string (``?topics=pairing,approvals``; n
 Each topic is joined only with the scope an operator client needs for those events (the user's, from their
 Django permissions): ``sessions`` with ``operator.read``; ``pairing``, the ``device.pair.*`` and ``node.pair.*``
 events, with ``operator.pairing``; ``approvals``, the ``exec.approval.requested|resolved`` events, with
-``operator.approvals``. The last two join the gateway's broadcast group.
+``operator.approvals``; ``nodes``, the ``presence`` event (a connection came or went: a node connecting after its
+approval), with ``operator.read``. The last three join the gateway's broadcast group.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ PAIRING_EVENTS = frozenset(
     {"device.pair.requested", "device.pair.resolved", "node.pair.requested", "node.pair.resolved"}
 )
 APPROVAL_EVENTS = frozenset({"exec.approval.requested", "exec.approval.resolved"})
+NODE_EVENTS = frozenset({"presence"})
 # Of a turn's ``agent`` events, the page needs the tool steps only (its text comes with ``chat``).
 AGENT_STREAMS = frozenset({"tool"})
 # Closed before accept: the browser sees a failed connection; the code names why in the server's log.
@@ -66,7 +68,9 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             forwarded |= PAIRING_EVENTS
         if "approvals" in topics and sc.scope_satisfied(held, sc.APPROVALS):
             forwarded |= APPROVAL_EVENTS
-        if forwarded & (PAIRING_EVENTS | APPROVAL_EVENTS):
+        if "nodes" in topics and sc.scope_satisfied(held, sc.READ):
+            forwarded |= NODE_EVENTS
+        if forwarded & (PAIRING_EVENTS | APPROVAL_EVENTS | NODE_EVENTS):
             groups.append(BROADCAST_GROUP)
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)

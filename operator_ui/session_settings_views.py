@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -27,7 +27,7 @@ from sessions_app.schemas import ExpectedRevision, SessionsPatchParams
 from sessions_app.services import sessions
 
 from .access import operator_required
-from .views import _canonical, _refusal
+from .views import _canonical, _refusal, json_refusal, session_title, wants_json
 
 # What the patch form may send (the label field, the archive button).
 PATCH_FIELDS = ("label", "archived")
@@ -58,13 +58,29 @@ def _settings_action(
         done, target = act(session, expected, Actor.for_user(request.user))
     except Conflict as refused:
         stale_revision = (refused.details or {}).get("code") == "SESSION_CHANGED"
-        messages.error(request, _changed_first(expected, refused) if stale_revision else _refusal(refused))
+        text = _changed_first(expected, refused) if stale_revision else _refusal(refused)
+        if wants_json(request):
+            return json_refusal(text, status=409)
+        messages.error(request, text)
         return redirect(page)
     except (ValidationError, GatewayError) as refused:
+        if wants_json(request):
+            return json_refusal(_refusal(refused))
         messages.error(request, _refusal(refused))
         return redirect(page)
+    if wants_json(request):
+        return JsonResponse({"ok": True, "message": done, **_settings_answer(session.key)})
     messages.success(request, done)
     return redirect(target or page)
+
+
+def _settings_answer(key: str) -> dict[str, Any]:
+    """The session as it is after the change (none after a delete): what the page shows of it."""
+    session = session_selectors.session_get(key)
+    if session is None:
+        return {}
+    title = session_title(session)
+    return {"label": session.label, "revision": session.revision, "title": title["text"], "fallback": title["fallback"]}
 
 
 @require_POST

@@ -1,15 +1,18 @@
 """The gateway's address and the console's System page.
 
-``/`` over HTTP sends a browser to the console (its login first); the WebSocket at ``/`` never reaches Django
-(``asgi.py`` routes it to the gateway). The System page is for logins holding ``operator.admin`` (no gateway
-method shows what it does): it shows the processes, the readiness checks (``/readyz``'s) and the recent internal
-errors with their references, whose first line of message clients never see.
+``/`` over HTTP sends a browser to the console (its login first), ``/favicon.ico`` to the console's SVG icon
+(browsers ask for it on every page without an icon link, the admin's and the API docs'); the WebSocket at ``/``
+never reaches Django (``asgi.py`` routes it to the gateway). The System page is for logins holding
+``operator.admin`` (no gateway method shows what it does): it shows the processes, the readiness checks
+(``/readyz``'s) and the recent internal errors with their references, whose first line of message clients never
+see.
 """
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect
 from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.views.decorators.http import require_GET, require_safe
 
 from gateway import scopes
@@ -23,6 +26,11 @@ from .access import operator_required
 @require_safe
 def root(request: HttpRequest) -> HttpResponse:
     return redirect("ui:home" if request.user.is_authenticated else "ui:login")
+
+
+@require_safe
+def favicon(request: HttpRequest) -> HttpResponse:
+    return HttpResponsePermanentRedirect(static("operator_ui/favicon.svg"))
 
 
 @require_GET

@@ -1,7 +1,16 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import approval_views, log_views, pairing_views, session_settings_views, system_views, usage_views, views
+from . import (
+    approval_views,
+    log_views,
+    pairing_views,
+    session_list_views,
+    session_settings_views,
+    system_views,
+    usage_views,
+    views,
+)
 
 app_name = "ui"
 
@@ -9,8 +18,10 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("login/", views.login, name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="ui:login"), name="logout"),
-    path("sessions/", views.sessions_list, name="sessions"),
+    path("sessions/", session_list_views.sessions_list, name="sessions"),
     path("sessions/new", views.session_new, name="session-new"),
+    path("sessions/bulk/archive", session_list_views.sessions_archive, name="sessions-archive"),
+    path("sessions/bulk/reset", session_list_views.sessions_reset, name="sessions-reset"),
     path("sessions/<path:key>/send", views.session_send, name="session-send"),
     path("sessions/<path:key>/abort", views.session_abort, name="session-abort"),
     path("sessions/<path:key>/dispatch", views.session_dispatch, name="session-dispatch"),
@@ -20,6 +31,7 @@ urlpatterns = [
     path("sessions/<path:key>/patch", session_settings_views.session_patch, name="session-patch"),
     path("sessions/<path:key>/reset", session_settings_views.session_reset, name="session-reset"),
     path("sessions/<path:key>/delete", session_settings_views.session_delete, name="session-delete"),
+    path("sessions/<path:key>/images/<str:entry_id>/<int:index>", views.session_image, name="session-image"),
     path("sessions/<path:key>/", views.session_detail, name="session"),
     path("artifacts/<str:artifact_id>/", views.artifact, name="artifact"),
     path("approvals/", approval_views.approvals, name="approvals"),

@@ -11,8 +11,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import content_disposition_header
@@ -39,19 +38,19 @@ from workers_app import selectors as worker_selectors
 from workers_app.profiles import profiles_all
 from workers_app.services import reclaim
 
-from .access import operator_required
+from .access import forbidden, operator_required
 from .transcript import build as build_transcript
+from .transcript import check_image
 
 PAGE_SIZE = 50
+# The session page's fallback title: the key's last part, cut to this many characters.
+FALLBACK_TITLE_LENGTH = 24
 _login_form = auth_views.LoginView.as_view(template_name="operator_ui/login.html")
 
 
 def login(request: HttpRequest) -> HttpResponse:
     """Django's login, with failed attempts counted per address together with the admin's."""
     return rate_limited_login(request, lambda: _login_form(request))
-
-
-ARCHIVED_CHOICES = {"no": False, "yes": True, "all": "all"}
 
 
 # The pages a login lands on, first the one its scopes open (the view's own gateway method).
@@ -69,33 +68,7 @@ def home(request: HttpRequest) -> HttpResponse:
     for page, method in HOME_PAGES:
         if user_may_call(request.user, method):
             return redirect(page)
-    raise PermissionDenied("this login holds no operator scope: ask an administrator for one")
-
-
-@require_GET
-@operator_required("sessions.list")
-def sessions_list(request: HttpRequest) -> HttpResponse:
-    search = request.GET.get("q", "").strip()[:200]
-    archived_choice = request.GET.get("archived", "no")
-    archived = ARCHIVED_CHOICES.get(archived_choice, False)
-    page = _page_number(request.GET.get("page"))
-    sessions, has_more = session_selectors.sessions_page(
-        limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE, search=search or None, archived=archived
-    )
-    placements = worker_selectors.placement_fields(sessions)
-    rows = [{"session": session, "placement": placements.get(session.key, {}).get("placement")} for session in sessions]
-    return render(
-        request,
-        "operator_ui/sessions.html",
-        {
-            "rows": rows,
-            "search": search,
-            "archived": archived_choice if archived_choice in ARCHIVED_CHOICES else "no",
-            "page": page,
-            "has_more": has_more,
-            "nav": "sessions",
-        },
-    )
+    return forbidden(request, "this login holds no operator scope: ask an administrator for one")
 
 
 @require_GET
@@ -115,8 +88,14 @@ def session_detail(request: HttpRequest, key: str) -> HttpResponse:
         else []
     )
     transcript = build_transcript(
-        history["messages"], run_statuses={run.run_id: run.status for run in recent}, pending_approvals=pending
+        history["messages"],
+        run_statuses={run.run_id: run.status for run in recent},
+        pending_approvals=pending,
+        image_url=lambda entry_id, index: reverse(
+            "ui:session-image", kwargs={"key": session.key, "entry_id": entry_id, "index": index}
+        ),
     )
+    active_runs = [item.run_id for item in recent if item.status in (RunStatus.QUEUED, RunStatus.RUNNING)]
     return render(
         request,
         "operator_ui/session.html",
@@ -128,7 +107,10 @@ def session_detail(request: HttpRequest, key: str) -> HttpResponse:
             "draft": request.session.pop(_draft_key(session.key), ""),
             "dispatch_nodes": worker_selectors.session_host_nodes(),
             "dispatch_profiles": [profile.id for profile in profiles_all()] if _dispatches_to_profiles(request) else [],
-            "running": any(item.status in (RunStatus.QUEUED, RunStatus.RUNNING) for item in recent),
+            "running": bool(active_runs),
+            # The page's script compares a turn's end event with these (the runs stored as queued or running).
+            "active_runs": " ".join(active_runs),
+            "title": session_title(session),
             "session": session,
             "history": history,
             "runs": [{"run": run, "duration_ms": _duration_ms(run)} for run in recent],
@@ -137,6 +119,8 @@ def session_detail(request: HttpRequest, key: str) -> HttpResponse:
             "placement": (
                 worker_selectors.placement_projection(placement, environment) if placement is not None else None
             ),
+            # The placement card links its environment's node (the nodes page's anchor).
+            "placement_node_id": environment.node_device_id if environment is not None else None,
         },
     )
 
@@ -157,9 +141,35 @@ def session_new(request: HttpRequest) -> HttpResponse:
     return redirect(reverse("ui:session", kwargs={"key": created.session.key}))
 
 
+def session_title(session) -> dict[str, Any]:
+    """The session page's title: its label, else its display name, else the key's last part shortened
+    (``fallback``: the page then shows the whole key under it)."""
+    named = session.label or session.display_name
+    if named:
+        return {"text": named, "fallback": False}
+    last = session.key.rsplit(":", 1)[-1] or session.key
+    if len(last) > FALLBACK_TITLE_LENGTH:
+        last = last[: FALLBACK_TITLE_LENGTH - 1] + "…"
+    return {"text": last, "fallback": True}
+
+
+def wants_json(request: HttpRequest) -> bool:
+    """The page's script posts a form with fetch and asks for JSON; a form posted without it gets the redirect."""
+    return "application/json" in request.headers.get("Accept", "") or (
+        request.headers.get("X-Requested-With") == "console"
+    )
+
+
+def json_refusal(text: str, *, status: int = 400) -> JsonResponse:
+    return JsonResponse({"ok": False, "error": text}, status=status)
+
+
 @require_POST
 @operator_required("chat.send")
 def session_send(request: HttpRequest, key: str) -> HttpResponse:
+    """One turn per form: the form's ``idempotencyKey`` names the turn, so a resubmitted form names the same
+    one. Asked for JSON (the page's script), it answers the run's id and a key for the next form, or the
+    refusal; otherwise it goes back to the page."""
     canonical = _canonical(key)
     try:
         params = ChatSendParams.model_validate(
@@ -169,9 +179,24 @@ def session_send(request: HttpRequest, key: str) -> HttpResponse:
                 "idempotencyKey": request.POST.get("idempotencyKey") or str(uuid.uuid4()),
             }
         )
-        runs.chat_send(session_key=params.sessionKey, message=params.message, idempotency_key=params.idempotencyKey)
+        submitted = runs.chat_send(
+            session_key=params.sessionKey, message=params.message, idempotency_key=params.idempotencyKey
+        )
     except (ValidationError, GatewayError) as refused:
+        if wants_json(request):
+            return json_refusal(_refusal(refused))
         messages.error(request, _refusal(refused))
+        return redirect(reverse("ui:session", kwargs={"key": canonical}))
+    if wants_json(request):
+        return JsonResponse(
+            {
+                "ok": True,
+                "runId": submitted.run.run_id,
+                "status": submitted.run.status,
+                "repeated": not submitted.created,
+                "nextIdempotencyKey": str(uuid.uuid4()),
+            }
+        )
     return redirect(reverse("ui:session", kwargs={"key": canonical}))
 
 
@@ -192,6 +217,25 @@ def artifact(request: HttpRequest, artifact_id: str) -> HttpResponse:
     response["X-Content-Type-Options"] = "nosniff"
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{found.tool_name}-{found.tool_call_id}")[:120] or "output"
     response["Content-Disposition"] = content_disposition_header(False, f"{name}.txt")
+    return response
+
+
+@require_GET
+@operator_required("chat.history")
+def session_image(request: HttpRequest, key: str, entry_id: str, index: int) -> HttpResponse:
+    """An image part of a session's message (of any of its transcripts), as the bytes it proved to be: the page
+    draws it from here rather than inline, so that a page of screenshots stays small and each is fetched once (a
+    message never changes: the browser may keep it). ``nosniff`` and no script or style: the bytes are the
+    model's or a tool's."""
+    session = session_selectors.session_get(_canonical(key))
+    part = None if session is None else session_selectors.transcript_part(session, entry_id, index)
+    checked = check_image(part)
+    if checked.data is None:
+        raise Http404("no such image")
+    response = HttpResponse(checked.data, content_type=checked.mime_type)
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Security-Policy"] = "default-src 'none'; sandbox"
+    response["Cache-Control"] = "private, max-age=31536000, immutable"
     return response
 
 
@@ -234,16 +278,36 @@ def nodes(request: HttpRequest) -> HttpResponse:
     pairs = user_may_call(request.user, "node.pair.list")
     catalog = device_selectors.node_catalog(include_pending=pairs)
     shown = [node for node in catalog if node.get("paired") or node.get("connected")]
+    if not pairs:
+        shown = [device_selectors.strip_pending_fields(node) for node in shown]
+    hosted = worker_selectors.environments_on_nodes({node["nodeId"] for node in shown})
     return render(
         request,
         "operator_ui/nodes.html",
         {
-            "nodes": shown if pairs else [device_selectors.strip_pending_fields(node) for node in shown],
+            # Copies: the catalog's rows are shared (memoized), and each gains the environments it hosts here.
+            "nodes": [{**node, "hostedEnvironments": hosted.get(node["nodeId"], [])} for node in shown],
+            "awaiting_reconnect": {node["nodeId"] for node in shown if _approved_not_yet_reconnected(node)},
             "pending": device_selectors.node_pair_list()["pending"] if pairs else [],
             "pairs": pairs,
             "nav": "nodes",
+            "live_topics": "nodes,pairing" if pairs else "nodes",
+            "live_events": " ".join(NODE_LIVE_EVENTS),
         },
     )
+
+
+# After these the nodes page fetches its parts again: a request, its decision, and a connection coming or going
+# (``presence``, which is how the page learns that an approved node has connected).
+NODE_LIVE_EVENTS = ("node.pair.requested", "node.pair.resolved", "presence")
+
+
+def _approved_not_yet_reconnected(node: dict) -> bool:
+    """Paired, offline, and not connected since its (latest) approval: the node was refused while it waited
+    and has yet to connect again, which its host does within seconds."""
+    if not node.get("paired") or node.get("connected"):
+        return False
+    return node.get("lastConnectedAtMs", 0) < node.get("approvedAtMs", 0)
 
 
 def _nodes_page(request: HttpRequest) -> str:
@@ -260,7 +324,7 @@ def node_request_decide(request: HttpRequest, request_id: str, decision: str) ->
     try:
         if decision == "approve":
             device = pairing.pairing_request_approve(request_id=request_id, actor=actor, role=scopes.ROLE_NODE)
-            messages.success(request, f"Approved node {device.device_id}.")
+            messages.success(request, f"Approved node {device.device_id}; waiting for it to reconnect.")
         else:
             rejected = pairing.pairing_request_reject(request_id=request_id, actor=actor, role=scopes.ROLE_NODE)
             messages.success(request, f"Rejected the pairing request of node {rejected.device_id}.")
@@ -318,6 +382,10 @@ def runs_list(request: HttpRequest) -> HttpResponse:
 @operator_required("environments.list")
 def environments(request: HttpRequest) -> HttpResponse:
     rows = [row for row in worker_selectors.environments_list() if row["type"] == "worker"]
+    keys = worker_selectors.session_keys_of({sid for row in rows for sid in row["worker"]["attachedSessionIds"]})
+    for row in rows:
+        # Each attached session as a link to its page; an id no session holds any more stays a bare id.
+        row["sessions"] = [{"id": sid, "key": keys.get(sid)} for sid in row["worker"]["attachedSessionIds"]]
     return render(request, "operator_ui/environments.html", {"environments": rows, "nav": "environments"})
 
 
@@ -325,16 +393,22 @@ def environments(request: HttpRequest) -> HttpResponse:
 
 
 def _session_action(request: HttpRequest, key: str, act) -> HttpResponse:
-    """Run one service call for the session; its refusal is shown as the service words it."""
+    """Run one service call for the session; its refusal is shown as the service words it (as JSON when the
+    page's script asked for it: ``{"ok", "message"}`` or ``{"ok": false, "error"}``)."""
     session = session_selectors.session_get(_canonical(key))
     if session is None:
         raise Http404("no such session")
     try:
         done = act(session, Actor.for_user(request.user))
+    except (ValidationError, GatewayError) as refused:
+        if wants_json(request):
+            return json_refusal(_refusal(refused))
+        messages.error(request, _refusal(refused))
+    else:
+        if wants_json(request):
+            return JsonResponse({"ok": True, "message": done or ""})
         if done:
             messages.success(request, done)
-    except (ValidationError, GatewayError) as refused:
-        messages.error(request, _refusal(refused))
     return redirect(reverse("ui:session", kwargs={"key": session.key}))
 
 

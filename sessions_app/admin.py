@@ -100,7 +100,7 @@ class ErrorKindFilter(admin.SimpleListFilter):
 
     title = "error kind"
     parameter_name = "error_kind"
-    KINDS = (*get_args(ModelProviderErrorKind), "interrupted")
+    KINDS = (*get_args(ModelProviderErrorKind), "interrupted", runs.WORKER_MISSING)
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
         return [(kind, kind) for kind in self.KINDS]

@@ -15,6 +15,7 @@ from django.http import HttpRequest
 from ninja import Path, Query, Router, Status
 
 from gateway.exceptions import NotFound
+from gateway.http_auth import request_actor
 from gateway.schemas import error_responses
 
 from . import history, keys, selectors
@@ -28,6 +29,7 @@ from .schemas import (
     HistoryPage,
     MessageIn,
     MessageOut,
+    ResetRequest,
     RunOut,
     RunRef,
     RunsListParams,
@@ -169,6 +171,27 @@ def session_delete(request: HttpRequest, key: str, expected: Query[DeleteGuards]
     if not deleted:
         raise NotFound(f"session not found: {key}")
     return {"ok": True, "key": key, "deleted": True}
+
+
+@router.post(
+    "/{key}/reset",
+    response={200: SessionEntryOut, **error_responses(404, 409, 503)},
+    summary="Reset a session",
+    exclude_unset=True,
+)
+def session_reset(request: HttpRequest, key: str, payload: ResetRequest | None = None):
+    """``sessions.reset``: a new transcript (a new ``sessionId``), guarded like ``PATCH``; queued turns fail,
+    and a running turn refuses the reset (409, retryable). Written to the audit log."""
+    payload = payload or ResetRequest()
+    session = sessions.session_reset(
+        key=_key(key),
+        reason=payload.reason,
+        expected_session_id=payload.expectedSessionId,
+        expected_lifecycle_revision=payload.expectedLifecycleRevision,
+        expected_revision=payload.expectedRevision,
+        actor=request_actor(request),
+    )
+    return selectors.session_entry_payload(session)
 
 
 # --- chat -----------------------------------------------------------------------------------

@@ -22,3 +22,6 @@ class SessionsConfig(AppConfig):
         # Production: every gateway process watches the Celery workers' leases, so that a killed worker's turns end
         # (and the turns it had not started run elsewhere) within seconds, with or without beat.
         lifecycle.on_watch(runs.runs_recover_stopped_workers)
+        # Production without a worker: a queued turn fails after OPENCLAW_TURN_PICKUP_TIMEOUT_S instead of waiting
+        # in silence (gateway/task_consumers.py).
+        lifecycle.on_watch(runs.runs_fail_unclaimed)

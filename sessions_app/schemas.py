@@ -346,8 +346,14 @@ class SessionsPatchParams(SessionChanges, SessionRef):
         return sc.WRITE if self.model_fields_set <= PATCH_WRITE_SCOPE_FIELDS else sc.ADMIN
 
 
-class SessionsResetParams(ExpectedRevision, SessionRef):
+class ResetRequest(ExpectedRevision):
+    """A reset: ``"new"`` (a new conversation the user asked for) or ``"reset"``, guarded like every mutation."""
+
     reason: Literal["new", "reset"] = "reset"
+
+
+class SessionsResetParams(ResetRequest, SessionRef):
+    pass
 
 
 class DeleteGuards(ExpectedRevision):

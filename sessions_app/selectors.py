@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
@@ -439,16 +440,24 @@ def _history_value(value, limit: int = HISTORY_TEXT_LIMIT):
 def history_message(event: TranscriptEvent, *, text_limit: int = HISTORY_TEXT_LIMIT) -> dict:
     """A transcript message as history shows it, each text cut at ``text_limit`` characters."""
     body = dict(event.body)
-    content = []
-    for part in body.get("content", []):
-        if part.get("type") == "text" and len(part.get("text", "")) > text_limit:
-            part = {**part, "text": history_text(part["text"], text_limit)}
-        elif part.get("type") == "toolCall":
-            part = {**part, "arguments": _history_value(part.get("arguments"), text_limit)}
-        content.append(part)
-    body["content"] = content
+    content = body.get("content", [])
+    if isinstance(content, str):  # an older shape, or a node's: the text itself
+        body["content"] = history_text(content, text_limit)
+    elif isinstance(content, list):
+        body["content"] = [_history_part(part, text_limit) for part in content]
     body["__openclaw"] = {"id": event.event_id, "seq": event.seq}
     return body
+
+
+def _history_part(part: Any, text_limit: int) -> Any:
+    if not isinstance(part, dict):
+        return part  # not a part this gateway writes (a node may record one): shown as it is
+    text = part.get("text")
+    if part.get("type") == "text" and isinstance(text, str) and len(text) > text_limit:
+        return {**part, "text": history_text(text, text_limit)}
+    if part.get("type") == "toolCall":
+        return {**part, "arguments": _history_value(part.get("arguments"), text_limit)}
+    return part
 
 
 def chat_history(session: Session, *, limit: int = 200) -> dict:
@@ -605,6 +614,19 @@ def run_wait_payload(run: Run) -> dict:
     else:
         payload["error"] = run.error
     return payload
+
+
+def transcript_part(session: Session, entry_id: str, index: int) -> Any:
+    """Part ``index`` of the content of a message of any of the session's transcripts (``None`` when there is none)."""
+    body = (
+        TranscriptEvent.objects.filter(window__session=session, event_id=entry_id, type="message")
+        .values_list("body", flat=True)
+        .first()
+    )
+    content = body.get("content") if isinstance(body, dict) else None
+    if not isinstance(content, list) or not 0 <= index < len(content):
+        return None
+    return content[index]
 
 
 def tool_artifact_get(artifact_id: str) -> ToolArtifact | None:

@@ -4,6 +4,7 @@ import time
 
 import psycopg.errors
 import pytest
+from django.conf import settings
 from django.core.cache import cache
 from django.db import OperationalError
 from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
@@ -63,6 +64,17 @@ def gateway_factory(django_db_setup):
 
     yield start
     stop_and_remove(started)
+
+
+@pytest.fixture(autouse=True)
+def _pending_node_connects_answered_at_once():
+    """In this process, as in the test gateways (``gateway_settings_for_tests``): a node's connect refused for its
+    pending pairing is answered at once, as the tests of refusals expect, and no held connect subscribes a test's
+    short-lived event loop to the broadcasts. The tests of the hold turn it on in their gateways."""
+    previous = settings.OPENCLAW_GATEWAY["PAIRING_HOLD_MS"]
+    settings.OPENCLAW_GATEWAY["PAIRING_HOLD_MS"] = 0
+    yield
+    settings.OPENCLAW_GATEWAY["PAIRING_HOLD_MS"] = previous
 
 
 @pytest.fixture(autouse=True)

@@ -49,7 +49,12 @@ def test_the_wheel_installs_the_apps_and_the_openclaw_gateway_script(tmp_path):
     assert built.returncode == 0, built.stderr
     (wheel,) = tmp_path.glob("openclaw_django-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("openclaw_client/cli.py", "openclaw_site/settings.py", "sessions_app/migrations/0001_initial.py"):
+    for module in (
+        "openclaw_client/cli.py",
+        "openclaw_site/settings.py",
+        "sessions_app/migrations/0001_initial.py",
+        "workers_app/openclaw_worker/worker.mjs",  # what the OpenClaw-format bundle is built from
+    ):
         assert module in names
     assert not [name for name in names if name.startswith("tests/")]
     entry_points = next(name for name in names if name.endswith("entry_points.txt"))

@@ -6,6 +6,7 @@ audit row (who, what, before, after)."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 from django.contrib import admin
 from django.contrib.admin import helpers
@@ -163,11 +164,19 @@ class PlacementAdmin(ViewOnlyObjectsMixin, admin.ModelAdmin):
 
 @admin.register(PlacementHistory)
 class PlacementHistoryAdmin(ReadOnlyAdmin):
-    list_display = ("session_key", "from_state", "to_state", "generation", "environment_id", "actor", "at_ms")
-    list_filter = ("to_state",)
-    search_fields = ("session_key", "environment_id", "actor")
+    """Every placement transition of every session, newest first (a placement's page shows its own)."""
+
+    list_display = ("at", "session_key", "from_state", "to_state", "generation", "environment_id", "actor", "reason")
+    list_filter = ("to_state", "from_state")
+    search_fields = ("=session_key", "=environment_id", "actor")
+    search_help_text = "A session's exact key, an environment's exact id, or an actor."
+    ordering = ("-id",)
     show_full_result_count = False
     paginator = EstimatedCountPaginator
+
+    @admin.display(description="at (UTC)", ordering="at_ms")
+    def at(self, obj: PlacementHistory) -> str:
+        return datetime.fromtimestamp(obj.at_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 def _teardown_pending(environment: WorkerEnvironment) -> bool:

@@ -99,18 +99,23 @@ def bundle_bytes(root: Path = SOURCE_ROOT, *, version: str = SERVER_VERSION) -> 
     return buffer.getvalue()
 
 
-@functools.cache
-def current_bundle() -> WorkerBundle:
-    """This gateway's bundle, built once per process and kept (content-addressed) under the state dir."""
-    data = bundle_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    directory = Path(settings.STATE_DIR) / "worker-bundles"
+def bundle_file_keep(directory: Path, name: str, data: bytes) -> Path:
+    """``directory/name`` holding ``data`` (a content-addressed name: written once, kept)."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{digest}.tar.gz"
+    path = directory / name
     if not path.exists() or path.stat().st_size != len(data):
         # Another process may write the same name at the same time: same bytes, atomic rename.
         handle, temporary = tempfile.mkstemp(dir=directory, prefix=".bundle-")
         with os.fdopen(handle, "wb") as out:
             out.write(data)
         os.replace(temporary, path)
+    return path
+
+
+@functools.cache
+def current_bundle() -> WorkerBundle:
+    """This gateway's bundle, built once per process and kept (content-addressed) under the state dir."""
+    data = bundle_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    path = bundle_file_keep(Path(settings.STATE_DIR) / "worker-bundles", f"{digest}.tar.gz", data)
     return WorkerBundle(sha256=digest, version=SERVER_VERSION, size=len(data), path=path)

@@ -15,11 +15,8 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
-from django.core import signing
 from django.db import close_old_connections
 
 from gateway import metrics
@@ -37,38 +34,15 @@ from sessions_app.model_providers import (
 from sessions_app.services.runs import abort_requested
 
 from .nodes.turn_lookups import GrantedRun, granted_run
+from .nodes.turn_tokens import INFERENCE_PATH as INFERENCE_PATH
+from .nodes.turn_tokens import TOKEN_SALT as TOKEN_SALT
+from .nodes.turn_tokens import InferenceGrant as InferenceGrant
+from .nodes.turn_tokens import grant_for as grant_for
+from .nodes.turn_tokens import inference_token as inference_token
 
 logger = logging.getLogger(__name__)
 
-INFERENCE_PATH = "/api/workers/inference/chat/completions"
-TOKEN_SALT = "openclaw.workers.inference"
 ABORT_POLL_INTERVAL_S = 0.1
-
-
-@dataclass(frozen=True)
-class InferenceGrant:
-    run_id: str
-    node_id: str
-
-
-def inference_token(run_id: str, node_id: str) -> str:
-    """A token for the inference of run ``run_id`` by node ``node_id`` (signed; nothing stored)."""
-    return signing.dumps({"r": run_id, "n": node_id}, salt=TOKEN_SALT, compress=True)
-
-
-def token_lifetime_s() -> int:
-    return int(settings.CELERY_TASK_SOFT_TIME_LIMIT) + 60
-
-
-def grant_for(token: str) -> InferenceGrant | None:
-    """The grant a token carries, if its signature holds and it has not expired."""
-    try:
-        value = signing.loads(token, salt=TOKEN_SALT, max_age=token_lifetime_s())
-    except signing.BadSignature:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("r"), str) or not isinstance(value.get("n"), str):
-        return None
-    return InferenceGrant(run_id=value["r"], node_id=value["n"])
 
 
 def running_run(grant: InferenceGrant) -> GrantedRun | None:

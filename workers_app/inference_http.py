@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncGenerator
 
 from django.conf import settings
 from pydantic import ValidationError
@@ -25,27 +23,20 @@ from gateway.exceptions import (
     FrameRejected,
     GatewayError,
     InvalidRequest,
-    PayloadTooLarge,
     Unauthorized,
     internal_error,
 )
+from gateway.http_auth import bearer_token
 from gateway.protocol import decode_frame, error_path, validation_message
 from sessions_app.model_providers import ChatMessage, ToolCall
 
 from .inference import INFERENCE_PATH, InferenceGrant, completion_stream, grant_for
+from .plain_http import ClientGone, Receive, Scope, Send, read_body, send_error
 from .schemas import InferenceMessage, InferenceRequest
 
 logger = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
 TOKEN_HINT = "send 'Authorization: Bearer <the inference token of the turn>'"
-
-
-class ClientGone(Exception):
-    """The worker hung up before its request was read."""
 
 
 async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -57,13 +48,13 @@ async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
     except ClientGone:
         return
     except GatewayError as error:
-        await _send_error(send, error)
+        await send_error(send, error, allow="POST")
         return
     except Exception:
         if chunks is not None:
             await chunks.aclose()
         error = internal_error(logger, f"POST {INFERENCE_PATH}")
-        await _send_error(send, error)
+        await send_error(send, error, allow="POST")
         return
     await _stream_until_hangup(send, receive, chunks)
 
@@ -76,13 +67,13 @@ async def _accepted(scope: Scope, receive: Receive) -> tuple[InferenceGrant, Inf
         error = InvalidRequest(f"method {method} is not allowed on {INFERENCE_PATH}", details={"allowed": ["POST"]})
         error.http_status = 405
         raise error
-    token = _bearer_token(scope)
+    token = bearer_token(scope)
     if token is None:
         raise _unauthorized("inference token required", "AUTH_TOKEN_MISSING")
     grant = grant_for(token)
     if grant is None:
         raise _unauthorized("inference token refused", "AUTH_TOKEN_MISMATCH")
-    return grant, _parsed(await _read_body(receive))
+    return grant, _parsed(await read_body(receive, settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
 
 
 def _chat_message(message: InferenceMessage) -> ChatMessage:
@@ -98,35 +89,8 @@ def _chat_message(message: InferenceMessage) -> ChatMessage:
     )
 
 
-def _bearer_token(scope: Scope) -> str | None:
-    for name, value in scope.get("headers") or ():
-        if name.lower() == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
-                return None
-            return token.strip()
-    return None
-
-
 def _unauthorized(message: str, code: str) -> Unauthorized:
     return Unauthorized(message, details={"code": code, "hint": TOKEN_HINT})
-
-
-async def _read_body(receive: Receive) -> bytes:
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body too large (at most {limit} bytes)")
-        parts.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(parts)
 
 
 def _parsed(body: bytes) -> InferenceRequest:
@@ -145,15 +109,6 @@ def _parsed(body: bytes) -> InferenceRequest:
         ]
         message = "invalid request: " + "; ".join(f"at {p['path']} (body): {p['message']}" for p in problems)
         raise InvalidRequest(message, details={"errors": problems}) from None
-
-
-async def _send_error(send: Send, error: GatewayError) -> None:
-    body = json.dumps({"error": error.to_shape()}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if error.http_status == 405:
-        headers.append((b"allow", b"POST"))
-    await send({"type": "http.response.start", "status": error.http_status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def _stream_until_hangup(send: Send, receive: Receive, chunks: AsyncGenerator[bytes]) -> None:

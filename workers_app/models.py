@@ -240,6 +240,7 @@ class PlacementHistory(models.Model):
     at_ms = models.BigIntegerField()
 
     class Meta:
+        verbose_name_plural = "placement histories"
         ordering = ["session_id", "id"]
         indexes = [
             # One placement's history, in order (admin inline, operator view).
@@ -360,6 +361,10 @@ class WorkerEnvironment(models.Model):
         max_length=16, choices=TeardownTerminalState.choices, null=True, blank=True
     )
     attached_session_ids = models.JSONField(default=list)
+    # The session id the environment was attached under: a node keeps the session's workspace by it (OpenClaw's
+    # node: a digest of it names the workspace directory, and every command is checked against it). A reset
+    # (``sessions.reset``) moves ``attached_session_ids`` to the session's new id but not this.
+    workspace_session_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     last_error = models.TextField(null=True, blank=True)  # noqa: DJ001
     created_at_ms = models.BigIntegerField()
     updated_at_ms = models.BigIntegerField()

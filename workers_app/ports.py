@@ -10,6 +10,8 @@ from sessions_app.ports import SessionAction, TurnRunner
 
 from .guards import placement_barrier
 from .models import PlacementState
+from .nodes.openclaw.dialect import node_speaks_openclaw
+from .nodes.openclaw.retention import openclaw_node_forget
 from .runners import select_worker_runner
 from .selectors import node_worker_fields, placement_fields, placement_for
 from .services.environments import environment_follow_session
@@ -48,6 +50,11 @@ class WorkersOnNodes:
     def node_fields(self, node_ids: set[str], live: dict[str, Any]) -> dict[str, dict]:
         # sessionHost, workerSlots, issues and workerBundle of each node's current declaration.
         return node_worker_fields(node_ids, live)
+
+    def node_leaving(self, node_id: str) -> None:
+        # OpenClaw's node host deletes a gateway's files only when told (the project's cleans itself once refused).
+        if node_speaks_openclaw(node_id):
+            openclaw_node_forget(node_id)
 
     def node_removed(self, node_id: str) -> None:
         # The node's environments lose their provider's recognition now and their placements fail.

@@ -13,6 +13,7 @@ from gateway.registry import registry
 from . import operations, selectors
 from .nodes import hosts as node_hosts
 from .nodes.inventory import InvalidInventory, parse_declaration, update_required_message
+from .nodes.openclaw.dialect import node_speaks_openclaw
 from .operations import provider_bound
 from .profiles import profiles_all
 from .schemas import (
@@ -115,8 +116,13 @@ def node_runner_inventory_update_rpc(ctx: RpcContext, params: RunnerInventoryPar
     if not ctx.node_id:
         raise InvalidRequest("unknown nodeId")
     node_hosts.node_host_declare(node_id=ctx.node_id, conn_id=ctx.conn_id, declaration=declaration)
-    if declaration.hosting and not declaration.update_required and RETAIN_COMMAND in (ctx.commands or []):
+    if (
+        declaration.hosting
+        and not declaration.update_required
+        and (RETAIN_COMMAND in (ctx.commands or []) or node_speaks_openclaw(ctx.node_id))
+    ):
         # What the node must keep, and whether it still holds this gateway's bundle (after this answer).
+        # OpenClaw's node host never lists its private commands: its declaration on this connection is the proof.
         dispatch_on_commit(node_retain, ctx.node_id, ctx.conn_id)
     if declaration.retired:
         raise InvalidRequest(update_required_message(ctx.node_id))

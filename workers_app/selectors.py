@@ -21,6 +21,7 @@ from sessions_app.models import Session
 from .bundle import current_bundle
 from .models import (
     TERMINAL_ENVIRONMENT_STATES,
+    EnvironmentState,
     NodeWorkerHost,
     Placement,
     PlacementHistory,
@@ -29,6 +30,7 @@ from .models import (
     WorkerEnvironment,
 )
 from .nodes.inventory import UPDATE_REQUIRED_ISSUE
+from .nodes.openclaw.bundle import openclaw_bundle
 from .schemas import PlacementsListParams
 
 S = PlacementState
@@ -197,12 +199,20 @@ DISPATCH_STAGES = (S.REQUESTED, S.PROVISIONING, S.SYNCING, S.STARTING, S.ACTIVE)
 class DispatchStage:
     state: str  # one of DISPATCH_STAGES
     status: str  # "done" | "current" | "pending" | "failed"
-    entered_at_ms: int | None = None  # None: the dispatch did not reach it
+    entered_at_ms: int | None = None  # when the transition into it committed; None: the dispatch did not reach it
     reason: str = ""  # a failed stage: the placement's terminal reason
+    requested_at_ms: int | None = None  # when the dispatch was requested (its first stage entered)
 
     @property
     def entered_at(self) -> datetime | None:
         return datetime.fromtimestamp(self.entered_at_ms / 1000, tz=UTC) if self.entered_at_ms is not None else None
+
+    @property
+    def seconds_after_request(self) -> float | None:
+        """How long after the request this stage started (stages a second apart read alike as relative times)."""
+        if self.entered_at_ms is None or self.requested_at_ms is None:
+            return None
+        return (self.entered_at_ms - self.requested_at_ms) / 1000
 
 
 def dispatch_stages(placement: Placement | None) -> list[DispatchStage]:
@@ -241,7 +251,15 @@ def dispatch_stages(placement: Placement | None) -> list[DispatchStage]:
     for index, state in enumerate(DISPATCH_STAGES):
         status = "done" if index < at else reached_status if index == at else "pending"
         reason = (placement.terminal_reason or "") if status == "failed" else ""
-        stages.append(DispatchStage(state=state, status=status, entered_at_ms=entered.get(state), reason=reason))
+        stages.append(
+            DispatchStage(
+                state=state,
+                status=status,
+                entered_at_ms=entered.get(state) if status != "pending" else None,
+                reason=reason,
+                requested_at_ms=entered.get(S.REQUESTED),
+            )
+        )
     return stages
 
 
@@ -332,10 +350,15 @@ def worker_bundle_projection(host: NodeWorkerHost) -> dict[str, str] | None:
     ``{status: "installed", version}`` or ``{status: "missing"}`` — never a hash or a path. None while
     unknown, or when what the node reported is about another build."""
     bundle = current_bundle()
-    if host.bundle_hash != bundle.sha256:
+    openclaw = openclaw_bundle()
+    if host.bundle_hash == bundle.sha256:
+        version = bundle.version
+    elif host.bundle_hash == openclaw.bundle_hash:
+        version = openclaw.openclaw_version  # what OpenClaw's node host was given
+    else:
         return None
     if host.bundle_status == "installed":
-        return {"status": "installed", "version": bundle.version}
+        return {"status": "installed", "version": version}
     if host.bundle_status == "missing":
         return {"status": "missing"}
     return None
@@ -396,6 +419,36 @@ def node_worker_fields(node_ids: set[str], live: dict) -> dict[str, dict]:
             row["workerBundle"] = bundle
         fields[host.node_id] = row
     return fields
+
+
+def session_keys_of(session_ids: set[str]) -> dict[str, str]:
+    """The key of each session named by its transcript id (an environment's ``attachedSessionIds``), one query;
+    an id no session holds any more is left out."""
+    if not session_ids:
+        return {}
+    return dict(Session.objects.filter(session_id__in=session_ids).values_list("session_id", "key"))
+
+
+def environments_on_nodes(node_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """The environments each node hosts that are not torn down, newest first, with the keys of the sessions attached
+    to them: the nodes page's links to the environments and sessions (two queries whatever the number of nodes)."""
+    if not node_ids:
+        return {}
+    environments = list(
+        WorkerEnvironment.objects.filter(node_device_id__in=node_ids)
+        .exclude(state=EnvironmentState.DESTROYED)
+        .order_by("-created_at_ms", "environment_id")
+        .values("environment_id", "node_device_id", "state", "attached_session_ids")
+    )
+    keys = session_keys_of({sid for row in environments for sid in row["attached_session_ids"] or []})
+    hosted: dict[str, list[dict[str, Any]]] = {}
+    for row in environments:
+        attached = sorted(set(row["attached_session_ids"] or []))
+        session_keys = [keys[session_id] for session_id in attached if session_id in keys]
+        hosted.setdefault(row["node_device_id"], []).append(
+            {"id": row["environment_id"], "state": row["state"], "sessionKeys": session_keys}
+        )
+    return hosted
 
 
 # --- for /metrics (operations_app.metrics) ------------------------------------------------------------------

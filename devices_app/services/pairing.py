@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -23,6 +24,8 @@ from ..models import DevicePairingRequest, DeviceToken, PairedDevice, PairingSta
 from ..ports import node_workers
 from ..selectors import EXEC_COMMANDS, node_catalog_changed, node_pairing_request_shape, pairing_request_shape
 from . import tokens
+
+logger = logging.getLogger(__name__)
 
 # How a removal closes the device's live connections (workers.md §5.4: OpenClaw closes the node socket with
 # 4001 `device removed`); a node host takes it as the end of its pairing and deletes what it kept for us.
@@ -322,8 +325,10 @@ def node_remove(*, node_id: str, actor: Actor) -> None:
 
 
 def node_pair_remove(*, node_id: str, actor: Actor) -> None:
-    """``node.pair.remove`` (the RPC, the console): the role withdrawn, then every app's cleanup of what
-    ran on the node (workers_app waits for its environments and placements) before this returns."""
+    """``node.pair.remove`` (the RPC, the console): a node still connected asked to delete what it keeps for
+    this gateway, the role withdrawn, then every app's cleanup of what ran on the node (workers_app waits for
+    its environments and placements) before this returns."""
+    node_workers().node_leaving(node_id)
     node_remove(node_id=node_id, actor=actor)
     node_workers().node_removed(node_id)
 
@@ -432,4 +437,11 @@ def pairing_sweep() -> dict:
         expired = pairing_requests_expire()
         for request in expired:
             pairing_request_publish_resolved(request, "expired")
+    if expired:
+        # The one line of this sweep: it runs every 30 s and is silent when nothing expired.
+        logger.info(
+            "pairing: %d request(s) expired without a decision: %s",
+            len(expired),
+            ", ".join(str(request.request_id) for request in expired),
+        )
     return {"expiredRequests": len(expired)}

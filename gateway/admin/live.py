@@ -87,10 +87,15 @@ class GatewayConnectionAdmin(ReadOnlyAdmin):
 
 @admin.register(GatewayProcess)
 class GatewayProcessAdmin(ReadOnlyAdmin):
+    """The processes' heartbeats (the console's System page shows the same rows): a silent one is stale."""
+
     list_display = ("boot_id", "hostname", "pid", "is_alive", "connection_count", "started_at", "heartbeat_at")
     list_filter = (LiveFilter, "hostname")
     search_fields = ("boot_id", "hostname")
+    search_help_text = "Part of a boot id, or a host name."
     ordering = ("-heartbeat_at",)
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[GatewayProcess]:
         return super().get_queryset(request).annotate(n_connections=Count("connections"))

@@ -169,6 +169,9 @@ def run_command(
     4. Drain the pipe until EOF or :data:`DRAIN_AFTER_EXIT_S`.
     """
     capture = OutputCapture(limits.result_max_bytes, limits.artifact_max_bytes)
+    if "\0" in request.command:
+        # An argument cannot hold one (Popen would raise ValueError, and the turn would fail with it).
+        return CommandOutcome(capture, start_error="Command could not start: the command contains a NUL byte")
     started = time.monotonic()
     try:
         process = subprocess.Popen(

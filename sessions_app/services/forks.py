@@ -47,7 +47,13 @@ class ForkPoint:
 
 
 def _text(event: TranscriptEvent) -> str:
-    return "".join(p.get("text", "") for p in event.body.get("content", []) if p.get("type") == "text")
+    content = event.body.get("content")
+    if isinstance(content, str):  # an older shape, or a node's: the text itself
+        return content
+    parts = content if isinstance(content, list) else []
+    return "".join(
+        p["text"] for p in parts if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+    )
 
 
 def _fork_point(source: Session, entry_id: str) -> ForkPoint:

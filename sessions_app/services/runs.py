@@ -8,21 +8,27 @@ is asked of the placement port (:mod:`sessions_app.ports`) once the run is commi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
+import math
 import unicodedata
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from approvals_app.gate import ABORTED_REASON as RUN_ABORTED
 from approvals_app.services import exec_approvals_cancel_for_run
-from gateway import background, metrics, sql_reads, state
+from gateway import background, metrics, sql_reads, state, task_consumers
 from gateway.audit import Actor, audit
+from gateway.conf import gateway_setting
 from gateway.exceptions import Busy, Conflict, InvalidRequest
 from gateway.executor_leases import lease_ttl_s, stopped_executors
 from gateway.selectors import live_process_boot_ids
@@ -97,6 +103,55 @@ def _without_control_characters(text: str) -> str:
     encoded = text.encode("utf-8", "surrogatepass")
     kept = encoded.translate(None, _CONTROL_BYTES)
     return text if len(kept) == len(encoded) else kept.decode("utf-8", "surrogatepass")
+
+
+# PostgreSQL stores no NUL in text or jsonb: a tool's output or a node's message with one would fail its write.
+NUL_REPLACEMENT = "\ufffd"
+# Token counts a usage may carry: a JavaScript client's exact integers, never negative.
+MAX_TOKEN_COUNT = 2**53 - 1
+
+
+def without_nul(value: Any) -> Any:
+    """``value`` (JSON: a model's, a tool's or a node's) with every NUL in its strings and keys made U+FFFD."""
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_REPLACEMENT) if "\x00" in value else value
+    if isinstance(value, list):
+        return [without_nul(item) for item in value]
+    if isinstance(value, dict):
+        return {without_nul(key): without_nul(item) for key, item in value.items()}
+    return value
+
+
+def bounded_usage(usage: Any) -> dict | None:
+    """A turn's token usage as it may be stored and added to the session's totals: the counts that are integers from
+    0 to 2**53 - 1 and the cost figures that are finite non-negative numbers (one level of nesting, as in
+    ``cost: {total, …}``); anything else a node or a provider sent is left out."""
+    if not isinstance(usage, dict):
+        return None
+    kept: dict[str, Any] = {}
+    for key, value in usage.items():
+        if not isinstance(key, str):
+            continue
+        if isinstance(value, dict):
+            nested = {name: figure for name, figure in value.items() if isinstance(name, str) and _figure(figure)}
+            if nested:
+                kept[key] = nested
+        elif _figure(value):
+            kept[key] = value
+    return kept or None
+
+
+def _figure(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return 0 <= value <= MAX_TOKEN_COUNT
+    return isinstance(value, float) and math.isfinite(value) and 0 <= value <= MAX_TOKEN_COUNT
+
+
+def _token_count(usage: dict | None, key: str) -> int:
+    value = (usage or {}).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def clean_message(message: str) -> str:
@@ -204,14 +259,12 @@ def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
     concurrent sends give U1 A1 U2 A2, never U1 U2 A1 A2).
     """
     with transaction.atomic():
-        locked = _lock_run(run_id)
+        # First in line: a task may come before the older turn's (a backed-up queue, two workers); the older turn
+        # starts first, and its end dispatches this one.
+        locked = _lock_queued_run_of_idle_session(run_id, first_in_line=True)
         if locked is None:
             return None
         run, session = locked
-        if run.status != RunStatus.QUEUED:
-            return None
-        if Run.objects.filter(session=session, status=RunStatus.RUNNING).exists():
-            return None  # the running turn dispatches this one when it ends
         if run.window_id != session.session_id:
             Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
                 status=RunStatus.ERROR, error="session was reset before the turn started", ended_at=timezone.now()
@@ -246,6 +299,32 @@ def run_claim(*, run_id: str, executor: str) -> ClaimedTurn | None:
         history = active_path_messages(run.window)
         events.publish_session_changed_on_commit(session, reason="send", phase="start", run_id=run.run_id)
     return ClaimedTurn(run=run, session=session, history=history)
+
+
+def _lock_queued_run_of_idle_session(run_id: str, *, first_in_line: bool = False) -> tuple[Run, Session] | None:
+    """:func:`_lock_run` when the run is still queued and no other turn of its session runs (that turn dispatches
+    this one when it ends) and, ``first_in_line``, none queued before it waits (in the order of
+    :func:`_next_queued_run_id`); else None. Inside the caller's transaction."""
+    locked = _lock_run(run_id)
+    if locked is None:
+        return None
+    run, session = locked
+    blocking = Q(status=RunStatus.RUNNING)
+    if first_in_line:
+        earlier = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id)
+        blocking |= Q(earlier, status=RunStatus.QUEUED)
+    if run.status != RunStatus.QUEUED or Run.objects.filter(blocking, session=session).exists():
+        return None
+    return run, session
+
+
+def _next_queued_run_id(session: Session) -> str | None:
+    return (
+        Run.objects.filter(session=session, status=RunStatus.QUEUED)
+        .order_by("created_at", "run_id")
+        .values_list("run_id", flat=True)
+        .first()
+    )
 
 
 def _lock_run(run_id: str) -> tuple[Run, Session] | None:
@@ -408,7 +487,9 @@ def run_record_message(
     steps), so it is not looked up first; the unique constraint still refuses a repeat.
     """
     # Which turn the message belongs to (as the turn's final assistant message says too).
-    stored = {**body, "runId": run_id}
+    stored = without_nul({**body, "runId": run_id})
+    if full_text is not None:
+        full_text = without_nul(full_text)
     if full_text is None and connection.vendor == "postgresql":
         if _append_to_running_run(run_id, stored, idempotency_key=f"{run_id}:{message_key}"):
             return stored
@@ -421,23 +502,24 @@ def run_record_message(
         run, session = locked
         if run.status != RunStatus.RUNNING or run.window_id != session.session_id:
             return None
-        if full_text is not None and body.get("role") == "toolResult":
+        if full_text is not None and stored.get("role") == "toolResult":
             size = len(full_text.encode("utf-8"))
             artifact, _ = ToolArtifact.objects.get_or_create(
                 run=run,
                 message_key=message_key,
                 defaults={
                     "session_key": session.key,
-                    "tool_call_id": str(body.get("toolCallId", ""))[:200],
-                    "tool_name": str(body.get("toolName", ""))[:64],
+                    "tool_call_id": str(stored.get("toolCallId", ""))[:200],
+                    "tool_name": str(stored.get("toolName", ""))[:64],
                     "content": full_text,
                     "size_bytes": size,
                     "total_bytes": max(total_bytes, size),
                 },
             )
             note = ARTIFACT_NOTE.format(total=artifact.total_bytes, artifact_id=artifact.id)
-            stored["content"] = [*body.get("content", []), {"type": "text", "text": f"\n{note}"}]
-            stored["details"] = {**body.get("details", {}), "artifactId": artifact.id}
+            content, details = stored.get("content"), stored.get("details")
+            stored["content"] = [*(content if isinstance(content, list) else []), {"type": "text", "text": f"\n{note}"}]
+            stored["details"] = {**(details if isinstance(details, dict) else {}), "artifactId": artifact.id}
         event = transcript_append(
             session=session,
             window=run.window,
@@ -467,7 +549,15 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
     Nothing half-written: either the message and the terminal status commit together, or
     neither. Returns None when the run was no longer running (swept meanwhile). After commit:
     the terminal events, the run-finished notification, and the next queued turn of the session.
+
+    The outcome may be a node's: its text and error lose NUL characters, and its usage keeps only bounded figures.
     """
+    outcome = dataclasses.replace(
+        outcome,
+        text=without_nul(outcome.text or ""),
+        error=without_nul(outcome.error or ""),
+        usage=bounded_usage(outcome.usage),
+    )
     with transaction.atomic():
         locked = _lock_run(run_id)
         if locked is None:
@@ -516,17 +606,12 @@ def run_finish(*, run_id: str, outcome: TurnOutcome, emitter: TurnEmitter | None
             setattr(run, field, value)
         session.status = {"ok": "done", "error": "failed", "aborted": "killed"}[outcome.status]
         if outcome.usage:
-            session.input_tokens += int(outcome.usage.get("input") or 0)
-            session.output_tokens += int(outcome.usage.get("output") or 0)
+            session.input_tokens += _token_count(outcome.usage, "input")
+            session.output_tokens += _token_count(outcome.usage, "output")
         if not session.model and outcome.model:
             session.model, session.model_provider = outcome.model, outcome.model_provider
         session_write(session, "status", "input_tokens", "output_tokens", "model", "model_provider")
-        next_run = (
-            Run.objects.filter(session=session, status=RunStatus.QUEUED)
-            .order_by("created_at")
-            .values_list("run_id", flat=True)
-            .first()
-        )
+        next_run = _next_queued_run_id(session)
         events.publish_turn_end_on_commit(run, session, emitter)
         _clear_abort_on_commit(run)
         if run.status == RunStatus.ERROR:
@@ -694,6 +779,88 @@ def runs_redispatch_stuck(*, queued_before) -> list[str]:
         )
         stuck.append(run.run_id)
     return stuck
+
+
+# A queued turn failed because no Celery worker consumes the turn queue (runs_fail_unclaimed).
+WORKER_MISSING = "worker-missing"
+
+
+def run_fail_queued(*, run_id: str, reason: str, kind: str) -> Run | None:
+    """End a queued turn that never started as an error (``reason``, ``kind``); None when it is not queued any more
+    or its session is running another turn (that turn's end dispatches it).
+
+    The compare-and-set on ``queued`` under the session lock is the same guard as the claim's: a worker claiming
+    the run at the same moment either started it (and this changes nothing) or finds it ended (and runs nothing).
+    The user message stays out of the transcript, as with a queued turn that is aborted: only a started turn
+    appends it. The usual end follows after commit: the chat ``error`` and agent ``lifecycle`` events, agent.wait's
+    answer, the failed turn's log line, and the session's next queued turn dispatched.
+    """
+    with transaction.atomic():
+        locked = _lock_queued_run_of_idle_session(run_id)
+        if locked is None:
+            return None
+        run, session = locked
+        ended = {"status": RunStatus.ERROR, "error": reason[:4000], "error_kind": kind, "ended_at": timezone.now()}
+        if Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(**ended) != 1:
+            return None
+        for field, value in ended.items():
+            setattr(run, field, value)
+        session.status = "failed"
+        session_write(session, "status")
+        events.publish_turn_end_on_commit(run, session)
+        _clear_abort_on_commit(run)
+        _log_failed_turn_on_commit(run, session, reason=run.error, kind=kind)
+        events.publish_session_changed_on_commit(session, reason="send", phase="end", run_id=run.run_id)
+        next_run = _next_queued_run_id(session)
+        if next_run is not None:
+            dispatch_turn_on_commit(next_run, session)
+    _record_turn_end(run)
+    return run
+
+
+# How old the broker's answer may be when runs_fail_unclaimed fails turns on it (its rounds are a second apart).
+UNCLAIMED_RECHECK_S = 5.0
+
+
+def runs_fail_unclaimed() -> list[str]:
+    """Celery task mode: fail the queued turns of idle sessions that no worker took within
+    ``TURN_PICKUP_TIMEOUT_S`` while no worker consumes the turn queue (``gateway.task_consumers``), counted from the
+    later of the turn's queueing and the moment the queue was found unconsumed, so that a worker restarted within
+    the timeout loses no turn. Run by the gateway loop every ``EXECUTOR_WATCH_INTERVAL_MS`` (``lifecycle.on_watch``):
+    nothing else could, since without a worker the sweeps of beat do not run either.
+
+    A turn running in a Celery worker proves a worker is there (a ``solo`` pool answers no broadcast while it runs
+    a task): then nothing fails.
+    """
+    timeout_s = gateway_setting("TURN_PICKUP_TIMEOUT_S")
+    if not timeout_s or background.task_mode() != "celery":
+        return []
+    consumers = task_consumers.consumer_watch.current()
+    if not consumers.worker_missing or consumers.unconsumed_since_ms is None:
+        return []
+    now = timezone.now()
+    pickup = timedelta(seconds=timeout_s)
+    if now - datetime.fromtimestamp(consumers.unconsumed_since_ms / 1000, tz=UTC) < pickup:
+        return []
+    running = Run.objects.filter(status=RunStatus.RUNNING)
+    if running.filter(executor__startswith=background.CELERY_EXECUTOR_PREFIX).exists():
+        return []
+    busy = set(running.values_list("session_id", flat=True))
+    queued = Run.objects.filter(status=RunStatus.QUEUED, created_at__lt=now - pickup).exclude(session_id__in=busy)
+    candidates = list(queued.order_by("created_at", "run_id").values_list("run_id", flat=True))
+    if not candidates:
+        return []
+    # The cached answer may be a check interval old, and a worker may have come back since: turns are failed only
+    # on an answer of the last few seconds (else one is asked for now, and the next round decides).
+    confirmed = task_consumers.consumer_watch.recent(UNCLAIMED_RECHECK_S)
+    if confirmed is None or not confirmed.worker_missing:
+        return []
+    reason = confirmed.message()
+    failed = []
+    for run_id in candidates:
+        if run_fail_queued(run_id=run_id, reason=reason, kind=WORKER_MISSING) is not None:
+            failed.append(run_id)
+    return failed
 
 
 def worker_stopped_reason() -> str:

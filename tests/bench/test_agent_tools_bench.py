@@ -72,7 +72,7 @@ def test_the_script_prints_every_figure_with_tiny_counts_on_the_embedded_profile
     assert finished.returncode == 0, finished.stderr[-4000:]
     out = finished.stdout
     assert "OpenClaw tool-loop benchmark (issue 22)" in out
-    assert "  database       sqlite3" in out and "command        .venv/bin/python bench/agent_tools.py --turns 2" in out
+    assert "  database       SQLite" in out and "command        .venv/bin/python bench/agent_tools.py --turns 2" in out
     for title in ("1-2. tool step overhead", "3. approval round trip", "4. `exec true`"):
         assert title in out
     rows = [line.split() for line in out.splitlines() if line.startswith(("local ", "node "))]

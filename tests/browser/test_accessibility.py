@@ -1,6 +1,7 @@
 """axe-core (bundled with pytest-playwright-axe, never fetched) over the console's main pages in Debian's
-Chromium, against WCAG 2.2 AA rules: no serious or critical violation on any of them. Each page's full axe
-report (JSON and HTML) is written under ``test-artifacts/axe/`` for a person to read."""
+Chromium, against WCAG 2.2 AA rules: no serious or critical violation on any of them, in the light theme and in
+the dark one. Each page's full axe report (JSON and HTML) is written under ``test-artifacts/axe/`` for a person
+to read."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pytest_playwright_axe import OPTIONS_WCAG_22AA, Axe
 
 from gateway import scopes as sc
 from tests.browser.test_console import PASSWORD, REPLY_WAIT_S, create_session, log_in, reload_until_visible
+from tests.browser.test_look import DARK, PAGES, wide_world
 from tests.operator_ui.test_pairing import operator_request
 from tests.support.browser import AXE_REPORTS
 from tests.support.operators import operator_user
@@ -58,5 +60,29 @@ def test_the_main_pages_have_no_serious_accessibility_violations(page, gateway, 
         page.goto(f"{gateway.http_url}/ui/{name}/")
         expect(page.get_by_role("heading", level=1)).to_be_visible()
         problems += blocking_violations(page, name)
+
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_pages_in_dark_mode_have_no_serious_accessibility_violations(page, gateway, django_user_model, monkeypatch):
+    # The system asks for dark and the chooser stays on "auto": the colours axe checks are the dark theme's.
+    operator_user("ops", sc.ADMIN, password=PASSWORD, is_staff=True)
+    key = wide_world(monkeypatch)
+    page.emulate_media(color_scheme="dark")
+    problems: list[str] = []
+
+    page.goto(f"{gateway.http_url}/ui/login/")
+    assert page.evaluate("getComputedStyle(document.body).backgroundColor") == DARK
+    problems += blocking_violations(page, "dark-login")
+    log_in(page, gateway, "ops", PASSWORD)
+    for name in PAGES:
+        page.goto(f"{gateway.http_url}/ui/{name}/")
+        expect(page.get_by_role("heading", level=1)).to_be_visible()
+        problems += blocking_violations(page, f"dark-{name}")
+    page.goto(f"{gateway.http_url}/ui/sessions/{key}/")
+    expect(page.locator(".tool-card")).to_have_count(1)
+    problems += blocking_violations(page, "dark-session-with-a-tool-card-and-a-placement")
+    page.goto(f"{gateway.http_url}/ui/no-such-page/")
+    problems += blocking_violations(page, "dark-not-found")
 
     assert problems == [], "\n".join(problems)

@@ -66,7 +66,9 @@ def test_an_operator_logs_in_creates_a_session_and_reads_the_reply(page, gateway
     expect(session_link).to_be_visible()
     screenshots.take(page, "sessions-listed")
     session_link.click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("agent:main:browser")
+    # No label: the title is the key's last part, the whole key is under it.
+    expect(page.get_by_role("heading", level=1)).to_have_text("browser")
+    expect(page.locator('[data-live-region="status"]')).to_contain_text("agent:main:browser")
     expect(page.get_by_text("No messages yet.")).to_be_visible()
     screenshots.take(page, "session-opened")
 
@@ -113,11 +115,12 @@ def test_an_empty_or_blank_message_is_refused_and_creates_no_turn(page, gateway,
     assert message.evaluate("field => field.validity.valueMissing") is True
     expect(page).to_have_url(session_url)
 
-    # Blank text passes the browser's check; the run service refuses it.
+    # Blank text passes the browser's check; the run service refuses it, and the text stays in the box.
     message.fill("   \n\t  ")
     page.get_by_role("button", name="Send").click()
     expect(page).to_have_url(session_url)
-    expect(page.locator(".messages li.error")).to_have_text("message or attachment required")
+    expect(page.locator("#composer-error")).to_have_text("Not sent: message or attachment required")
+    expect(message).to_have_value("   \n\t  ")
     screenshots.take(page, "message-refused")
 
     expect(page.get_by_text("No turns yet.")).to_be_visible()

@@ -86,7 +86,7 @@ def test_an_operator_forks_a_session_from_one_of_its_messages(page, gateway, dja
     second_question.get_by_role("button", name=re.compile("^Fork from here")).click()
 
     expect(page.locator(".messages li")).to_contain_text("Forked from agent:main:fork-source")
-    expect(page.get_by_role("heading", level=1)).not_to_have_text("agent:main:fork-source")
+    expect(page.locator(".session-key")).not_to_have_text("agent:main:fork-source")
     expect(page.get_by_label("Message")).to_have_value("Reply exactly: second answer")
     forked = page.locator('[data-live-region="transcript"]')
     expect(forked.locator("article.role-user")).to_have_count(1)
@@ -99,21 +99,27 @@ def test_an_operator_forks_a_session_from_one_of_its_messages(page, gateway, dja
         page, forked.locator("article.role-assistant").filter(has_text="second answer"), timeout_s=REPLY_WAIT_S
     )
     screenshots.take(page, "fork-continued")
-    fork_key = page.get_by_role("heading", level=1).inner_text()
+    fork_key = page.locator(".session-key").inner_text()
     assert Run.objects.filter(session__key=fork_key, status=RunStatus.OK).count() == 1
     assert Run.objects.filter(session__key="agent:main:fork-source").count() == 2
     assert AuditLog.objects.filter(action="session.fork", actor="user:ops", target_id="agent:main:fork-source").exists()
+
+
+def open_the_node_hosts_request(page, gateway, node_host):
+    """Log in as ``ops``, open the nodes page and wait for the node host's pairing request; its Approve button."""
+    node_host.pairing_request(timeout=NODE_WAIT_S)
+    log_in(page, gateway, "ops", PASSWORD)
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Nodes").click()
+    approve = page.get_by_role("button", name="Approve test-node-host")
+    reload_until_visible(page, approve, timeout_s=NODE_WAIT_S)
+    return approve
 
 
 def test_an_operator_approves_a_node_hosts_pairing_request(page, gateway, django_user_model, screenshots):
     operator_user("ops", sc.WRITE, sc.PAIRING, password=PASSWORD)
     node_host = start_node_host(gateway)
     try:
-        node_host.pairing_request(timeout=NODE_WAIT_S)
-        log_in(page, gateway, "ops", PASSWORD)
-        page.get_by_role("navigation", name="Main").get_by_role("link", name="Nodes").click()
-        approve = page.get_by_role("button", name="Approve test-node-host")
-        reload_until_visible(page, approve, timeout_s=NODE_WAIT_S)
+        approve = open_the_node_hosts_request(page, gateway, node_host)
         screenshots.take(page, "nodes-pending-request")
 
         approve.click()
@@ -262,7 +268,8 @@ def test_two_operators_rename_a_session_and_the_later_page_is_told_it_changed_fi
             other.get_by_text("Not saved: this session changed after the page showed it (revision 1, now 2)")
         ).to_be_visible()
         expect(other.get_by_label("New label")).to_have_value("Boss's name")
-        expect(other.locator('input[name="revision"][value="2"]')).to_have_count(4)
+        # The title's rename in place and the card's four forms.
+        expect(other.locator('input[name="revision"][value="2"]')).to_have_count(5)
         screenshots.take(other, "rename-refused")
     finally:
         other_context.close()

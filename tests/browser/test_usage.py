@@ -53,7 +53,7 @@ def test_a_turn_shows_on_the_usage_page(page: Page, gateway, django_user_model, 
     assert blocking_violations(page, "usage") == []
 
     page.get_by_role("link", name="agent:main:spender").click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("agent:main:spender")
+    expect(page.locator(".session-key")).to_have_text("agent:main:spender")
 
     page.goto(f"{gateway.http_url}/ui/usage/?startDate=2026-03-09&endDate=2026-03-01")
     expect(page.get_by_role("alert")).to_have_text("startDate must not be after endDate")

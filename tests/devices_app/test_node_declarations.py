@@ -23,7 +23,7 @@ from gateway.dispatch import run_request
 from gateway.models import GatewayConnection
 from gateway.protocol import RequestFrame
 from gateway.services import connections
-from tests.support.connections import connection_record, operator_context
+from tests.support.connections import connection_record, node_context, operator_context
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,18 +70,7 @@ def register_node_connection(channel_name: str) -> None:
 
 
 def node_ctx(commands: list[str] = COMMANDS) -> RpcContext:
-    return RpcContext(
-        conn_id="node-conn",
-        channel_name="inmemory!node",
-        role=sc.ROLE_NODE,
-        scopes=[],
-        auth_method="device-token",
-        client_id="node-host",
-        client_mode="node",
-        device_id=NODE_ID,
-        node_id=NODE_ID,
-        commands=commands,
-    )
+    return node_context(NODE_ID, conn_id="node-conn", commands=commands)
 
 
 def wire(ctx: RpcContext, method: str, params: Any) -> dict:

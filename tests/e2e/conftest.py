@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from tests.e2e.test_seed_004_paired_node_worker_lifecycle import model_env, publish_workspace
@@ -24,3 +29,16 @@ def placed(gateway_factory, mock_openai, tmp_path):
         mock_openai.release()
         node_host.stop()
         node_host.remove_state()
+
+
+OPENCLAW_WORKER_HOST_CONFIG = {"nodeHost": {"workerRuns": {"enabled": True, "capacity": 2}}}
+
+
+@pytest.fixture
+def node_home():
+    """A persistent OPENCLAW_NODE_HOME for OpenClaw's node host, configured to host worker runs; removed after."""
+    home = Path(tempfile.mkdtemp(prefix="openclaw-node-home-"))
+    (home / ".openclaw").mkdir()
+    (home / ".openclaw" / "openclaw.json").write_text(json.dumps(OPENCLAW_WORKER_HOST_CONFIG))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)

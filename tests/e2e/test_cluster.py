@@ -15,14 +15,19 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import kombu
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connections
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.models import GatewayConnection, GatewayProcess
@@ -92,10 +97,17 @@ def cluster_settings(extra: dict[str, str]) -> dict[str, str]:
 
 
 def readiness_through_the_balancer(cluster) -> dict:
-    """``/readyz`` as HAProxy's checks ask it (docs/operations.md "Health"), through the balancer."""
-    with urllib.request.urlopen(f"{cluster.http_url}/readyz", timeout=10) as answer:
-        assert answer.status == 200
-        return json.loads(answer.read())
+    """``/readyz`` as HAProxy's checks ask it (docs/operations.md "Health"), through the balancer, once the gateway has
+    seen the cluster's Celery workers on its turn queue (its check of them refreshes on its own thread, every 15 s;
+    the workers start after the gateways), or as it stands after a minute."""
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(f"{cluster.http_url}/readyz", timeout=10) as answer:
+            assert answer.status == 200
+            body = json.loads(answer.read())
+        if body["checks"].get("taskWorkers", {}).get("state") == "ok" or time.monotonic() > deadline:
+            return body
+        time.sleep(1)
 
 
 def assert_ready_with_every_dependency(body: dict) -> None:
@@ -106,14 +118,30 @@ def assert_ready_with_every_dependency(body: dict) -> None:
         "channelLayer": "ok",
         "broker": "ok",
         "migrations": "ok",
+        "taskWorkers": "ok",
     }, body
     assert body["checks"]["channelLayer"]["reason"] == "redis"
 
 
+def closing_its_connection(read: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A read for ``sync_to_async`` under ``asyncio.run``: asgiref runs it on a thread that outlives the test, whose
+    connection would keep the test database from being dropped (and, on PostgreSQL, a pool connection taken)."""
+
+    def read_and_close(argument: str) -> Any:
+        try:
+            return read(argument)
+        finally:
+            connections.close_all()
+
+    return read_and_close
+
+
+@closing_its_connection
 def boot_of_node(node_id: str) -> str:
     return str(GatewayConnection.objects.get(role="node", node_id=node_id).process_id)
 
 
+@closing_its_connection
 def pid_of_boot(boot_id: str) -> int:
     return GatewayProcess.objects.get(boot_id=boot_id).pid
 
@@ -131,6 +159,23 @@ def test_clients_spread_over_processes_and_survive_one_being_killed(haproxy, moc
     try:
         readiness = readiness_through_the_balancer(cluster)
         haproxy_config = (Path(cluster.state_dir) / "cluster" / "haproxy.cfg").read_text()
+        gateway_file = json.loads((Path(cluster.state_dir) / "gateway.json").read_text())
+        # The CLI finds the cluster without --url, at the balancer (the backends write no gateway.json).
+        with socket.create_server(("127.0.0.1", 0)) as nobody:
+            unused_port = nobody.getsockname()[1]
+        cli_env = {key: value for key, value in cluster.env.items() if not key.startswith("OPENCLAW_GATEWAY_")}
+        found = subprocess.run(
+            [sys.executable, "-m", "openclaw_client", "call", "health"],
+            env={
+                **cli_env,
+                "OPENCLAW_STATE_DIR": cluster.state_dir,
+                "OPENCLAW_GATEWAY_TOKEN": cluster.token,
+                "OPENCLAW_GATEWAY_PORT": str(unused_port),
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         call_once(cluster, "node.pair.approve", {"requestId": node_host.pairing_request()})
         outcome = asyncio.run(scenario(cluster, node_host, mock_openai, published))
     finally:
@@ -156,6 +201,8 @@ def test_clients_spread_over_processes_and_survive_one_being_killed(haproxy, moc
 
     # HAProxy checks the gateways' readiness, and through it a client sees them ready on every dependency.
     assert "http-check send meth GET uri /readyz " in haproxy_config
+    assert (gateway_file["port"], gateway_file["url"]) == (cluster.port, cluster.url), gateway_file
+    assert found.returncode == 0 and json.loads(found.stdout)["ok"] is True, found.stderr
     assert_ready_with_every_dependency(readiness)
     # Through one balancer, the clients landed on both processes.
     assert len(set(boots.values())) == 2, boots

@@ -60,7 +60,7 @@ def test_the_api_docs_load_their_assets_from_the_gateway_not_a_cdn(gateway):
 
 
 def test_the_start_banner_names_the_model_provider(gateway):
-    assert "model provider: built-in echo" in gateway.log()
+    assert "  model provider:  built-in echo" in gateway.log()
 
 
 def _exchange(gateway, data: bytes, *, give_up_s: float = 60) -> tuple[bytes, bool]:
@@ -86,6 +86,31 @@ def test_an_overlong_request_line_gets_414_and_an_overlong_header_431(gateway):
     header, _ = _exchange(gateway, b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 20_000 + b"\r\n\r\n")
     assert line.startswith(b"HTTP/1.1 414 URI Too Long\r\n")
     assert header.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+
+
+def test_a_body_over_the_cap_gets_413_at_once_and_the_gateway_serves_on(gateway):
+    """The cap is OPENCLAW_MAX_PAYLOAD_BYTES (25 MiB here): declared over it, a body is refused before it comes;
+    sent chunked, once it passed it. Neither reaches a route, and the next request is served as usual."""
+    declared, declared_closed = _exchange(
+        gateway, b"POST /api/sessions/ HTTP/1.1\r\nHost: x\r\nContent-Length: 30000000000\r\n\r\n", give_up_s=20
+    )
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=20) as sock:
+        sock.sendall(b"POST /api/sessions/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece = b"%x\r\n%s\r\n" % (1 << 20, b"c" * (1 << 20))
+        stopped = False
+        try:
+            for _ in range(60):  # 60 MiB: well past the 25 MiB cap
+                sock.sendall(piece)
+                if select.select([sock], [], [], 0)[0]:
+                    break  # answered: the server stopped taking the body
+        except (BrokenPipeError, ConnectionResetError):
+            stopped = True  # refused and closed while this client was still sending
+        chunked = _read_to_close(sock)
+
+    assert declared.startswith(b"HTTP/1.1 413 Content Too Large\r\n") and declared_closed
+    # The 413 is written before the close; a client still sending may see the close (a reset) first.
+    assert chunked.startswith(b"HTTP/1.1 413 Content Too Large\r\n") or (stopped and chunked == b"")
+    assert httpx.get(f"{gateway.http_url}/healthz", timeout=10).status_code == 200
 
 
 def test_bytes_that_are_not_http_do_not_hold_the_socket(gateway):

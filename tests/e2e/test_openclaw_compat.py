@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -47,9 +48,12 @@ def openclaw_call(server, method: str, params: dict | None = None, token: str | 
 
 
 def start_openclaw_node(server, home: str, stderr=subprocess.DEVNULL) -> subprocess.Popen:
+    """``openclaw node run`` against ``server`` with ``home`` as its HOME and its state folder in it (the test run's
+    own OPENCLAW_STATE_DIR is the gateway's: OpenClaw's node would read its config and keep its state there)."""
     env = {
         **os.environ,
         "HOME": home,
+        "OPENCLAW_STATE_DIR": str(Path(home) / ".openclaw"),
         "PATH": f"{NODE_BIN}:{os.environ['PATH']}",
         "OPENCLAW_DISABLE_BONJOUR": "1",
         "OPENCLAW_NO_AUTO_UPDATE": "1",
@@ -127,7 +131,8 @@ def test_openclaw_node_host_pairs_connects_once_approved_without_a_restart_and_r
     finally:
         node.terminate()
         node.wait(20)
-    node_log = log_path.read_text()
+        node_log = log_path.read_text()
+        shutil.rmtree(home, ignore_errors=True)  # the node's HOME goes with the test, also when it fails
     assert "reconnect paused" not in node_log, node_log
     for publication in ("skill", "plugin tool", "stats"):
         assert f"node host {publication} publish failed" not in node_log, node_log

@@ -43,6 +43,8 @@ from openclaw_client.client import ConnectError, GatewayClient
 from openclaw_client.identity import IdentityStore
 from tests.support.clients import ALL_SCOPES, call_once, move_back_params, node, operator
 from tests.support.mock_openai import MockOpenAI
+from tests.support.openclaw_cli import require_openclaw_cli
+from tests.support.openclaw_node import OpenClawNodeHost
 from tests.support.processes import GatewayServer, NodeHostProcess, start_node_host
 from tests.support.tcp_proxy import TcpProxy
 
@@ -191,8 +193,158 @@ async def wait_connected(wire: Wire, node_id: str) -> None:
     await eventually(hosting)
 
 
+class ProjectNodeHost:
+    """The project's node host (``python -m openclaw_client.node``) as the scenario drives it: its own journal counts
+    its connects, installs and retains."""
+
+    def __init__(self, node_host: NodeHostProcess):
+        self.node_host = node_host
+        self.process = node_host.process
+        self.node_id = node_id_of(node_host)
+
+    @classmethod
+    def start(cls, gateway: GatewayServer, node_gateway: GatewayServer, proxy: TcpProxy) -> ProjectNodeHost:
+        node_host = start_node_host(
+            node_gateway, capacity=2, capacity_wait_ms=750, gateway_url=f"ws://127.0.0.1:{proxy.port}"
+        )
+        try:
+            call_once(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
+            return cls(node_host)
+        except BaseException:
+            node_host.stop()
+            node_host.remove_state()
+            raise
+
+    def bundle_dir(self, bundle_hash: str) -> Path:
+        return Path(self.node_host.state_dir) / "bundles" / bundle_hash
+
+    def installs(self) -> int:
+        return self.node_host.invokes(INSTALL_COMMAND)
+
+    def retains(self) -> int | None:
+        return self.node_host.invokes(RETAIN_COMMAND)
+
+    def connection_mark(self) -> int:
+        return self.node_host.connects()
+
+    def wait_reconnected(self, mark: int, timeout: float = WAIT_S) -> None:
+        self.node_host.wait_connects(mark + 1, timeout)
+
+    def wait_for_workers_idle(self) -> None:
+        self.node_host.wait_for_workers_idle()
+
+    def device_token(self) -> str:
+        return IdentityStore(self.node_host.state_dir).device_token("node") or ""
+
+    async def check_after_removal(self, wire: Wire, node_id: str, node_token: str) -> None:
+        # The old connection (the node host's own, never reopened since) can no longer publish its inventory.
+        publish = await asyncio.to_thread(self.node_host.publish_inventory)
+        # Closed by the gateway for the removal, or refused by it when the close had not reached the socket yet.
+        closed_for_removal = publish.get("closeReason") == "device removed"
+        assert publish["ok"] is False and (closed_for_removal or publish["code"] not in ("CLOSED", "UNREACHABLE")), (
+            publish
+        )
+        with pytest.raises(ConnectError):
+            # The removed node's own credentials (identity and device token) can no longer connect.
+            stale = node(node_host_gateway(self.node_host), state_dir=self.node_host.state_dir, token=node_token)
+            await stale.connect()
+            await stale.request("node.runnerInventory.update", {"protocolFeatures": []})
+
+        async def cleaned_up():
+            assert self.node_host.journal("pairing-removed"), self.node_host.log()
+
+        # Nothing of the gateway stays on the node's disk: its workspaces, environment records, bundles and
+        # content are gone once the node learns (at its next connect) that it is no longer paired.
+        await eventually(cleaned_up)
+        assert node_state(self.node_host) == {"workspaces": [], "environments": [], "bundles": [], "blobs": []}
+
+    def check_invoke_errors(self) -> None:
+        # Every node.invoke error the node host answered (its journal, not a search of its log): only the capacity
+        # attempt's launch, which this protocol answers as that invoke's error (docs/node-worker-protocol.md).
+        errors = [(e["command"], e["code"]) for e in self.node_host.journal("invoke-error")]
+        assert errors == [("worker.launch.v1", "WORKER_CAPACITY_EXHAUSTED")], self.node_host.journal("invoke-error")
+
+    def stop(self) -> int | None:
+        return self.node_host.stop()
+
+    def remove_state(self) -> None:
+        self.node_host.remove_state()
+
+    def log(self) -> str:
+        return self.node_host.log()
+
+
+class OpenClawHost:
+    """OpenClaw's own node host, unmodified (``tests/support/openclaw_node.py``). What the scenario counts is read on
+    the gateway's side (the node's connection and declaration, the bundle downloads the gateway served it), and its
+    disk is OpenClaw's (``<home>/.openclaw/node-host/<gatewayNamespace>/``)."""
+
+    def __init__(self, host: OpenClawNodeHost):
+        self.host = host
+        self.process = host.process
+        self.node_id = host.node_id
+
+    @classmethod
+    def start(cls, gateway: GatewayServer, node_gateway: GatewayServer, proxy: TcpProxy) -> OpenClawHost:
+        logs = [gateway.log_path] if gateway is node_gateway else [gateway.log_path, node_gateway.log_path]
+        host = OpenClawNodeHost.start(node_gateway, port=proxy.port, capacity=2, gateway_logs=logs)
+        try:
+            host.approve()
+            return cls(host)
+        except BaseException:
+            host.stop()
+            host.remove_state()
+            raise
+
+    def bundle_dir(self, bundle_hash: str) -> Path:
+        return self.host.bundle_dir(bundle_hash)
+
+    def installs(self) -> int:
+        return self.host.installs()
+
+    def retains(self) -> int | None:
+        return None  # not counted: the bundle status the scenario reads next comes only from a retain's answer
+
+    def connection_mark(self) -> str | None:
+        return self.host.connection()
+
+    def wait_reconnected(self, mark: str | None, timeout: float = WAIT_S) -> None:
+        self.host.wait_reconnected(mark, timeout)
+
+    def wait_for_workers_idle(self) -> None:
+        self.host.wait_for_workers_idle()
+
+    def device_token(self) -> str:
+        # OpenClaw's node keeps its token in its own state; that the removal refuses it is shown by its new
+        # pairing request (it asks to pair again), checked in check_after_removal.
+        return "kept by OpenClaw's node host"
+
+    async def check_after_removal(self, wire: Wire, node_id: str, node_token: str) -> None:
+        # Before the removal answered, the gateway stopped the node's environments and told it (a retain that keeps
+        # nothing) to delete this gateway's workspaces and bundles.
+        assert await asyncio.to_thread(self.host.gateway_state) == {"workspaces": [], "bundles": []}, self.log()[-3000:]
+
+    def check_invoke_errors(self) -> None:
+        """OpenClaw's node host keeps no journal of its invoke errors that a test could read."""
+
+    def stop(self) -> int | None:
+        return self.host.stop()
+
+    def remove_state(self) -> None:
+        self.host.remove_state()
+
+    def log(self) -> str:
+        return self.host.log()
+
+
 def lifecycle(
-    gateway: GatewayServer, node_gateway: GatewayServer, mock: MockOpenAI, root: Path, *, device_less: bool
+    gateway: GatewayServer,
+    node_gateway: GatewayServer,
+    mock: MockOpenAI,
+    root: Path,
+    *,
+    device_less: bool,
+    host_kind: type[ProjectNodeHost] | type[OpenClawHost] = ProjectNodeHost,
 ) -> None:
     """The seed's test body, and its ``finally``: every clean-up step runs, and each one that fails fails the test
     (with the test's own failure, as one group when there are several: seed lines 378–397)."""
@@ -200,15 +352,12 @@ def lifecycle(
     mock.hold(HOLD_A, HOLD_B)
     failures: list[BaseException] = []
     proxy: TcpProxy | None = None
-    node_host: NodeHostProcess | None = None
+    node_host: ProjectNodeHost | OpenClawHost | None = None
     try:
         proxy = TcpProxy("127.0.0.1", urlsplit(node_gateway.url).port)
         proxy.__enter__()
         # The node host reaches its gateway through the proxy: the test drops its connection without stopping it.
-        node_host = start_node_host(
-            node_gateway, capacity=2, capacity_wait_ms=750, gateway_url=f"ws://127.0.0.1:{proxy.port}"
-        )
-        call_once(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
+        node_host = host_kind.start(gateway, node_gateway, proxy)
         asyncio.run(scenario(gateway, node_host, proxy, mock, published, device_less=device_less))
     except BaseException as failure:
         failures.append(failure)
@@ -239,7 +388,7 @@ def stopped_cleanly(what: str, returncode: int | None) -> None:
 
 async def scenario(
     gateway: GatewayServer,
-    node_host: NodeHostProcess,
+    node_host: ProjectNodeHost | OpenClawHost,
     proxy: TcpProxy,
     mock: MockOpenAI,
     published: Path,
@@ -258,7 +407,7 @@ async def scenario(
         assert hello["auth"]["scopes"] == ALL_SCOPES, hello["auth"]
     wire = Wire(client, published)
     try:
-        node_id = node_id_of(node_host)
+        node_id = node_host.node_id
         await wait_connected(wire, node_id)
         local_key = await wire.create_session("local-control")
         retained_key = await wire.create_session("retention")
@@ -284,33 +433,34 @@ async def scenario(
 
         # Bundle maintenance reports only the public status/version projection and repairs loss.
         await wire.expect_public_bundle_status(node_id, "installed")
-        installed_bundle = Path(node_host.state_dir) / "bundles" / bundle_hash
+        installed_bundle = node_host.bundle_dir(bundle_hash)
         assert installed_bundle.is_dir()
-        installs_before_loss = node_host.invokes(INSTALL_COMMAND)
+        installs_before_loss = await asyncio.to_thread(node_host.installs)
         shutil.rmtree(installed_bundle)
         # The same node-host process disconnects and reconnects: what it answers comes from its disk, not from
         # what it remembers having installed.
-        pid, connects, retains = node_host.process.pid, node_host.connects(), node_host.invokes(RETAIN_COMMAND)
+        pid, retains = node_host.process.pid, node_host.retains()
+        mark = await asyncio.to_thread(node_host.connection_mark)
         proxy.cut()
         proxy.restore()
-        await asyncio.to_thread(node_host.wait_connects, connects + 1)
+        await asyncio.to_thread(node_host.wait_reconnected, mark)
         assert node_host.process.pid == pid and node_host.process.poll() is None
         await wire.expect_public_bundle_status(node_id, "missing")
-        assert node_host.invokes(RETAIN_COMMAND) > retains
+        assert retains is None or node_host.retains() > retains
         await wire.expect_successful_turn(local_key, "WIRE-LOCAL-AFTER-LOSS")
 
         repaired_key = await wire.create_session("reinstalled")
         await wire.dispatch_node_session(repaired_key, node_id)
 
         async def reinstalled_once():
-            assert node_host.invokes(INSTALL_COMMAND) == installs_before_loss + 1
+            assert await asyncio.to_thread(node_host.installs) == installs_before_loss + 1
 
         await eventually(reinstalled_once)
         await wire.expect_public_bundle_status(node_id, "installed")
 
         # An offline runner fails before handoff, leaves the active placement retryable, and does not
         # end the independent local session.
-        connects = node_host.connects()
+        mark = await asyncio.to_thread(node_host.connection_mark)
         proxy.cut()  # and kept cut: the node host (still running) cannot reach its gateway until restored
 
         async def offline():
@@ -325,7 +475,7 @@ async def scenario(
         assert (await wire.describe_placement(repaired_key))["state"] == "active"
         await wire.expect_successful_turn(local_key, "WIRE-LOCAL-AFTER-OFFLINE")
         proxy.restore()
-        await asyncio.to_thread(node_host.wait_connects, connects + 1, 60.0)
+        await asyncio.to_thread(node_host.wait_reconnected, mark, 60.0)
         await wait_connected(wire, node_id)
         await wire.expect_successful_turn(repaired_key, "WIRE-OFFLINE-RETRY")
         await asyncio.to_thread(node_host.wait_for_workers_idle)
@@ -370,25 +520,13 @@ async def scenario(
         # the old connection, and leaves local execution available.
         removal_key = await wire.create_session("role-removal")
         removal_placement = await wire.dispatch_node_session(removal_key, node_id)
-        node_token = IdentityStore(node_host.state_dir).device_token("node")
+        node_token = node_host.device_token()
         assert node_token
         removed = await client.request("node.pair.remove", {"nodeId": node_id}, timeout=120)
         assert removed["nodeId"] == node_id
         environment = next(e for e in await wire.read_environments() if e["id"] == removal_placement["environmentId"])
         assert environment["worker"]["state"] in ("destroyed", "failed", "orphaned"), environment
         assert (await wire.describe_placement(removal_key))["state"] == "failed"
-        # The old connection (the node host's own, never reopened since) can no longer publish its inventory.
-        publish = await asyncio.to_thread(node_host.publish_inventory)
-        # Closed by the gateway for the removal, or refused by it when the close had not reached the socket yet.
-        closed_for_removal = publish.get("closeReason") == "device removed"
-        assert publish["ok"] is False and (closed_for_removal or publish["code"] not in ("CLOSED", "UNREACHABLE")), (
-            publish
-        )
-        with pytest.raises(ConnectError):
-            # The removed node's own credentials (identity and device token) can no longer connect.
-            stale = node(node_host_gateway(node_host), state_dir=node_host.state_dir, token=node_token)
-            await stale.connect()
-            await stale.request("node.runnerInventory.update", {"protocolFeatures": []})
 
         async def not_connected():
             row = await wire.read_node(node_id)
@@ -396,18 +534,9 @@ async def scenario(
 
         await eventually(not_connected)
 
-        # Nothing of the gateway stays on the node's disk: its workspaces, environment records, bundles and
-        # content are gone once the node learns (at its next connect) that it is no longer paired.
-        async def cleaned_up():
-            assert node_host.journal("pairing-removed"), node_host.log()
-
-        await eventually(cleaned_up)
-        assert node_state(node_host) == {"workspaces": [], "environments": [], "bundles": [], "blobs": []}
+        await node_host.check_after_removal(wire, node_id, node_token)
         await wire.expect_successful_turn(local_key, "WIRE-LOCAL-AFTER-REMOVAL")
-        # Every node.invoke error the node host answered (its journal, not a search of its log): only the capacity
-        # attempt's launch, which this protocol answers as that invoke's error (docs/node-worker-protocol.md).
-        errors = [(e["command"], e["code"]) for e in node_host.journal("invoke-error")]
-        assert errors == [("worker.launch.v1", "WORKER_CAPACITY_EXHAUSTED")], node_host.journal("invoke-error")
+        node_host.check_invoke_errors()
     finally:
         await client.close()
 
@@ -459,3 +588,13 @@ def test_the_same_with_the_node_on_a_second_gateway_process(gateway_factory, moc
     gateway_a = gateway_factory(extra_env=cluster)
     gateway_b = gateway_factory(extra_env=cluster)
     lifecycle(gateway_a, gateway_b, mock_openai, workspace_root, device_less=False)
+
+
+@pytest.mark.openclaw_cli
+def test_the_same_with_openclaw_s_own_node_host(gateway_factory, mock_openai, workspace_root):
+    """Issue 29's proof: the seed's steps with OpenClaw's node host (2026.9.6, unmodified) in place of the project's.
+    It installs the project's worker bundle, syncs the worktrees, runs the turns in the project's worker
+    (``workers_app/openclaw_worker``) and stops the environments, all in OpenClaw's own dialect."""
+    require_openclaw_cli()
+    gateway = gateway_factory(extra_env=model_env(mock_openai, workspace_root))
+    lifecycle(gateway, gateway, mock_openai, workspace_root, device_less=True, host_kind=OpenClawHost)

@@ -6,9 +6,10 @@ import asyncio
 import logging
 
 import pytest
-from django.test import AsyncClient, Client, override_settings
+from django.test import AsyncClient, Client, RequestFactory, override_settings
 
 from gateway import scopes as sc
+from gateway.access_log import RequestLogMiddleware
 from gateway.context import RpcContext
 from gateway.dispatch import run_request
 from gateway.protocol import RequestFrame
@@ -120,6 +121,22 @@ def test_the_async_request_path_logs_the_same_line(json_log):
         response["X-Request-ID"],
     )
     assert SECRET not in json_log.text
+
+
+def test_a_request_whose_client_left_first_is_logged_as_499_not_as_a_failure(json_log):
+    """Django cancels an async view when its client disconnects (a load balancer's health check timing out)."""
+
+    async def abandoned(request):
+        raise asyncio.CancelledError
+
+    middleware = RequestLogMiddleware(abandoned)
+    request = RequestFactory().get("/readyz")
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(middleware(request))
+
+    (line,) = json_log.lines("openclaw.access.http")
+    assert (line["path"], line["status"]) == ("/readyz", 499)
 
 
 @pytest.mark.django_db

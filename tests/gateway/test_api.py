@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.test import Client
 
 from devices_app.models import PairedDevice
 from devices_app.services import pairing
+from gateway.auth import shared_secret_limiter
 from gateway.models import AuditLog
 from tests.support.api import API_TOKEN
 
@@ -36,6 +39,36 @@ def test_other_endpoints_need_the_token():
     assert client.get("/api/gateway/nodes", **auth("wrong")).status_code == 401
     assert client.get("/api/gateway/nodes", HTTP_X_OPENCLAW_TOKEN=TOKEN).status_code == 200
     assert client.get("/api/gateway/nodes", **auth()).json()["nodes"] == []
+
+
+@pytest.mark.django_db
+def test_token_guesses_lock_the_address_out_even_for_the_right_token_and_the_socket_too(settings):
+    """The JSON API counts wrong tokens per client address in the limiter of the socket's shared-secret connects: one
+    token, one guessing budget, whichever door is knocked on."""
+    limits = {"MAX_FAILURES": 3, "WINDOW_MS": 60_000, "LOCKOUT_MS": 300_000, "EXEMPT_LOOPBACK": False}
+    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "AUTH_RATE_LIMIT": limits}
+    guesser = f"203.0.113.{uuid.uuid4().int % 250 + 1}"
+    other = f"198.51.100.{uuid.uuid4().int % 250 + 1}"
+    client = Client(REMOTE_ADDR=guesser)
+
+    wrong = [client.get("/api/gateway/nodes", **auth(f"guess-{n}")) for n in range(2)]
+    third = client.get("/api/gateway/nodes", HTTP_X_OPENCLAW_TOKEN="guess-3")
+    right = client.get("/api/gateway/nodes", **auth())
+    elsewhere = Client(REMOTE_ADDR=other).get("/api/gateway/nodes", **auth())
+    no_token = client.get("/api/gateway/nodes")
+
+    assert [response.status_code for response in wrong] == [401, 401]
+    for locked in (third, right):
+        assert locked.status_code == 429
+        assert 290 <= int(locked["Retry-After"]) <= 300
+        error = locked.json()["error"]
+        assert error["code"] == "INVALID_REQUEST" and error["retryable"] is True
+        assert error["message"] == "unauthorized: too many failed authentication attempts (retry later)"
+        assert error["details"] == {"code": "AUTH_RATE_LIMITED", "recommendedNextStep": "wait_then_retry"}
+    assert elsewhere.status_code == 200
+    assert no_token.status_code == 401  # no credential, no guess: answered as before
+    assert shared_secret_limiter.check(guesser).locked
+    assert not shared_secret_limiter.check(other).locked
 
 
 @pytest.mark.django_db

@@ -18,11 +18,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def probed(monkeypatch):
     """A probe taken ``age`` seconds ago (the cache's state is put back after the test)."""
-    monkeypatch.setattr(health, "_cache", health._HealthCache())
+    monkeypatch.setattr(health, "probe_cache", health.HealthCache())
 
     def at_age(age: float) -> dict:
         snapshot = health.probe_database()
-        health._cache.snapshot, health._cache.probed_at = snapshot, time.monotonic() - age
+        health.probe_cache.snapshot, health.probe_cache.probed_at = snapshot, time.monotonic() - age
         return snapshot
 
     return at_age
@@ -50,13 +50,13 @@ def test_the_probe_does_not_wait_behind_the_request_thread(probed):
 def test_a_stale_probe_is_answered_at_once_and_refreshed_behind_it(probed):
     old = probed(health.HEALTH_MAX_AGE_S + 1)
     release = threading.Event()
-    health._probe_pool.submit(release.wait, 30)  # the probe's thread is busy: the refresh queues
+    health.probe_pool.submit(release.wait, 30)  # the probe's thread is busy: the refresh queues
 
     async def scenario() -> tuple[dict, dict, dict]:
         answered = await asyncio.wait_for(health.health_snapshot(), 10)
         again = await asyncio.wait_for(health.health_snapshot(), 10)  # the same refresh, not a second one
         release.set()
-        refreshed = await asyncio.wait_for(health._cache.refresh, 10)
+        refreshed = await asyncio.wait_for(health.probe_cache.refresh, 10)
         return answered, again, refreshed
 
     answered, again, refreshed = asyncio.run(scenario())

@@ -22,6 +22,16 @@ def migrate_to(target: tuple[str, str]) -> None:
     executor.migrate([target])
 
 
+@pytest.fixture(autouse=True)
+def every_migration_applied_again_after_the_test():
+    """The test stops at ``AFTER``; the tests after it (the readiness check of unapplied migrations among them) need
+    the database at every app's latest migration again, whatever was added after ``AFTER``."""
+    yield
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+
 @pytest.mark.django_db(transaction=True)
 def test_logins_made_before_the_scopes_keep_what_the_console_let_them_do():
     migrate_to(BEFORE)

@@ -302,3 +302,79 @@ def test_the_limit_needs_the_head_to_be_slow_a_second_or_half_a_short_deadline(c
     first, second = gateway.connect(), gateway.connect()
     gateway.clock.advance(0.5)
     assert (first.closing, second.closing) == (False, True)
+
+
+# --- bodies over their cap ------------------------------------------------------------------------------------
+
+CONTENT_TOO_LARGE = b"HTTP/1.1 413 Content Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+CAP = 100_000
+
+
+def post_head(path: str, *headers: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: gateway", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def test_a_declared_body_over_the_cap_is_refused_413_before_a_byte_of_it_is_taken(configure):
+    gateway = configure(MAX_PAYLOAD_BYTES=CAP)
+    before = refused("body-too-large")
+    connection = gateway.connect()
+
+    connection.send(post_head("/api/sessions/", f"Content-Length: {CAP + 1}") + b"x" * 1000)
+
+    assert connection.answer() == CONTENT_TOO_LARGE
+    assert connection.closing and connection.transport.producerState == "paused"
+    assert refused("body-too-large") == before + 1
+    request = connection.channel.requests[0]
+    assert request.content is None  # no temporary file, nothing for Daphne
+    connection.send(b"y" * 10_000)  # what the client still sends is not taken
+    assert request.content is None and connection.answer() == CONTENT_TOO_LARGE
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_cap(configure):
+    gateway = configure(MAX_PAYLOAD_BYTES=CAP)
+    connection = gateway.connect()
+    connection.send(post_head("/api/sessions/", "Transfer-Encoding: chunked"))
+    piece = b"z" * 16_000
+    sent = 0
+    while sent <= CAP + daphne_server.BODY_FRAMING_SLACK_BYTES - len(piece):
+        connection.send(chunk(piece))
+        sent += len(piece)
+        assert connection.answer() == b"" and not connection.closing
+
+    connection.send(chunk(piece) * 2)
+
+    assert connection.answer() == CONTENT_TOO_LARGE
+    assert connection.closing
+
+
+def test_a_body_within_the_cap_reaches_the_application_and_the_next_request_is_counted_anew(configure):
+    gateway = configure(MAX_PAYLOAD_BYTES=CAP)
+    connection = gateway.connect()
+    body = b"b" * (CAP - 10)
+
+    connection.send(post_head("/api/sessions/", f"Content-Length: {len(body)}") + body)
+    connection.respond()
+
+    assert connection.answer().startswith(b"HTTP/1.1 200 OK\r\n") and not connection.closing
+    connection.transport.clear()
+    connection.send(post_head("/api/sessions/", f"Content-Length: {len(body)}") + body)
+    assert connection.answer() == b"" and not connection.closing
+
+
+def test_a_path_allowed_large_bodies_takes_one_over_the_general_cap(configure, monkeypatch):
+    monkeypatch.setattr(daphne_server, "_large_body_paths", [(b"/__big__/", 10 * CAP)])
+    gateway = configure(MAX_PAYLOAD_BYTES=CAP)
+    allowed, elsewhere, past = gateway.connect(), gateway.connect(), gateway.connect()
+
+    allowed.send(post_head("/__big__/upload", f"Content-Length: {5 * CAP}") + b"u" * CAP)
+    elsewhere.send(post_head("/__big", f"Content-Length: {5 * CAP}"))
+    past.send(post_head("/__big__/upload", f"Content-Length: {10 * CAP + 1}"))
+
+    assert allowed.answer() == b"" and not allowed.closing
+    assert elsewhere.answer() == CONTENT_TOO_LARGE
+    assert past.answer() == CONTENT_TOO_LARGE

@@ -462,3 +462,10 @@ def test_concurrent_execs_share_the_slots(root, tmp_path):
 def test_slots_need_a_positive_count(tmp_path):
     with pytest.raises(ValueError):
         ExecSlots(tmp_path / "slots", 0)
+
+
+def test_a_command_holding_a_nul_byte_is_a_tool_error_not_a_failed_turn(root):
+    result = run_exec(runner_for(root), command="echo a\0b")
+
+    assert result.is_error
+    assert "Command could not start: the command contains a NUL byte" in result.text

@@ -108,7 +108,9 @@ def test_every_process_is_a_program_started_in_priority_order_and_stopped_in_rev
         assert program["stdout_events_enabled"] == "true"
         assert program["directory"] == str(ROOT)
         assert program["environment"] == f'OPENCLAW_PROCESS_NAME="{name}"'
-    assert command_of(config, "program:gateway-2")[-5:] == ["serve", "--bind", "127.0.0.1", "--port", "18800"]
+    assert command_of(config, "program:gateway-2")[-6:] == [
+        "serve", "--bind", "127.0.0.1", "--port", "18800", "--no-gateway-file"
+    ]  # fmt: skip
     # Celery's %h survives supervisord's %(name)s expansion.
     assert "worker-2@%h" in command_of(config, "program:worker-2")
 

@@ -6,19 +6,24 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import uuid
 from collections.abc import Iterator
 
 import pytest
+from django.core.cache import cache
 from django.db import connection
 from django.db.migrations.recorder import MigrationRecorder
 
-from gateway import state
+from gateway import state, task_consumers
+from gateway.task_consumers import UNCONSUMED_SINCE_KEY, ConsumerWatch, worker_missing_message
 from operations_app import health
 from operations_app.health import CheckResult, CheckState, ReadinessChecks
 from tests.support.processes import free_port
 
 # A short deadline keeps the unreachable cases quick; the checks' own timeouts stay as configured.
 TEST_TIMEOUT_S = 1.0
+# How long a test waits for the broker's answer about the turn queue's workers (the broadcast takes 2 s).
+PROBE_WAIT_S = 15.0
 
 
 @pytest.fixture
@@ -62,7 +67,7 @@ def test_a_process_with_its_dependencies_up_is_ready():
     readiness = ReadinessChecks().run()
 
     assert readiness.ready, readiness.to_json()
-    assert set(readiness.checks) == {"startup", "database", "channelLayer", "broker", "migrations"}
+    assert set(readiness.checks) == {"startup", "database", "channelLayer", "broker", "migrations", "taskWorkers"}
     assert readiness.checks["database"].state == CheckState.OK
     assert readiness.checks["migrations"].state == CheckState.OK
     assert readiness.to_json()["status"] == "ready"
@@ -220,3 +225,62 @@ def test_readyz_is_503_until_startup_recovery_has_run(client):
         "reason": "startup recovery still reconciling worker placements",
     }
     assert after.status_code == 200 and after.json()["checks"]["startup"] == {"state": "ok"}
+
+
+# --- the task workers' warning --------------------------------------------------------------------
+
+
+@pytest.fixture
+def unconsumed_queue(settings, monkeypatch) -> Iterator[str]:
+    """Celery task mode on a queue of this test's own that no worker consumes, asked of the real broker."""
+    settings.OPENCLAW_TASK_MODE = "celery"
+    settings.CELERY_TASK_DEFAULT_QUEUE = queue = f"test-readyz-{uuid.uuid4().hex[:12]}"
+    watch = ConsumerWatch()
+    monkeypatch.setattr(task_consumers, "consumer_watch", watch)
+    yield queue
+    cache.delete(UNCONSUMED_SINCE_KEY.format(queue))
+
+
+@every_database
+def test_in_process_tasks_need_no_worker(settings):
+    settings.OPENCLAW_TASK_MODE = "inprocess"
+
+    readiness = ReadinessChecks().run()
+
+    assert readiness.checks["taskWorkers"].to_json() | {"durationMs": 0} == {
+        "state": "not configured",
+        "reason": "in-process",
+        "durationMs": 0,
+    }
+
+
+@pytest.mark.redis
+@every_database
+def test_no_worker_on_the_turn_queue_is_a_warning_and_the_process_stays_ready(client, unconsumed_queue):
+    first = client.get("/readyz")
+    task_consumers.consumer_watch.fresh(PROBE_WAIT_S)
+    response = client.get("/readyz")
+
+    # The first answer did not wait for the broker: the check had not run yet.
+    assert first.status_code == 200
+    assert first.json()["checks"]["taskWorkers"]["reason"] == "not checked yet"
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ready"
+    assert body["checks"]["taskWorkers"]["state"] == "warning"
+    assert body["checks"]["taskWorkers"]["reason"] == worker_missing_message(unconsumed_queue)
+
+
+@pytest.mark.redis
+@every_database
+def test_a_broker_that_does_not_answer_the_workers_check_is_a_warning_without_its_error_text(
+    settings, unconsumed_queue
+):
+    settings.CELERY_BROKER_URL = f"redis://127.0.0.1:{free_port()}/0"
+    task_consumers.consumer_watch.refresh()
+
+    readiness = ReadinessChecks().run(TEST_TIMEOUT_S)
+
+    assert readiness.checks["taskWorkers"].state == CheckState.WARNING
+    assert readiness.checks["taskWorkers"].reason == "not known: the broker did not answer"
+    assert readiness.checks["broker"].state == CheckState.FAILING

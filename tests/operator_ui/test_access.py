@@ -73,6 +73,8 @@ PATTERNS: dict[str, tuple[Needs, dict[str, str], frozenset[str]]] = {
     "logout": (Needs(), {}, frozenset({POST})),
     "sessions": (mirrors("sessions.list"), {}, frozenset({GET})),
     "session-new": (mirrors("sessions.create"), {}, frozenset({POST})),
+    "sessions-archive": (mirrors("sessions.patch"), {}, frozenset({POST})),
+    "sessions-reset": (mirrors("sessions.reset"), {}, frozenset({POST})),
     "session-send": (mirrors("chat.send"), {"key": "agent:main:nobody"}, frozenset({POST})),
     "session-abort": (mirrors("chat.abort"), {"key": "agent:main:nobody"}, frozenset({POST})),
     "session-dispatch": (mirrors("sessions.dispatch"), {"key": "agent:main:nobody"}, frozenset({POST})),
@@ -84,6 +86,11 @@ PATTERNS: dict[str, tuple[Needs, dict[str, str], frozenset[str]]] = {
     "session-delete": (mirrors("sessions.delete"), {"key": "agent:main:nobody"}, frozenset({POST})),
     "session": (mirrors("sessions.describe", "chat.history"), {"key": "agent:main:nobody"}, frozenset({GET})),
     "artifact": (mirrors("chat.history"), {"artifact_id": "nothing"}, frozenset({GET})),
+    "session-image": (
+        mirrors("chat.history"),
+        {"key": "agent:main:nobody", "entry_id": "nothing", "index": 0},
+        frozenset({GET}),
+    ),
     "approvals": (mirrors("exec.approval.list"), {}, frozenset({GET})),
     "approval-decide": (
         mirrors("exec.approval.resolve"),

@@ -315,7 +315,7 @@ def test_revoking_a_token_revoked_meanwhile_says_so_and_changes_nothing(staff_cl
     assert messages_of(response) == [f"The operator token of device {LAPTOP} was already revoked."]
     assert token_of().revoked_at == revoked_at
     assert not AuditLog.objects.filter(actor="user:boss").exists()
-    assert "already revoked" in confirmation and 'class="danger"' not in confirmation
+    assert "already revoked" in confirmation and 'class="button-danger"' not in confirmation
 
 
 def test_revoking_the_token_of_a_device_removed_meanwhile_shows_the_services_refusal(staff_client):

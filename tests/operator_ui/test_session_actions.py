@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+from datetime import UTC, datetime
 
 import pytest
 from django.contrib.messages import get_messages
@@ -20,7 +21,7 @@ from tests.operator_ui.test_views import make
 from tests.support.operators import operator_user
 from tests.workers_app.test_placement_store import DISPATCH_STEPS, ENV, dispatch_to_active, make_session, walk
 from tests.workers_app.test_rpc import dev_profile, failed_without_environment, use_profiles  # noqa: F401 (fixtures)
-from workers_app.models import Placement, PlacementState
+from workers_app.models import Placement, PlacementHistory, PlacementState
 from workers_app.services import dispatch, reclaim
 from workers_app.services import placements as store
 
@@ -179,6 +180,34 @@ def test_an_active_placement_shows_every_stage_done(operator_client):
 
     assert stages_of(page) == expected(5)
     assert 'aria-current="step"' not in page
+
+
+STAGE_TIME = re.compile(r'<time datetime="(?P<iso>[^"]+)"')
+
+
+def iso_second(at_ms: int) -> str:
+    return datetime.fromtimestamp(at_ms // 1000, tz=UTC).isoformat()
+
+
+def test_each_stage_shows_when_it_started_and_a_pending_stage_shows_no_time(operator_client, monkeypatch):
+    ticks = iter(range(1_780_000_000_000, 1_780_000_100_000, 2500))
+    monkeypatch.setattr(store, "now_ms", lambda: next(ticks))
+    session = make_session()
+    walk(session, DISPATCH_STEPS[:1])  # requested, then provisioning 2.5 s later
+
+    page = page_of(operator_client, session)
+
+    stage_items = re.findall(r'<li class="stage stage-\w+".*?</li>', page, re.S)
+    times = [[m["iso"] for m in STAGE_TIME.finditer(item)] for item in stage_items]
+    entered = dict(
+        PlacementHistory.objects.filter(session=session, to_state__in=[S.REQUESTED, S.PROVISIONING]).values_list(
+            "to_state", "at_ms"
+        )
+    )
+    assert entered[S.PROVISIONING] - entered[S.REQUESTED] == 2500
+    assert times == [[iso_second(entered[S.REQUESTED])], [iso_second(entered[S.PROVISIONING])], [], [], []]
+    assert "2.5 s after the request" in stage_items[1]
+    assert "after the request" not in stage_items[0]
 
 
 @pytest.mark.parametrize("steps", [0, 1, 3])

@@ -43,7 +43,7 @@ def texts_of(session: Session) -> list[tuple[str, str]]:
 
 
 def composer_of(page: str) -> str:
-    return re.search(r'<textarea id="message" name="message" rows="3" required>(.*?)</textarea>', page, re.S).group(1)
+    return re.search(r'<textarea id="message" name="message"[^>]*>(.*?)</textarea>', page, re.S).group(1)
 
 
 QUESTIONS = (

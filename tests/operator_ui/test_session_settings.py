@@ -57,7 +57,8 @@ def test_the_card_carries_the_revision_the_page_showed_in_every_form(staff_clien
 
     page = staff_client.get(reverse("ui:session", kwargs={"key": session.key})).content.decode()
 
-    assert len(re.findall(r'name="revision" value="2"', page)) == 4  # label, archive, reset, delete
+    # The title's rename in place, the card's label, archive, reset, delete.
+    assert len(re.findall(r'name="revision" value="2"', page)) == 5
     assert 'id="session-label" name="label" value="shown"' in page
 
 

@@ -100,7 +100,7 @@ def test_the_page_shows_processes_connections_checks_and_recent_errors(staff_cli
     assert "gw-gone:202" in page and "silent" in page
     assert response.context["readiness"].ready
     for check in ("database", "channelLayer", "broker", "migrations"):
-        assert f"<td>{check}</td>" in page
+        assert f'<td data-label="Check">{check}</td>' in page
     assert "0123456789abcdef" in page
     assert "gateway method sessions.list" in page
     assert "server closed the connection unexpectedly" in page
@@ -151,4 +151,5 @@ def test_the_page_costs_the_same_queries_for_few_and_many_processes(staff_client
     with django_assert_max_num_queries(len(few.captured_queries)):
         response = staff_client.get(system_url())
 
-    assert len(response.context["processes"]) == 21
+    # A gateway another test of this worker started may have registered its own row too.
+    assert len([row for row in response.context["processes"] if row.hostname == "gw"]) == 21

@@ -82,7 +82,7 @@ def test_the_list_shows_sessions_newest_first_with_their_placement(operator_clie
     page = text_of(operator_client.get(reverse("ui:sessions")))
 
     assert page.index("agent:main:newest") < page.index(placed.key) < page.index("Older one")
-    assert 'class="state state-active">active<' in page
+    assert 'class="pill pill-ok">active<' in page
 
 
 def test_search_and_the_archived_filter_narrow_the_list(operator_client):
@@ -140,7 +140,7 @@ def test_a_session_page_shows_its_transcript_turns_and_placement(operator_client
     page = text_of(operator_client.get(session_url(session)))
 
     assert "What changed today?" in page
-    assert 'class="run run-running">running<' in page
+    assert 'class="pill pill-info">running<' in page
     assert '<dt>State</dt><dd><span class="state state-active">active</span></dd>' in page
     assert "worker:inference" in page
 

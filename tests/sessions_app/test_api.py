@@ -9,9 +9,11 @@ import pytest
 from django.db import connection
 from django.test import Client
 
+from gateway.models import AuditLog
 from sessions_app import rpc, schemas
-from sessions_app.models import Run, RunStatus, Session
+from sessions_app.models import Run, RunStatus, Session, TranscriptEvent
 from sessions_app.services import runs, sessions
+from sessions_app.services.transcripts import append_many
 from tests.support.api import API_TOKEN
 
 TOKEN = API_TOKEN
@@ -79,6 +81,7 @@ def test_every_endpoint_needs_the_token():
         ("get", "/api/sessions/agent:main:s1/history"),
         ("post", "/api/sessions/agent:main:s1/messages"),
         ("post", "/api/sessions/agent:main:s1/abort"),
+        ("post", "/api/sessions/agent:main:s1/reset"),
         ("get", "/api/sessions/runs/r1"),
     ]
 
@@ -99,6 +102,7 @@ def test_openapi_schema_lists_the_sessions_paths():
     assert set(paths["/api/sessions/{key}/history"]) == {"get"}
     assert set(paths["/api/sessions/{key}/messages"]) == {"post"}
     assert set(paths["/api/sessions/{key}/abort"]) == {"post"}
+    assert set(paths["/api/sessions/{key}/reset"]) == {"post"}
     assert set(paths["/api/sessions/runs/{runId}"]) == {"get"}
     assert set(paths["/api/sessions/runs"]) == {"get"}
     patch = paths["/api/sessions/{key}"]["patch"]
@@ -224,7 +228,7 @@ def test_describe_takes_the_key_in_the_path(client):
     assert full.json() == rpc.sessions_describe_rpc(None, schemas.SessionsDescribeParams(key=session.key))
     assert full.json()["session"]["label"] == "L"
     assert bare.json() == full.json() == encoded.json()
-    assert missing.status_code == 404
+    assert missing.status_code == 404, missing.json()
     assert missing.json() == error("INVALID_REQUEST", "session not found: agent:main:nope")
 
 
@@ -273,7 +277,7 @@ def test_patch_errors(client):
     )
     assert empty.status_code == 400
     assert empty.json() == error("INVALID_REQUEST", "sessions.patch needs at least one change")
-    assert missing.status_code == 404
+    assert missing.status_code == 404, missing.json()
     assert missing.json() == error("INVALID_REQUEST", "session not found: agent:main:nope")
     session.refresh_from_db()
     assert session.label == ""
@@ -335,6 +339,76 @@ def test_delete_is_refused_while_a_turn_runs(client):
     assert Session.objects.filter(key=session.key).exists()
 
 
+@pytest.mark.django_db
+def test_reset_starts_a_new_transcript_like_sessions_reset_and_is_audited(client):
+    session = make()
+    finished_turn(session, "r1", "hello", "hi")
+    runs.run_submit(session_key=session.key, message="later", idempotency_key="queued")
+    before = Session.objects.get(key=session.key)
+
+    response = client.post(
+        f"/api/sessions/{session.key}/reset",
+        {"reason": "new", "expectedRevision": before.revision},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 200
+    after = Session.objects.get(key=session.key)
+    assert after.session_id != before.session_id and after.lifecycle_revision != before.lifecycle_revision
+    body = response.json()
+    assert body["ok"] is True and body["key"] == session.key
+    assert body["entry"]["sessionId"] == after.session_id and body["entry"]["revision"] == after.revision
+    history = client.get(f"/api/sessions/{session.key}/history").json()
+    assert history["sessionId"] == after.session_id and history["messages"] == []
+    queued = Run.objects.get(run_id="queued")
+    assert queued.status == RunStatus.ERROR and queued.error == "session was reset before the turn started"
+    entry = AuditLog.objects.get(action="session.reset", target_id=session.key)
+    assert entry.data["reason"] == "new" and entry.data["previousSessionId"] == before.session_id
+    assert entry.data["failedQueuedRuns"] == 1
+
+
+@pytest.mark.django_db
+def test_reset_without_a_body_is_a_plain_reset(client):
+    session = make()
+
+    response = client.generic("POST", f"/api/sessions/{session.key}/reset")  # no body at all
+
+    assert response.status_code == 200
+    assert Session.objects.get(key=session.key).session_id != session.session_id
+    assert AuditLog.objects.get(action="session.reset").data["reason"] == "reset"
+
+
+@pytest.mark.django_db
+def test_reset_refusals_change_nothing(client):
+    session = make()
+    url = f"/api/sessions/{session.key}/reset"
+
+    def post(body: dict, target: str = url):
+        return client.post(target, body, content_type="application/json")
+
+    stale = post({"expectedRevision": session.revision + 1})
+    wrong_owner = post({"expectedSessionId": "someone-else"})
+    bad_reason = post({"reason": "wipe"})
+    unknown_field = post({"force": True})
+    missing = post({}, "/api/sessions/agent:main:nobody/reset")
+    runs.run_submit(session_key=session.key, message="hi", idempotency_key="busy")
+    runs.run_claim(run_id="busy", executor="test")
+    busy = post({})
+
+    assert stale.status_code == 409 and stale.json()["error"]["details"]["revision"] == session.revision
+    assert wrong_owner.status_code == 409
+    assert wrong_owner.json()["error"]["details"]["code"] == "SESSION_CHANGED"
+    assert bad_reason.status_code == 400 and "/reason" in bad_reason.json()["error"]["message"]
+    assert unknown_field.status_code == 400
+    assert missing.status_code == 404
+    assert missing.json() == error("INVALID_REQUEST", "session not found: agent:main:nobody")
+    assert busy.status_code == 409
+    assert busy.json() == error("UNAVAILABLE", "Reset is unavailable while the agent is working.", retryable=True)
+    unchanged = Session.objects.get(key=session.key)
+    assert unchanged.session_id == session.session_id
+    assert not AuditLog.objects.filter(action="session.reset").exists()
+
+
 # --- chat -----------------------------------------------------------------------------------
 
 
@@ -356,8 +430,56 @@ def test_history_is_the_chat_history_payload(client):
         ("assistant", "TWO"),
     ]
     assert (body["totalMessages"], body["hasMore"], body["sessionId"]) == (4, True, session.session_id)
-    assert missing.status_code == 404
+    assert missing.status_code == 404, missing.json()
     assert missing.json() == error("INVALID_REQUEST", "session not found: agent:main:nope")
+
+
+@pytest.mark.django_db
+def test_history_and_the_session_page_show_messages_of_shapes_this_gateway_does_not_write(client, admin_client):
+    """A node records messages as its agent made them: content as one string, parts that are not objects. History
+    passes them on as they are (a long string cut like text), and the console draws them."""
+    session = make()
+    bodies = [
+        {"role": "user", "content": "the whole content as a string"},
+        {"role": "assistant", "content": ["a bare string part", 7, None, {"type": "text", "text": "fine"}]},
+        {"role": "assistant", "content": "x" * 20_000},
+        {"role": "assistant"},
+    ]
+    append_many(window_id=session.session_id, session_key=session.key, bodies=bodies)
+
+    response = client.get(f"/api/sessions/{session.key}/history")
+    page = admin_client.get(f"/ui/sessions/{session.key}/")
+
+    assert response.status_code == 200
+    contents = [message.get("content") for message in response.json()["messages"]]
+    assert contents[:2] == [bodies[0]["content"], bodies[1]["content"]]
+    assert contents[2].startswith("x" * 100) and contents[2].endswith("...(truncated)...")
+    assert len(contents[2]) < 20_000 and contents[3] == []
+    assert page.status_code == 200
+    assert "the whole content as a string" in page.content.decode() and "a bare string part" in page.content.decode()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("content", "editor_text"),
+    [("asked as one string", "asked as one string"), (["bare", {"type": "text", "text": "typed"}, 3], "typed")],
+)
+def test_a_fork_at_a_user_message_of_another_shape_hands_over_its_text(client, content, editor_text):
+    session = make()
+    bodies = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": []},
+        {"role": "user", "content": content},
+    ]
+    append_many(window_id=session.session_id, session_key=session.key, bodies=bodies)
+    entry = TranscriptEvent.objects.filter(window_id=session.session_id).order_by("seq")[2]
+
+    response = client.post(
+        f"/api/sessions/{session.key}/fork", {"entryId": entry.event_id}, content_type="application/json"
+    )
+
+    assert response.status_code == 201
+    assert response.json()["editorText"] == editor_text
 
 
 @pytest.mark.django_db(transaction=True)
@@ -436,7 +558,7 @@ def test_send_errors(client, monkeypatch):
     bad_key = send("agent:main:", message="hi")
     unknown_field = send("agent:main:work", message="hi", sessionKey="x")
 
-    assert missing.status_code == 404
+    assert missing.status_code == 404, missing.json()
     assert missing.json() == error("INVALID_REQUEST", "session not found: agent:main:nope")
     assert blank.status_code == 400
     assert blank.json() == error("INVALID_REQUEST", "message or attachment required")
@@ -469,7 +591,7 @@ def test_abort(client, monkeypatch):
     assert aborted.json() == {"ok": True, "aborted": True, "runIds": ["queued"]}
     assert Run.objects.get(run_id="queued").status == RunStatus.ABORTED
     assert nothing.json() == {"ok": True, "aborted": False, "runIds": []}
-    assert missing.status_code == 404
+    assert missing.status_code == 404, missing.json()
     assert missing.json() == error("INVALID_REQUEST", "session not found: agent:main:nope")
 
 
@@ -479,7 +601,8 @@ def test_abort(client, monkeypatch):
 @pytest.mark.django_db
 def test_run_detail(client):
     session = make()
-    runs.run_submit(session_key=session.key, message="hi", idempotency_key="queued")
+    waiting = make("agent:main:waiting")  # its turn stays queued (a session's turns start in the order sent)
+    runs.run_submit(session_key=waiting.key, message="hi", idempotency_key="queued")
     finished_turn(session, "done", "one", "ONE")
 
     queued = client.get("/api/sessions/runs/queued")
@@ -491,7 +614,7 @@ def test_run_detail(client):
     assert queued.status_code == 200
     assert queued.json() == {
         "runId": "queued",
-        "sessionKey": session.key,
+        "sessionKey": waiting.key,
         "status": "queued",
         "startedAt": None,
         "endedAt": None,
@@ -501,7 +624,7 @@ def test_run_detail(client):
     body = done.json()
     assert (body["status"], body["outputText"], body["error"]) == ("ok", "ONE", None)
     assert body["endedAt"] >= body["startedAt"] > 0
-    assert missing.status_code == 404
+    assert missing.status_code == 404, missing.json()
     assert missing.json() == error("INVALID_REQUEST", "run not found: nope")
     assert not_history.status_code == 404
     assert not_history.json() == error("INVALID_REQUEST", "run not found: history")

@@ -155,6 +155,36 @@ def test_one_turn_at_a_time_per_session_and_the_next_is_dispatched(_no_dispatch)
     assert TranscriptEvent.objects.count() == 3
 
 
+def test_a_later_turn_whose_task_arrives_first_waits_for_the_older_one(_no_dispatch):
+    """Two workers, a backed-up queue: the task of the third turn is taken before the task the first turn's end
+    dispatched for the second. The turns still start in the order they were sent."""
+    session = make()
+    for run_id in ("r1", "r2", "r3"):
+        runs.run_submit(session_key=session.key, message=run_id, idempotency_key=run_id)
+    runs.run_claim(run_id="r1", executor="worker-a")
+    runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="ok", text="R1"))
+    assert _no_dispatch[-1] == "r2"
+
+    assert runs.run_claim(run_id="r3", executor="worker-b") is None
+    assert Run.objects.get(run_id="r3").status == "queued"
+    assert runs.run_claim(run_id="r2", executor="worker-a") is not None
+    runs.run_finish(run_id="r2", outcome=runs.TurnOutcome(status="ok", text="R2"))
+    assert _no_dispatch[-1] == "r3"
+    assert runs.run_claim(run_id="r3", executor="worker-b") is not None
+    users = TranscriptEvent.objects.filter(window_id=session.session_id, body__role="user").order_by("seq")
+    assert [event.body["content"][0]["text"] for event in users] == ["r1", "r2", "r3"]
+
+
+def test_turns_sent_in_the_same_instant_start_in_the_order_of_their_ids(_no_dispatch):
+    session = make()
+    for run_id in ("r-b", "r-a"):
+        runs.run_submit(session_key=session.key, message=run_id, idempotency_key=run_id)
+    Run.objects.filter(session=session).update(created_at=timezone.now())
+
+    assert runs.run_claim(run_id="r-b", executor="test") is None
+    assert runs.run_claim(run_id="r-a", executor="test") is not None
+
+
 def test_error_turns_write_no_assistant_message():
     session = make()
     runs.run_submit(session_key=session.key, message="one", idempotency_key="r1")
@@ -383,3 +413,41 @@ def test_claim_and_finish_of_an_unknown_run_change_nothing():
     assert runs.run_claim(run_id="missing", executor="test") is None
     assert runs.run_finish(run_id="missing", outcome=runs.TurnOutcome(status="ok", text="x")) is None
     assert not TranscriptEvent.objects.exists()
+
+
+def test_a_steps_nul_characters_and_odd_shapes_are_stored_not_refused():
+    """PostgreSQL stores no NUL in jsonb or text: a tool's output (``printf 'a\\0b'``) or a node's message with one
+    is stored with U+FFFD instead. ``details`` and ``content`` of other shapes do not break the artifact's note."""
+    session = make()
+    runs.run_submit(session_key=session.key, message="go", idempotency_key="r1")
+    runs.run_claim(run_id="r1", executor="test")
+    body = {
+        "role": "toolResult", "toolCallId": "c\x001", "toolName": "exec", "isError": False,
+        "content": [{"type": "text", "text": "a\x00b"}], "details": "not a dict", "k\x00ey": ["x\x00"],
+    }  # fmt: skip
+
+    stored = runs.run_record_message(run_id="r1", body=body, message_key="s1.r1", full_text="whole a\x00b output")
+    plain = runs.run_record_message(run_id="r1", body={**body, "details": {}}, message_key="s1.r2")
+
+    assert stored["content"][0]["text"] == plain["content"][0]["text"] == "a\ufffdb"
+    assert stored["details"]["artifactId"] and plain["toolCallId"] == "c\ufffd1" and plain["k\ufffdey"] == ["x\ufffd"]
+    assert runs.ToolArtifact.objects.get(run_id="r1").content == "whole a\ufffdb output"
+    events = TranscriptEvent.objects.filter(window_id=session.session_id, body__role="toolResult")
+    assert [event.body["content"][0]["text"] for event in events.order_by("seq")] == ["a\ufffdb", "a\ufffdb"]
+
+
+def test_a_turns_end_keeps_only_bounded_usage_and_text_without_nul():
+    session = make()
+    runs.run_submit(session_key=session.key, message="go", idempotency_key="r1")
+    runs.run_claim(run_id="r1", executor="test")
+    usage = {"input": "12", "output": 10**30, "cacheRead": -5, "totalTokens": 7, "cost": {"total": 0.25, "x": "y"},
+             "flag": True, "nan": float("nan")}  # fmt: skip
+
+    finished = runs.run_finish(run_id="r1", outcome=runs.TurnOutcome(status="ok", text="do\x00ne", usage=usage))
+
+    assert finished.usage == {"totalTokens": 7, "cost": {"total": 0.25}}
+    assert finished.output_text == "do\ufffdne"
+    stored = Session.objects.get(pk=session.pk)
+    assert (stored.input_tokens, stored.output_tokens) == (0, 0)
+    reply = TranscriptEvent.objects.get(window_id=session.session_id, body__role="assistant").body
+    assert reply["content"][0]["text"] == "do\ufffdne" and reply["usage"] == {"totalTokens": 7, "cost": {"total": 0.25}}

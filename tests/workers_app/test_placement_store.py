@@ -38,6 +38,7 @@ def attached_environment(
         lease_id=lease_id or f"static-ssh:{environment_id}",
         owner_epoch=epoch,
         attached_session_ids=[session.session_id],
+        workspace_session_id=session.session_id,  # as the attach records it
         created_at_ms=1,
         updated_at_ms=1,
         state_changed_at_ms=1,

@@ -240,6 +240,32 @@ def test_a_path_that_changes_between_file_and_directory_is_applied(tmp_path, cha
 # --- apply_workspace_changes: what is refused ------------------------------------------------------
 
 
+@pytest.mark.parametrize("conflict", ["a directory with a file of the gateway's own", "a file of the gateway's own"])
+def test_a_file_the_worktree_cannot_take_where_it_stands_is_refused_before_anything_changes(tmp_path, conflict):
+    """The node turned ``a/`` into a file, or put ``b/c`` under ``b``, while the worktree holds a file of its own
+    (made after the sync) there: refused, and the deletes and writes the same export planned are not half-applied."""
+    worktree, node = tmp_path / "worktree", tmp_path / "node"
+    write(worktree, {"keep.txt": b"k\n", "gone.txt": b"g\n", "a/x": b"x\n"})
+    base = build_manifest(worktree)
+    shutil.copytree(worktree, node)
+    (node / "gone.txt").unlink()
+    write(node, {"new.txt": b"new\n"})
+    if conflict == "a directory with a file of the gateway's own":
+        write(worktree, {"a/mine": b"made here after the sync\n"})
+        shutil.rmtree(node / "a")
+        write(node, {"a": b"now a file\n"})
+    else:
+        write(worktree, {"b": b"a file made here\n"})
+        write(node, {"b/c": b"under b\n"})
+    manifest, blobs = export(node, base)
+    before = tree(worktree)
+
+    with pytest.raises(WorkerProviderError, match="the worktree holds"):
+        apply_workspace_changes(worktree, manifest, blobs, base_manifest=base)
+
+    assert tree(worktree) == before
+
+
 @pytest.mark.parametrize("fault", ["other bytes under the digest", "no content at all"])
 def test_content_that_does_not_match_its_digest_is_refused_and_that_file_stays_as_it_was(worktree, node_copy, fault):
     base = build_manifest(worktree)

@@ -20,6 +20,11 @@ COMMAND_TIMEOUT_MS = 30_000
 PROTOCOL_VERSION = 1
 
 
+def not_connected(device_id: str) -> str:
+    """Why a command (or a dispatch, a teardown) could not reach the node."""
+    return f"device worker node is not connected: {device_id}; reconnect it before retrying"
+
+
 def run_on_gateway_loop[T](make: Callable[[], Awaitable[T]]) -> T:
     """Run the coroutine ``make()`` to completion from synchronous code and return its result."""
     release_database_connections()
@@ -46,6 +51,7 @@ __all__ = [
     "COMMAND_TIMEOUT_MS",
     "NodeCommandFailed",
     "call_node",
+    "not_connected",
     "release_database_connections",
     "run_on_gateway_loop",
 ]

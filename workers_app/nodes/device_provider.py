@@ -16,8 +16,12 @@ from django.utils import timezone
 from devices_app.models import PairedDevice
 from gateway import selectors as gateway_selectors
 
+from ..models import WorkerEnvironment
 from ..providers.base import CREDENTIALS_REVOKED, Inspection, WorkerLease, WorkerProfile, WorkerProviderError
-from .calls import NodeCommandFailed, call_node
+from .calls import NodeCommandFailed, call_node, not_connected
+from .openclaw.dialect import node_speaks_openclaw
+from .openclaw.provisioning import openclaw_stop
+from .openclaw.retention import openclaw_retain
 
 PROVIDER_ID = "device"
 STOP_COMMAND = "worker.environment.stop.v1"
@@ -29,10 +33,6 @@ def device_lease_id(device_id: str, operation_id: str) -> str:
     device = hashlib.sha256(device_id.encode()).hexdigest()
     operation = hashlib.sha256(operation_id.encode()).hexdigest()[:32]
     return f"{PROVIDER_ID}:{device}:{operation}"
-
-
-def not_connected(device_id: str) -> str:
-    return f"device worker node is not connected: {device_id}; reconnect it before retrying"
 
 
 class DeviceProvider:
@@ -78,10 +78,18 @@ class DeviceProvider:
             raise WorkerProviderError(not_connected(device_id), code=CREDENTIALS_REVOKED)
         if connection is None:
             raise WorkerProviderError(not_connected(device_id), code="cleanup_indeterminate")
-        if STOP_COMMAND not in (connection.commands or []):
+        openclaw = node_speaks_openclaw(device_id)
+        if not openclaw and STOP_COMMAND not in (connection.commands or []):
             return  # a node without the worker commands never ran anything of this gateway's
         try:
-            call_node(device_id, STOP_COMMAND, {"leaseId": lease_id})
+            if openclaw:
+                environment = WorkerEnvironment.objects.filter(provider_id=PROVIDER_ID, lease_id=lease_id).first()
+                if environment is not None:
+                    openclaw_stop(device_id, environment)
+                # The stop leaves the files; the snapshot without this environment deletes them.
+                openclaw_retain(node_id=device_id, conn_id=str(connection.conn_id))
+            else:
+                call_node(device_id, STOP_COMMAND, {"leaseId": lease_id})
         except NodeCommandFailed as failure:
             if failure.code in ("NOT_CONNECTED", "TIMEOUT"):
                 raise WorkerProviderError(not_connected(device_id), code="cleanup_indeterminate") from None

@@ -52,6 +52,14 @@ class Declaration:
         return self.retired or (self.hosting and self.worker_host.get("capturedExecPolicy") is not True)
 
 
+def openclaw_update_required(worker_host: dict[str, Any] | None) -> bool:
+    """A hosting declaration OpenClaw's own node host could not serve this gateway under: its launch and stop
+    need the environment session, its launch the captured exec policy (``isNodeWorkerSupervisorProofCurrent``)."""
+    if not worker_host or not worker_host.get("enabled"):
+        return False
+    return worker_host.get("environmentSession") != 1 or worker_host.get("capturedExecPolicy") is not True
+
+
 def update_required_message(node_id: str) -> str:
     issue = UPDATE_REQUIRED_ISSUE
     return (

@@ -17,6 +17,8 @@ from ..bundle import current_bundle
 from ..models import TERMINAL_ENVIRONMENT_STATES, Placement, PlacementState, WorkerEnvironment, WorkspaceManifest
 from .calls import NodeCommandFailed, call_node
 from .hosts import node_bundle_record
+from .openclaw.dialect import node_speaks_openclaw
+from .openclaw.retention import openclaw_retain
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,8 @@ def node_retain(*, node_id: str, conn_id: str) -> str | None:
     connection = gateway_selectors.live_node_connection(node_id)
     if connection is None or str(connection.conn_id) != conn_id:
         return None
+    if node_speaks_openclaw(node_id):
+        return openclaw_retain(node_id=node_id, conn_id=conn_id)
     bundle = current_bundle()
     params = {
         "gatewayNamespace": GATEWAY_NAMESPACE,

@@ -8,19 +8,21 @@ brought up, synced, reconciled and stopped the same way, through the node's priv
 * start — the node confirms the workspace is in place on the connection that will run the turns;
 * reconcile — on the way back, the node's changes to the workspace are applied to the worktree;
 * stop — the node deletes the environment's workspace (the device provider's teardown).
+
+OpenClaw's own node host speaks its own dialect of these commands (node-worker-dialect.md); for a node whose
+live connection speaks it, bootstrap, start and stop are :mod:`workers_app.nodes.openclaw.provisioning`'s.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from gateway.selectors import now_ms
-from openclaw_client.workspace import WorkspaceError, build_manifest, manifest_ref, validate_manifest
+from openclaw_client.workspace import MAX_TOTAL_BYTES, WorkspaceError, build_manifest, manifest_ref
 from sessions_app.models import Session
 
 from ..bundle import current_bundle
@@ -28,11 +30,12 @@ from ..models import Placement, WorkerEnvironment, WorkspaceManifest
 from ..providers import WorkerProviderError
 from ..runtimes import BootstrapReceipt, WorkspaceSync
 from . import hosts as node_hosts
-from .calls import NodeCommandFailed, call_node
-from .device_provider import not_connected
+from .calls import NodeCommandFailed, call_node, not_connected
+from .openclaw import workspace as openclaw_workspace
+from .openclaw.dialect import node_speaks_openclaw
+from .openclaw.provisioning import openclaw_bootstrap, openclaw_stop
 from .ssh import ensure_ssh_node
-
-logger = logging.getLogger(__name__)
+from .worktree_changes import apply_workspace_changes, session_workspace_root
 
 WORKER_SUPERVISOR_FEATURE = "node-worker-supervisor-v6"
 INSTALL_TIMEOUT_MS = 600_000
@@ -42,6 +45,8 @@ SYNC_TIMEOUT_MS = 120_000
 SYNC_BATCH_BYTES = 4 * 1024 * 1024
 # A node that still lacks content after it was all sent is asked again, this many times in all.
 SYNC_ROUNDS = 3
+# The pages of a workspace export a node may answer with: a 1 GiB workspace in 4 MiB pages, and some to spare.
+EXPORT_MAX_PAGES = 1024
 
 
 def node_of(environment: WorkerEnvironment) -> str:
@@ -57,18 +62,13 @@ def node_failure(node_id: str, failure: NodeCommandFailed, what: str) -> WorkerP
     return WorkerProviderError(f"{what}: {failure.message}")
 
 
-def session_workspace_root(session: Session) -> Path | None:
-    """The directory a placed session's workspace comes from: its managed worktree (None: no workspace)."""
-    worktree = session.worktree or {}
-    path = worktree.get("path")
-    return Path(path) if path else None
-
-
 class NodeWorkerRuntime:
     """The :class:`~workers_app.runtimes.WorkerRuntime` of node-leased environments."""
 
     def bootstrap(self, environment: WorkerEnvironment) -> BootstrapReceipt:
         node_id = node_of(environment)
+        if node_speaks_openclaw(node_id):
+            return openclaw_bootstrap(node_id)
         bundle = current_bundle()
         if node_hosts.node_bundle_installed(node_id, bundle.sha256):
             return BootstrapReceipt(
@@ -107,6 +107,8 @@ class NodeWorkerRuntime:
     def sync_workspace(self, session: Session, placement: Placement, environment: WorkerEnvironment) -> WorkspaceSync:
         node_id = node_of(environment)
         root = session_workspace_root(session)
+        if node_speaks_openclaw(node_id):
+            return openclaw_workspace.sync_workspace(node_id, root, session, environment)
         try:
             manifest = build_manifest(root) if root is not None and root.is_dir() else []
         except WorkspaceError as error:
@@ -145,6 +147,8 @@ class NodeWorkerRuntime:
 
     def start(self, session: Session, placement: Placement, environment: WorkerEnvironment) -> None:
         node_id = node_of(environment)
+        if node_speaks_openclaw(node_id):
+            return  # OpenClaw's node starts a worker per turn: activation asks nothing of it
         try:
             status = call_node(node_id, "worker.status.v1", {})
         except NodeCommandFailed as failure:
@@ -157,13 +161,16 @@ class NodeWorkerRuntime:
         """Apply the node's changes to the session's worktree; returns how many paths changed."""
         node_id = node_of(environment)
         root = session_workspace_root(session)
+        if node_speaks_openclaw(node_id):
+            return openclaw_workspace.reconcile_workspace(node_id, root, session, placement, environment)
         base_ref = placement.workspace_base_manifest_ref
         if root is None or not base_ref:
             return 0
         cursor: str | None = None
         manifest: list[dict[str, Any]] | None = None
         blobs: dict[str, bytes] = {}
-        while True:
+        received = 0
+        for _page in range(EXPORT_MAX_PAGES):
             params: dict[str, Any] = {"environmentId": environment.pk, "baseManifestRef": base_ref}
             if cursor:
                 params["cursor"] = cursor
@@ -177,11 +184,19 @@ class NodeWorkerRuntime:
             try:
                 for digest, encoded in (answer.get("blobs") or {}).items():
                     blobs[digest] = base64.b64decode(encoded, validate=True)
-            except (ValueError, AttributeError):
+                    received += len(blobs[digest])
+            except (ValueError, AttributeError, TypeError):
                 raise WorkerProviderError("worker node exported undecodable workspace content") from None
-            cursor = answer.get("cursor")
+            if received > MAX_TOTAL_BYTES:
+                raise WorkerProviderError(f"worker node exported more than {MAX_TOTAL_BYTES} bytes of content")
             if not answer.get("hasMore"):
                 break
+            next_cursor = answer.get("cursor")
+            if not isinstance(next_cursor, str) or not next_cursor or next_cursor == cursor:
+                raise WorkerProviderError("worker node's workspace export has more pages but no new cursor")
+            cursor = next_cursor
+        else:
+            raise WorkerProviderError(f"worker node's workspace export did not end within {EXPORT_MAX_PAGES} pages")
         try:
             return apply_workspace_changes(root, manifest or [], blobs, base_manifest=base_manifest_for(root, base_ref))
         except WorkspaceError as error:
@@ -192,7 +207,13 @@ class NodeWorkerRuntime:
             ) from None
 
     def stop(self, node_id: str, *, lease_id: str) -> None:
-        """Delete the lease's workspace on the node (raises NodeCommandFailed when it cannot be proven)."""
+        """Delete the lease's workspace on the node (raises NodeCommandFailed when it cannot be proven); on
+        OpenClaw's node, stop its workers (its files go with the next retain snapshot)."""
+        if node_speaks_openclaw(node_id):
+            environment = WorkerEnvironment.objects.filter(lease_id=lease_id, node_device_id=node_id).first()
+            if environment is not None:
+                openclaw_stop(node_id, environment)
+            return
         call_node(node_id, "worker.environment.stop.v1", {"leaseId": lease_id})
 
 
@@ -224,108 +245,6 @@ def base_manifest_for(root: Path, base_ref: str) -> list[dict[str, Any]]:
         return stored
     local = build_manifest(root)
     return local if manifest_ref(local) == base_ref else []
-
-
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a["sha256"] == b["sha256"] and a["mode"] == b["mode"]
-
-
-def _inside(root: Path, relative: str) -> Path:
-    """``root / relative``, refusing a path that passes through a symbolic link of the worktree (the node
-    never saw those links: writing through one would write outside the worktree)."""
-    current = root
-    for part in relative.split("/")[:-1]:
-        current = current / part
-        if current.is_symlink():
-            raise WorkerProviderError(
-                f"worker node exported a path through a symbolic link of the worktree: {relative}"
-            )
-    target = root / relative
-    return target
-
-
-def apply_workspace_changes(
-    root: Path, remote_manifest: list[dict[str, Any]], blobs: dict[str, bytes], *, base_manifest: list[dict[str, Any]]
-) -> int:
-    """Bring the node's changes since ``base_manifest`` (what was synced) into the worktree at ``root``;
-    returns how many paths changed.
-
-    Only what the node changed moves: a file it left as synced keeps the worktree's copy (changed here or
-    not); a file it changed or added is written (its content from the node's blobs, or from the worktree
-    when the node renamed or copied a file it already had); a file it deleted is deleted only if the
-    worktree still holds it as synced. Where both sides changed a file the node's version wins (the
-    session worked there) and the overwrite is logged. Everything is planned and its content checked
-    before the first write; a path through a symbolic link of the worktree is refused.
-    """
-    validate_manifest(remote_manifest)
-    local = build_manifest(root)
-    local_by_path = {entry["path"]: entry for entry in local}
-    base_by_path = {entry["path"]: entry for entry in base_manifest}
-    remote_by_path = {entry["path"]: entry for entry in remote_manifest}
-    local_by_digest = {entry["sha256"]: entry["path"] for entry in local}
-
-    writes: list[tuple[dict[str, Any], bytes | None]] = []  # None: same content, new mode only
-    for path, entry in remote_by_path.items():
-        base, mine = base_by_path.get(path), local_by_path.get(path)
-        if (base is not None and _same(base, entry)) or (mine is not None and _same(mine, entry)):
-            continue
-        if mine is not None and base is not None and not _same(mine, base):
-            logger.warning("worktree %s: %s changed on both sides; the worker's version is kept", root, path)
-        if mine is not None and mine["sha256"] == entry["sha256"]:
-            writes.append((entry, None))
-            continue
-        data = blobs.get(entry["sha256"])
-        if data is None and entry["sha256"] in local_by_digest:
-            data = (root / local_by_digest[entry["sha256"]]).read_bytes()
-        if data is None or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise WorkerProviderError("worker node exported a workspace without the content of a changed file")
-        writes.append((entry, data))
-    deletes = []
-    for path, base in base_by_path.items():
-        if path in remote_by_path:
-            continue
-        mine = local_by_path.get(path)
-        if mine is not None and _same(mine, base):
-            deletes.append(path)
-        elif mine is not None:
-            logger.warning("worktree %s: %s was deleted on the worker but changed here; kept", root, path)
-    targets = {path: _inside(root, path) for path in [*deletes, *(entry["path"] for entry, _ in writes)]}
-
-    for path in deletes:
-        targets[path].unlink(missing_ok=True)
-        _prune_empty_parents(root, targets[path].parent)
-    for entry, data in writes:
-        target = targets[entry["path"]]
-        if data is None:
-            target.chmod(entry["mode"])
-            continue
-        if target.is_dir() and not target.is_symlink():
-            if any(target.iterdir()):
-                raise WorkerProviderError(
-                    f"worker node turned {entry['path']} into a file, but the worktree holds files under it"
-                )
-            target.rmdir()
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise WorkerProviderError(
-                f"worker node put {entry['path']} under a path the worktree holds as a file"
-            ) from None
-        temporary = target.with_name(f".{target.name}.openclaw-sync")
-        try:
-            temporary.write_bytes(data)
-            temporary.chmod(entry["mode"])
-            temporary.replace(target)
-        finally:
-            temporary.unlink(missing_ok=True)
-    return len(deletes) + len(writes)
-
-
-def _prune_empty_parents(root: Path, directory: Path) -> None:
-    """Remove directories a deletion left empty, up to (not including) the root."""
-    while directory != root and directory.is_dir() and not directory.is_symlink() and not any(directory.iterdir()):
-        directory.rmdir()
-        directory = directory.parent
 
 
 class SshNodeWorkerRuntime(NodeWorkerRuntime):

@@ -28,7 +28,7 @@ from gateway import selectors as gateway_selectors
 from gateway.audit import Actor
 from gateway.background import release_database_connections
 from gateway.exceptions import NotFound
-from openclaw_client.identity import DeviceIdentity
+from openclaw_client.identity import DeviceIdentity, derive_device_id
 from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
 
 from ..addresses import gateway_url, http_origin
@@ -173,11 +173,15 @@ def ensure_ssh_node(environment: WorkerEnvironment) -> str:
     probe = f"BASE = {json.dumps(target.work_dir)}\n{PROBE_SCRIPT}"
     release_database_connections()  # the host is waited for without a database connection
     probed = json.loads(ssh_run(target, "python3 -", stdin=probe, timeout_s=PROBE_TIMEOUT_S) or "{}")
-    device_id = probed.get("deviceId")
+    # What the host says of itself is believed only as far as its public key proves it: a device id is the hash of
+    # the key, so a host (or a command run on it) that writes another node's id in its file gets no other node.
+    public_key = probed.get("publicKey") if isinstance(probed.get("publicKey"), str) else None
+    device_id = derive_device_id(public_key) if public_key else None
+    if device_id is None or probed.get("deviceId") != device_id:
+        public_key = device_id = None
     if device_id and probed.get("running") and _hosting(device_id):
         return device_id
     identity_file = None
-    public_key = probed.get("publicKey")
     if not device_id or not public_key:
         identity = DeviceIdentity.generate()
         device_id, public_key = identity.device_id, identity.public_key
@@ -188,13 +192,14 @@ def ensure_ssh_node(environment: WorkerEnvironment) -> str:
             "privateKeyPem": identity.private_key_pem(),
         }
     # Enrolled (again) for this start: a fresh token, handed to this host only.
-    _device, token = pairing.node_enroll(
+    device, token = pairing.node_enroll(
         public_key=public_key,
         display_name=f"{target.user}@{target.host}",
         commands=list(NODE_HOST_COMMANDS),
         caps=list(NODE_HOST_CAPS),
         actor=ACTOR,
     )
+    device_id = device.device_id  # the id the gateway derived from the key it enrolled
     bundle = current_bundle()
     url = gateway_url()
     params = {

@@ -31,7 +31,8 @@ from ..models import (
 )
 from ..nodes.device_provider import PROVIDER_ID as DEVICE_PROVIDER_ID
 from ..nodes.device_provider import device_profile, not_connected
-from ..nodes.inventory import update_required_message
+from ..nodes.inventory import openclaw_update_required, update_required_message
+from ..nodes.openclaw.dialect import node_speaks_openclaw
 from ..profiles import profile_for_environment, profile_get, profiles_all
 from ..providers import WorkerProfile, WorkerProvider, WorkerProviderError
 from ..runtimes import worker_runtimes
@@ -54,9 +55,11 @@ def device_ineligibility(device_id: str) -> str | None:
     if connection is None:
         return not_connected(device_id)
     host = NodeWorkerHost.objects.filter(node_id=device_id, conn_id=str(connection.conn_id)).first()
-    if host is not None and host.update_required:
-        return update_required_message(device_id)
     worker_host = host.worker_host if host is not None else None
+    if host is not None and (
+        host.update_required or (openclaw_update_required(worker_host) and node_speaks_openclaw(device_id))
+    ):
+        return update_required_message(device_id)
     if not worker_host or not worker_host.get("enabled") or worker_runtimes.for_provider("device") is None:
         # Without a declaration of this connection, or without a worker runtime on this gateway, the
         # node cannot take the session whatever it runs.

@@ -164,13 +164,15 @@ def environment_attach_session(*, environment_id: str, session_id: str) -> Worke
         **_state_change(environment, E.ATTACHED, now_ms()),
         "owner_epoch": environment.owner_epoch + 1,
         "attached_session_ids": [session_id],
+        "workspace_session_id": session_id,
     }
     return _cas(environment, changes)
 
 
 def environment_follow_session(*, environment_id: str, previous_session_id: str, session_id: str) -> bool:
     """The session an environment is attached to started a new transcript generation (``sessions.reset``): the
-    attachment follows its new id, under the same owner epoch (the worker and its workspace stay the session's).
+    attachment follows its new id, under the same owner epoch (the worker and its workspace stay the session's,
+    still under ``workspace_session_id``, the id the node knows them by).
     Called inside the reset's transaction, the session row locked. False when the environment is not attached
     to exactly the previous id (another owner, released): nothing changes."""
     environment = WorkerEnvironment.objects.filter(pk=environment_id).first()
@@ -235,7 +237,12 @@ def environment_finish_destroy(*, environment_id: str) -> WorkerEnvironment:
 def _finished(environment: WorkerEnvironment) -> dict[str, Any]:
     """The changes that end a teardown: its terminal state, with the lease and owners released."""
     at = now_ms()
-    released: dict[str, Any] = {"attached_session_ids": [], "updated_at_ms": at, "state_changed_at_ms": at}
+    released: dict[str, Any] = {
+        "attached_session_ids": [],
+        "workspace_session_id": None,
+        "updated_at_ms": at,
+        "state_changed_at_ms": at,
+    }
     if environment.teardown_terminal_state == TeardownTerminalState.FAILED or environment.lease_id is None:
         return {
             **released,

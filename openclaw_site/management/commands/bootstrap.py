@@ -45,8 +45,10 @@ class Command(BaseCommand):
         credentials_file = state_dir / "admin-credentials"
         if self._create_admin(User, username, credentials_file):
             self.stdout.write(f"Admin login created: {username} (password in {credentials_file})")
+        elif credentials_file.exists():
+            self.stdout.write(f"Admin login: {username} (password in {credentials_file})")
         else:
-            self.stdout.write(f"Admin login: {username} (password in {credentials_file} if generated here)")
+            self.stdout.write(f"Admin login: {username} (made elsewhere: its password is not kept in {state_dir})")
 
     @staticmethod
     def _create_postgres_database(alias: str) -> bool:

@@ -30,6 +30,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from gateway.conf import gateway_setting
+from openclaw_client.running_gateway import write_gateway_file
 from openclaw_site.supervision import MULTIPROCESS_DIR_ENV
 
 # Readiness (docs/operations.md, "Health"): a process that lost its database, Redis or broker, or runs before its
@@ -425,6 +426,9 @@ class Command(BaseCommand):
         os.environ.setdefault("OPENCLAW_LOG_FORMAT", "json")
         # Node hosts the gateway starts (local and static-ssh providers) come in through the balancer.
         os.environ["OPENCLAW_WORKER_GATEWAY_URL"] = os.environ.get("OPENCLAW_WORKER_GATEWAY_URL") or url
+        # The CLI's `call` finds the cluster at its balancer (the backends write no gateway.json); the pid is this
+        # process's, which supervisord keeps, so the file counts as stale once the cluster has stopped.
+        write_gateway_file(settings.STATE_DIR, bind=public_host, port=port, pid=os.getpid())
         connections.close_all()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -453,7 +457,8 @@ def cluster_groups(
     manage = (sys.executable, str(Path(settings.BASE_DIR) / "manage.py"))
     celery = (sys.executable, "-m", "celery", "-A", "openclaw_site")
     gateways = tuple(
-        Program(name, (*manage, "serve", "--bind", "127.0.0.1", "--port", str(port))) for name, port in backends
+        Program(name, (*manage, "serve", "--bind", "127.0.0.1", "--port", str(port), "--no-gateway-file"))
+        for name, port in backends
     )
     worker = (*celery, "worker", "--loglevel", "INFO", "--pool", "threads", "--concurrency", str(worker_concurrency))
     workers_programs = [

@@ -1,19 +1,23 @@
 """``manage.py gateway call <method> --params '<json>'``: the protocol client as a CLI.
 
-Defaults come from this project's settings: the gateway's own address, its shared token
-(``OPENCLAW_GATEWAY_TOKEN`` or ``<state dir>/gateway-token``) or password, and ``<state dir>/cli`` as the
-CLI's device identity. Output, failures and exit codes are those of ``openclaw_client.cli``.
+Defaults come from this project's settings: the running gateway recorded in ``<state dir>/gateway.json``, else the
+configured address; its shared token (``OPENCLAW_GATEWAY_TOKEN`` or ``<state dir>/gateway-token``) or password; and
+``<state dir>/cli`` as the CLI's device identity. Output, failures and exit codes are those of
+``openclaw_client.cli``. From a shell, ``manage.py`` hands a plain call to the Django-free client before Django
+loads (the same defaults, read from the environment); this command runs for ``call_command`` and for calls with
+Django's own options (``--traceback``, ``--settings``).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from gateway.conf import gateway_setting, shared_password, shared_token, token_file
-from openclaw_client.cli import Secret, add_call_arguments, call_parser_kwargs, run_call
+from openclaw_client.cli import CallFailed, Secret, add_call_arguments, call_parser_kwargs, default_address, run_call
 
 CONFIGURED = "OPENCLAW_GATEWAY_TOKEN, OPENCLAW_GATEWAY_PASSWORD, <state dir>/gateway-token"
 
@@ -47,11 +51,16 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         namespace = argparse.Namespace(**options)
+        ignored_file = None
         if not namespace.url:
-            host = gateway_setting("BIND")
-            host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-            host = f"[{host}]" if ":" in host else host
-            namespace.url = f"ws://{host}:{gateway_setting('PORT')}"
+            try:
+                address = default_address(
+                    settings.STATE_DIR, bind=gateway_setting("BIND"), port=gateway_setting("PORT")
+                )
+            except CallFailed as failure:
+                self.stderr.write(f"error: {failure.message}")
+                self._fail(failure.exit_code)
+            namespace.url, ignored_file = address.url, address.ignored_file
         if not namespace.state_dir:
             namespace.state_dir = str(settings.STATE_DIR / "cli")
         configured, searched = configured_secrets()
@@ -62,9 +71,13 @@ class Command(BaseCommand):
             stdout=self.stdout,
             stderr=self.stderr,
             traceback=bool(options.get("traceback")),
+            ignored_file=ignored_file,
         )
         if code:
-            if self.from_command_line:
-                # The one ``error: …`` line is printed; Django would add a "CommandError: …" line of its own.
-                raise SystemExit(code)
-            raise CommandError(f"gateway call failed (exit code {code})", returncode=code)
+            self._fail(code)
+
+    def _fail(self, code: int) -> NoReturn:
+        if self.from_command_line:
+            # The one ``error: …`` line is printed; Django would add a "CommandError: …" line of its own.
+            raise SystemExit(code)
+        raise CommandError(f"gateway call failed (exit code {code})", returncode=code)
