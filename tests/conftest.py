@@ -43,6 +43,21 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(f"accessibility reports ({len(reports)} pages from this run): {AXE_REPORTS}/")
 
 
+GATEWAY_LOG_TAIL_LINES = 80
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used the worker's shared gateway shows that gateway's last log lines: it keeps running
+    across tests, so what blocked it may have begun in an earlier one, and its state folder is gone after the run."""
+    report = yield
+    shared = item.funcargs.get("gateway") if hasattr(item, "funcargs") else None
+    if report.failed and call.when == "call" and shared is not None:
+        tail = "\n".join(shared.log().splitlines()[-GATEWAY_LOG_TAIL_LINES:])
+        report.sections.append((f"shared gateway log, last {GATEWAY_LOG_TAIL_LINES} lines", tail))
+    return report
+
+
 @pytest.fixture(scope="session")
 def gateway(django_db_setup, django_db_blocker):
     """One gateway process per test worker, on the test database, with default settings."""
