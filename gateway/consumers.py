@@ -247,10 +247,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                     params, context, protocol, health_version
                 )
             except HandshakeRejected as rejected:
-                if not await self._pairing_approved_while_held(params, rejected):
+                if not _held_for_pairing(params, rejected):
                     raise
-                # Decided again now that the device is paired (its proof signed this connection's nonce).
-                self.ctx, hello, presence = await database_sync_to_async(accept_connect)(params, context, protocol)
+                self.ctx, hello, presence = await self._accept_once_approved(params, context, protocol, rejected)
         except HandshakeRejected as rejected:
             await self._reject_handshake(request_id, rejected)
             return
@@ -277,15 +276,24 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         await self._send_frame({"type": "res", "id": request_id, "ok": True, "payload": hello})
         presence_changed(presence)
 
-    async def _pairing_approved_while_held(self, params: ConnectParams, rejected: HandshakeRejected) -> bool:
-        """A node refused only for its pending pairing: hold its connect until an operator decides or the hold
-        ends (``pairing_wait``); True when it was approved meanwhile, and the connect is to be decided again."""
-        details = rejected.error.details if isinstance(rejected.error.details, dict) else {}
-        hold_s = pairing_wait.hold_seconds()
-        if params.role != "node" or details.get("code") != "PAIRING_REQUIRED" or params.device is None or hold_s <= 0:
-            return False
+    async def _accept_once_approved(
+        self, params: ConnectParams, context: ConnectContext, protocol: int, refused: HandshakeRejected
+    ) -> tuple[RpcContext, dict[str, Any], Any]:
+        """A node refused only for its pending pairing: its connect is held until an operator decides or the hold
+        ends (``pairing_wait``), and accepted once approved (its proof signed this connection's nonce)."""
         await lifecycle.ensure_broadcast_subscribed()  # the decision arrives as a broadcast to this process
-        return await pairing_wait.decision(params.device.id, hold_s) == "approved"
+        with pairing_wait.held(params.device.id) as decided:
+            # An approval committed after the refusal and before the hold began was broadcast to no one: decided
+            # again now that any later decision is heard.
+            try:
+                return await database_sync_to_async(accept_connect)(params, context, protocol)
+            except HandshakeRejected as again:
+                if not _held_for_pairing(params, again):
+                    raise
+                refused = again
+            if await pairing_wait.outcome(decided, pairing_wait.hold_seconds()) != "approved":
+                raise refused
+        return await database_sync_to_async(accept_connect)(params, context, protocol)
 
     async def _reject_handshake(
         self, request_id: str, rejected: HandshakeRejected, *, failure: str | None = None
@@ -442,6 +450,17 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 presence_changed(None)
         except Exception:
             logger.exception("failed to unregister connection %s", self.conn_id)
+
+
+def _held_for_pairing(params: ConnectParams, rejected: HandshakeRejected) -> bool:
+    """Whether the refusal is a node's pending pairing, whose connect waits for an operator (``pairing_wait``)."""
+    details = rejected.error.details if isinstance(rejected.error.details, dict) else {}
+    return (
+        params.role == "node"
+        and details.get("code") == "PAIRING_REQUIRED"
+        and params.device is not None
+        and pairing_wait.hold_seconds() > 0
+    )
 
 
 def _header_names(scope: dict[str, Any]) -> set[bytes]:

@@ -11,6 +11,8 @@ to 15 s. Each process wakes the connects it holds when the pairing's ``device.pa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .conf import gateway_setting
@@ -36,19 +38,25 @@ def notice(message: dict[str, Any]) -> None:
             decided.set_result(str(payload.get("decision") or ""))
 
 
-async def decision(device_id: str, timeout_s: float) -> str | None:
-    """The decision on ``device_id``'s pairing (``approved``, ``rejected``, …) if one comes within ``timeout_s``;
-    None if none does. A decision committed before this call is not seen: the connect is answered as refused
-    after ``timeout_s`` and the node's next try finds it."""
+@contextmanager
+def held(device_id: str) -> Iterator[asyncio.Future[str]]:
+    """While inside: the future that a pairing decision on ``device_id`` resolves (``approved``, ``rejected``, …).
+    A decision committed before entering is not in it: the holder decides the connect again once inside."""
     decided: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     _held.setdefault(device_id, set()).add(decided)
     try:
-        async with asyncio.timeout(timeout_s):
-            return await decided
-    except TimeoutError:
-        return None
+        yield decided
     finally:
         waiting = _held.get(device_id, set())
         waiting.discard(decided)
         if not waiting:
             _held.pop(device_id, None)
+
+
+async def outcome(decided: asyncio.Future[str], timeout_s: float) -> str | None:
+    """The decision ``decided`` receives within ``timeout_s``; None if none does."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await decided
+    except TimeoutError:
+        return None

@@ -205,6 +205,36 @@ class DataError(Exception):
     """Stands for a failure after the registration committed."""
 
 
+class _DrivenConsumer:
+    """A ``GatewayConsumer`` past its accept, fed frames directly: what it sends and how it closes are kept."""
+
+    def __init__(self) -> None:
+        consumer = self.consumer = GatewayConsumer()
+        consumer.scope = {"type": "websocket", "headers": [], "client": ("127.0.0.1", 1)}
+        consumer.phase = "handshake"
+        consumer.conn_id = str(uuid.uuid4())
+        consumer.nonce = str(uuid.uuid4())
+        consumer.channel_name = f"test!{consumer.conn_id}"
+        consumer.remote_ip = "127.0.0.1"
+        consumer.handshake_timer = _Timer()
+        consumer.ctx = None
+        self.sent, self.closed = [], []
+
+        async def send(text_data=None, bytes_data=None, close=False):
+            self.sent.append(json.loads(text_data))
+
+        async def close_socket(code=None, reason=None):
+            self.closed.append((code, reason))
+
+        consumer.send, consumer.close = send, close_socket
+
+    def connect(self, identity: DeviceIdentity, scopes: list[str], **options) -> dict:
+        frame = _connect_frame(identity, self.consumer.nonce, scopes, **options)
+        asyncio.run(self.consumer.receive(text_data=json.dumps(frame)))
+        [response] = self.sent
+        return response
+
+
 def test_a_connect_that_fails_after_registering_leaves_no_connection(monkeypatch, caplog):
     async def registered() -> None:
         return None
@@ -216,36 +246,50 @@ def test_a_connect_that_fails_after_registering_leaves_no_connection(monkeypatch
     _connect(identity)  # paired: the failing connect below is a reconnect
     monkeypatch.setattr(lifecycle, "ensure_process_registered", registered)
     monkeypatch.setattr(hello, "build_hello", broken)
-    consumer = GatewayConsumer()
-    consumer.scope = {"type": "websocket", "headers": [], "client": ("127.0.0.1", 1)}
-    consumer.phase = "handshake"
-    consumer.conn_id = str(uuid.uuid4())
-    consumer.nonce = str(uuid.uuid4())
-    consumer.channel_name = f"test!{consumer.conn_id}"
-    consumer.remote_ip = "127.0.0.1"
-    consumer.handshake_timer = _Timer()
-    consumer.ctx = None
-    sent, closed = [], []
-
-    async def send(text_data=None, bytes_data=None, close=False):
-        sent.append(json.loads(text_data))
-
-    async def close_socket(code=None, reason=None):
-        closed.append((code, reason))
-
-    consumer.send, consumer.close = send, close_socket
+    driven = _DrivenConsumer()
     presence_changes = []
     monkeypatch.setattr("gateway.consumers.presence_changed", presence_changes.append)
 
     with caplog.at_level(logging.ERROR):
-        asyncio.run(consumer.receive(text_data=json.dumps(_connect_frame(identity, consumer.nonce, ALL_SCOPES))))
+        response = driven.connect(identity, ALL_SCOPES)
 
-    [response] = sent
     assert response["ok"] is False and response["error"]["message"].startswith("internal error; reference ")
-    assert closed == [(1011, response["error"]["message"])]
-    assert not GatewayConnection.objects.filter(conn_id=consumer.conn_id).exists()
+    assert driven.closed == [(1011, response["error"]["message"])]
+    assert not GatewayConnection.objects.filter(conn_id=driven.consumer.conn_id).exists()
     assert presence_changes == [None]  # it was routable for a moment: presence goes out again
-    assert consumer.ctx is None and consumer.phase == "closed"
+    assert driven.consumer.ctx is None and driven.consumer.phase == "closed"
+
+
+def test_a_node_approved_between_its_refusal_and_the_start_of_its_hold_is_accepted(monkeypatch, settings):
+    """The approval's broadcast went out before the held connect listened for it: the hold decides the connect
+    again once it listens, instead of refusing it when the hold ends."""
+    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "PAIRING_HOLD_MS": 2000}
+    identity = DeviceIdentity.generate()
+    node = dict(role="node", client_id="node-host", client_mode="node", commands=["system.run"])
+    subscribe = lifecycle.ensure_broadcast_subscribed
+
+    async def approved_before_the_hold_listens() -> None:
+        def approve() -> None:
+            # Once: the accepted connect subscribes too.
+            request = DevicePairingRequest.objects.filter(
+                device_id=identity.device_id, status=PairingStatus.PENDING
+            ).first()
+            if request is not None:
+                pairing.pairing_request_approve(request_id=str(request.pk), actor=Actor.system("operator"))
+            connection.close()  # this thread's
+
+        await asyncio.to_thread(approve)
+        await subscribe()
+
+    monkeypatch.setattr(lifecycle, "ensure_broadcast_subscribed", approved_before_the_hold_listens)
+    driven = _DrivenConsumer()
+
+    response = driven.connect(identity, [], **node)
+
+    assert response["ok"] is True, response
+    assert response["payload"]["auth"]["role"] == "node"
+    assert GatewayConnection.objects.filter(conn_id=driven.consumer.conn_id).exists()
+    assert driven.closed == []
 
 
 def test_a_new_device_pairs_and_gets_its_token_in_one_transaction_without_savepoints():

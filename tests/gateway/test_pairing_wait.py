@@ -11,6 +11,11 @@ from gateway.events import broadcast_message
 NODE, OTHER = "a" * 64, "b" * 64
 
 
+async def decision(device_id: str, timeout_s: float) -> str | None:
+    with pairing_wait.held(device_id) as decided:
+        return await pairing_wait.outcome(decided, timeout_s)
+
+
 def resolved(device_id: str, decision: str) -> dict:
     return broadcast_message(
         "device.pair.resolved", {"requestId": "r", "deviceId": device_id, "decision": decision, "ts": 1}
@@ -19,9 +24,9 @@ def resolved(device_id: str, decision: str) -> dict:
 
 def test_the_decision_on_the_device_wakes_its_held_connects_and_nothing_else_does():
     async def scenario():
-        first = asyncio.ensure_future(pairing_wait.decision(NODE, 5))
-        second = asyncio.ensure_future(pairing_wait.decision(NODE, 5))
-        other = asyncio.ensure_future(pairing_wait.decision(OTHER, 0.2))
+        first = asyncio.ensure_future(decision(NODE, 5))
+        second = asyncio.ensure_future(decision(NODE, 5))
+        other = asyncio.ensure_future(decision(OTHER, 0.2))
         await asyncio.sleep(0)
         pairing_wait.notice(broadcast_message("node.pair.resolved", {"nodeId": NODE, "decision": "approved"}))
         pairing_wait.notice(broadcast_message("presence", {"presence": []}))
@@ -39,10 +44,10 @@ def test_the_decision_on_the_device_wakes_its_held_connects_and_nothing_else_doe
 
 def test_a_rejection_is_passed_on_as_such_and_a_hold_without_decision_ends_with_none():
     async def scenario():
-        rejected = asyncio.ensure_future(pairing_wait.decision(NODE, 5))
+        rejected = asyncio.ensure_future(decision(NODE, 5))
         await asyncio.sleep(0)
         pairing_wait.notice(resolved(NODE, "rejected"))
-        return await rejected, await pairing_wait.decision(OTHER, 0.05)
+        return await rejected, await decision(OTHER, 0.05)
 
     assert asyncio.run(scenario()) == ("rejected", None)
     assert pairing_wait._held == {}
