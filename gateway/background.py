@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from celery import current_app
@@ -61,11 +62,42 @@ def worker_process_label() -> str:
     return f"{CELERY_EXECUTOR_PREFIX}{socket.gethostname()}:{os.getpid()}"
 
 
+_task_pool: ThreadPoolExecutor | None = None
+_task_pool_lock = threading.Lock()
+
+
+def _in_process_task_pool() -> ThreadPoolExecutor:
+    """The threads of this process's tasks (``OPENCLAW_TASK_THREADS``), not the event loop's default executor: a
+    task waits on the loop for work that takes a thread of that executor (a node call looks its connection up
+    there), so tasks that filled it would wait for ever, and every such lookup with them."""
+    global _task_pool
+    with _task_pool_lock:
+        if _task_pool is None:
+            _task_pool = ThreadPoolExecutor(
+                max_workers=settings.OPENCLAW_TASK_THREADS, thread_name_prefix=state.IN_PROCESS_THREAD_PREFIX
+            )
+        return _task_pool
+
+
+WORK_THREAD_PREFIX = "gateway-work"
+
+
+def use_work_threads(loop: asyncio.AbstractEventLoop) -> None:
+    """Size the loop's default executor for what runs there (``OPENCLAW_WORK_THREADS``): long work of requests that
+    waits on nodes, providers and model streams (a node's removal, dispatches and moves, workspace transfers, the
+    model calls of node turns), not CPU. asyncio's own default, ``cpu count + 4``, would let six such waits on two
+    cores queue every other."""
+    loop.set_default_executor(
+        ThreadPoolExecutor(max_workers=settings.OPENCLAW_WORK_THREADS, thread_name_prefix=WORK_THREAD_PREFIX)
+    )
+
+
 def run_in_process(fn: Callable[..., Any], *args: Any) -> None:
     """Run a sync task function in a worker thread of this process.
 
-    On the gateway's event loop when there is one, so that what the task publishes through the
-    channel layer reaches this process's consumers; otherwise (a shell, a unit test) in a thread.
+    Started from the gateway's event loop when there is one (in a thread of the task pool), so that what the task
+    publishes through the channel layer reaches this process's consumers; otherwise (a shell, a unit test) in a
+    thread of its own.
     """
     loop = state.main_loop()
     if loop is None:
@@ -77,7 +109,7 @@ def run_in_process(fn: Callable[..., Any], *args: Any) -> None:
 
     async def runner() -> None:
         try:
-            await DatabaseSyncToAsync(_run_task, thread_sensitive=False)(fn, args)
+            await DatabaseSyncToAsync(_run_task, thread_sensitive=False, executor=_in_process_task_pool())(fn, args)
         except Exception:
             logger.exception("in-process task %s failed", getattr(fn, "name", fn))
 

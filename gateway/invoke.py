@@ -20,10 +20,11 @@ import asyncio
 import json
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from channels.db import database_sync_to_async
+from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.layers import get_channel_layer
 
 from . import idempotency, selectors
@@ -41,6 +42,10 @@ PROGRESS_MESSAGE = "gateway.invoke.progress"
 PROGRESS_EVENT = "node.invoke.progress"
 # While the gateway's own invoke waits, how often it checks that the node's connection still exists.
 LIVENESS_CHECK_S = 2.0
+# The node's connection, looked up for an invoke from synchronous code: in threads of its own, where nothing waits.
+# Not the thread every request's database work shares, nor the loop's default executor: the caller may be waiting
+# on this invoke from either, and a lookup queued behind its own caller would never run.
+_lookup_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-invoke-lookup")
 # Commands a plain node.invoke must not reach, with the error OpenClaw answers.
 RESERVED_COMMANDS = ("system.execApprovals.get", "system.execApprovals.set")
 
@@ -84,6 +89,9 @@ def invoke_target(node_id: str) -> InvokeTarget | None:
         return None
     channel_name, conn_id, commands = route
     return InvokeTarget(channel_name=channel_name, conn_id=str(conn_id), commands=list(commands or []))
+
+
+_invoke_target_off_loop = DatabaseSyncToAsync(invoke_target, thread_sensitive=False, executor=_lookup_pool)
 
 
 def failure_message(invoke_id: str, code: str, message: str) -> dict[str, Any]:
@@ -247,8 +255,7 @@ async def invoke_private(
     that arrives after a later one is dropped. ``timeout_ms`` is an idle timeout: progress resets it.
     """
     if target is None:
-        # Off the thread every request's database work shares: a caller may be waiting on this invoke from it.
-        target = await database_sync_to_async(invoke_target, thread_sensitive=False)(node_id)
+        target = await _invoke_target_off_loop(node_id)
     if target is None:
         raise NodeCommandFailed("NOT_CONNECTED", "node not connected")
     if conn_id is not None and target.conn_id != conn_id:
@@ -286,7 +293,7 @@ async def invoke_private(
         except TimeoutError:
             # A connection that closed before it took the request (or whose process died) answers nothing:
             # the wait ends when the connection is gone, not at the timeout.
-            current = await database_sync_to_async(invoke_target, thread_sensitive=False)(node_id)
+            current = await _invoke_target_off_loop(node_id)
             if current is None or current.conn_id != target.conn_id:
                 raise NodeCommandFailed("NOT_CONNECTED", f"node disconnected ({command})") from None
             continue

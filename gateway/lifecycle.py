@@ -111,6 +111,7 @@ async def _join_process_groups(channel: str | None) -> str:
 
 def start_in_background(loop: asyncio.AbstractEventLoop) -> None:
     """Called by the server once it listens: :func:`startup` as a task (kept referenced while it runs)."""
+    background.use_work_threads(loop)
     state.set_main_loop(loop)
     state.startup_begun()
     _tasks.startup_task = loop.create_task(startup())

@@ -218,6 +218,12 @@ else:
 OPENCLAW_TASK_MODE = env_choice("OPENCLAW_TASK_MODE", "celery" if REDIS_URL else "inprocess", ("celery", "inprocess"))
 if OPENCLAW_TASK_MODE == "celery" and not REDIS_URL:
     raise SettingsError("OPENCLAW_TASK_MODE=celery needs REDIS_URL (the Celery broker)")
+# In-process tasks: the gateway's threads for them. A turn holds one while it waits on its model, its tools or an
+# operator's approval; tasks beyond this many wait for a thread.
+OPENCLAW_TASK_THREADS = env_int("OPENCLAW_TASK_THREADS", 32, minimum=1, maximum=1024)
+# Each gateway process's threads for long work of requests (a node's removal, dispatches and moves, workspace
+# transfers, the model calls of node turns): they wait on nodes, providers and models, not on the CPU.
+OPENCLAW_WORK_THREADS = env_int("OPENCLAW_WORK_THREADS", 64, minimum=4, maximum=1024)
 
 # The broker: Redis (REDIS_URL) unless CELERY_BROKER_URL names another; the spec allows RabbitMQ
 # (amqp://user:password@host:5672/vhost). The channel layer and the cache stay on Redis either way.
