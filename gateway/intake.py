@@ -37,8 +37,9 @@ from .registry import registry
 # under a millisecond) costs less than the hop to a thread and back.
 OFF_LOOP_FRAME_CHARS = 64 * 1024
 
-# Its own threads: the loop's default executor also runs in-process turns, which a frame must not queue
-# behind. Two are enough to keep the loop free; more would only contend for the same interpreter lock.
+# Its own threads: a frame must not queue behind the long work of the loop's default executor (requests that
+# wait on nodes and providers). Two are enough to keep the loop free; more would only contend for the same
+# interpreter lock.
 _decode_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gateway-decode")
 
 

@@ -33,6 +33,7 @@ from .conf import gateway_setting
 from .context import RpcContext
 from .events import EVENT_NODE_INVOKE_REQUEST
 from .exceptions import InvalidRequest, PermissionDenied, Unavailable
+from .intake import is_big, off_loop
 from .node_commands import is_private_node_command
 from .schemas import NodeInvokeParams, NodeInvokeResultParams
 
@@ -143,7 +144,7 @@ async def node_invoke(ctx: RpcContext, params: NodeInvokeParams) -> dict:
         await idempotency.release(claimed)
         raise
     if result.get("ok"):
-        payload, payload_json = _result_payload(result)
+        payload, payload_json = await _result_payload(result)
         response = {"ok": True, "nodeId": node_id, "command": command, "payload": payload}
         if payload_json is not None:
             response["payloadJSON"] = payload_json
@@ -169,14 +170,22 @@ def _replay(recorded: dict[str, Any]) -> dict:
     raise Unavailable(shape["message"], details=shape.get("details"), code=shape["code"])
 
 
-def _result_payload(result: dict[str, Any]) -> tuple[Any, str | None]:
+async def _result_payload(result: dict[str, Any]) -> tuple[Any, str | None]:
+    """The node's payload, and its JSON text when it sent one (``payloadJSON``, decoded off the loop when big: a
+    node may send up to the frame limit)."""
     payload_json = result.get("payloadJSON")
     if isinstance(payload_json, str):
-        try:
-            return json.loads(payload_json), payload_json
-        except json.JSONDecodeError:
-            return {"payloadJSON": payload_json}, payload_json
+        if is_big(payload_json):
+            return await off_loop(_decoded_payload, payload_json), payload_json
+        return _decoded_payload(payload_json), payload_json
     return result.get("payload"), None
+
+
+def _decoded_payload(payload_json: str) -> Any:
+    try:
+        return json.loads(payload_json)
+    except json.JSONDecodeError:
+        return {"payloadJSON": payload_json}
 
 
 async def _route_and_wait(
@@ -308,7 +317,7 @@ async def invoke_private(
                     await on_progress(message.get("data") or {})
             continue
         if message.get("ok"):
-            payload, _payload_json = _result_payload(message)
+            payload, _payload_json = await _result_payload(message)
             return payload
         error = message.get("error") or {}
         raise NodeCommandFailed(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
+from gateway.intake import OFF_LOOP_FRAME_CHARS
 from openclaw_client.client import GatewayError, NodeCommandError
 from tests.support.clients import operator, paired_node
 
@@ -57,6 +59,23 @@ def test_invoke_round_trip(gateway):
     assert payload["paramsJSON"] == '{"x": [1, "two"]}'
     assert payload["idempotencyKey"] == "k1"
     assert payload["timeoutMs"] == 30000
+
+
+def test_a_result_bigger_than_a_small_frame_arrives_whole(gateway):
+    """Its payloadJSON is decoded off the event loop (``intake.is_big``); what the operator gets is the same."""
+    rows = [f"row {index} " + "x" * 90 for index in range(2000)]
+
+    async def scenario():
+        admin, worker = await _admin_and_node(gateway)
+        params = {"nodeId": worker.device_id, "command": "echo", "params": {"rows": rows}, "idempotencyKey": "b"}
+        result = await admin.request("node.invoke", params)
+        await worker.close()
+        await admin.close()
+        return result
+
+    result = asyncio.run(scenario())
+    assert len(result["payloadJSON"]) > OFF_LOOP_FRAME_CHARS
+    assert result["payload"] == {"echoed": {"rows": rows}} == json.loads(result["payloadJSON"])
 
 
 def test_node_error_reaches_the_operator(gateway):
