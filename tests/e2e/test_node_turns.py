@@ -10,16 +10,20 @@ from pathlib import Path
 
 import pytest
 
+from gateway.invoke import LIVENESS_CHECK_S
 from openclaw_client.client import current_invoke
 from openclaw_client.node import NODE_HOST_CAPS, NODE_HOST_COMMANDS
 from sessions_app.models import Run
 from tests.e2e.test_seed_004_paired_node_worker_lifecycle import (
     Wire,
+    model_env,
     node_id_of,
+    publish_workspace,
     wait_connected,
 )
 from tests.support import mock_openai as mock
-from tests.support.clients import operator, paired_node
+from tests.support.clients import call_once, operator, paired_node
+from tests.support.processes import start_node_host
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -206,3 +210,42 @@ def test_an_abort_reaches_the_node_as_a_cancel_and_keeps_the_partial_reply(gatew
     assert waited["status"] != "ok"
     assistant = [m for m in history["messages"] if m["role"] == "assistant"]
     assert [(m["content"][0]["text"], m["stopReason"]) for m in assistant] == [("half a ", "aborted")]
+
+
+def test_more_node_turns_at_once_than_the_loops_default_executor_has_threads_all_end(
+    gateway_factory, mock_openai, tmp_path
+):
+    """Eight turns on one node, their model calls held past a liveness check of their launches: each turn's task
+    waits on the loop, whose checks and model streams need threads of their own (gateway.background). On two cores
+    asyncio's default executor has six, and before the task pool the eight tasks filled it and waited for ever."""
+    turns = 8
+    workspace_root = tmp_path / "allowed"
+    workspace_root.mkdir()
+    published = publish_workspace(workspace_root)
+    gateway = gateway_factory(extra_env={**model_env(mock_openai, workspace_root), "OPENCLAW_TASK_MODE": "inprocess"})
+    node_host = start_node_host(gateway, capacity=turns, capacity_wait_ms=500)
+    call_once(gateway, "node.pair.approve", {"requestId": node_host.pairing_request()})
+    mock_openai.hold("HELD")
+
+    async def scenario() -> list[str]:
+        client = operator(gateway)
+        await client.connect()
+        wire = Wire(client, published)
+        try:
+            await wait_connected(wire, node_id_of(node_host))
+            keys = [await wire.create_session(f"many-{index}") for index in range(turns)]
+            for key in keys:
+                await wire.dispatch_node_session(key, node_id_of(node_host))
+            run_ids = [await wire.start_turn(key, f"HELD {index}") for index, key in enumerate(keys)]
+            while len(mock_openai.requests) < turns:  # every turn is waiting on its model
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(LIVENESS_CHECK_S + 1)
+            mock_openai.release()
+            return [(await wire.wait_for_turn(run_id))["status"] for run_id in run_ids]
+        finally:
+            mock_openai.release()
+            await client.close()
+            node_host.stop()
+            node_host.remove_state()
+
+    assert asyncio.run(scenario()) == ["ok"] * turns
