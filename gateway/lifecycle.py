@@ -21,7 +21,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.cache import cache
 
-from . import background, broadcast, pairing_wait, state
+from . import background, broadcast, pairing_wait, state, task_consumers
 from .conf import gateway_setting
 from .events import BROADCAST_GROUP
 from .ports import connection_authority
@@ -37,8 +37,8 @@ PROCESS_GROUP_RENEW_S = 3600
 _sweeps: list[Callable[[], Any]] = []
 _watches: list[Callable[[], Any]] = []
 _startup_hooks: list[Callable[[], Any]] = []
-# Taken by the gateway process that runs the watches this interval (the others skip it).
-WATCH_TURN_KEY = "gateway:executor-watch"
+# Taken by the gateway process that runs the watches of its turn queue this interval (the others skip it).
+WATCH_TURN_KEY = "gateway:executor-watch:{queue}"
 
 
 class _Tasks:
@@ -178,10 +178,17 @@ async def _run_sweeps() -> None:
             logger.exception("sweep %s failed", getattr(sweep, "__name__", sweep))
 
 
+def watch_turn_key() -> str:
+    return WATCH_TURN_KEY.format(queue=task_consumers.turn_queue())
+
+
 def watch_turn_taken() -> bool:
-    """Whether this process runs the watches this interval: the first process to ask in an interval does."""
+    """Whether this process runs the watches this interval: the first process of its turn queue to ask in an
+    interval does. Per queue: a watch judges this process's queue (are its turns picked up?), so processes that
+    share a cache but not a queue must not take each other's turns, or one whose clock runs a little ahead would
+    take every turn and the other queue's unclaimed turns would never fail."""
     interval_s = gateway_setting("EXECUTOR_WATCH_INTERVAL_MS") / 1000
-    return cache.add(WATCH_TURN_KEY, state.BOOT_ID, timeout=interval_s)
+    return cache.add(watch_turn_key(), state.BOOT_ID, timeout=interval_s)
 
 
 def run_watches() -> None:

@@ -205,6 +205,11 @@ class DataError(Exception):
     """Stands for a failure after the registration committed."""
 
 
+async def _already_registered() -> None:
+    """``lifecycle.ensure_process_registered`` for a test whose fixture registered the process: the real one would
+    mark it registered for every later test of this worker too."""
+
+
 class _DrivenConsumer:
     """A ``GatewayConsumer`` past its accept, fed frames directly: what it sends and how it closes are kept."""
 
@@ -230,21 +235,22 @@ class _DrivenConsumer:
 
     def connect(self, identity: DeviceIdentity, scopes: list[str], **options) -> dict:
         frame = _connect_frame(identity, self.consumer.nonce, scopes, **options)
-        asyncio.run(self.consumer.receive(text_data=json.dumps(frame)))
+        try:
+            asyncio.run(self.consumer.receive(text_data=json.dumps(frame)))
+        finally:
+            # Its loop is gone: it must not stay among this process's live connections (the next test's ticks).
+            state.local_connections.discard(self.consumer)
         [response] = self.sent
         return response
 
 
 def test_a_connect_that_fails_after_registering_leaves_no_connection(monkeypatch, caplog):
-    async def registered() -> None:
-        return None
-
     def broken(*args, **kwargs):
         raise DataError("hello-ok could not be built")
 
     identity = DeviceIdentity.generate()
     _connect(identity)  # paired: the failing connect below is a reconnect
-    monkeypatch.setattr(lifecycle, "ensure_process_registered", registered)
+    monkeypatch.setattr(lifecycle, "ensure_process_registered", _already_registered)
     monkeypatch.setattr(hello, "build_hello", broken)
     driven = _DrivenConsumer()
     presence_changes = []
@@ -282,6 +288,7 @@ def test_a_node_approved_between_its_refusal_and_the_start_of_its_hold_is_accept
         await subscribe()
 
     monkeypatch.setattr(lifecycle, "ensure_broadcast_subscribed", approved_before_the_hold_listens)
+    monkeypatch.setattr(lifecycle, "ensure_process_registered", _already_registered)
     driven = _DrivenConsumer()
 
     response = driven.connect(identity, [], **node)

@@ -44,10 +44,26 @@ def test_a_lease_nobody_renews_expires(worker_labels, settings):
 
 def test_one_process_runs_the_watches_per_interval(settings):
     settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "EXECUTOR_WATCH_INTERVAL_MS": 60_000}
-    cache.delete(lifecycle.WATCH_TURN_KEY)
+    cache.delete(lifecycle.watch_turn_key())
     try:
         assert lifecycle.watch_turn_taken() is True
         # Another process asking within the interval (the same key, whoever asks) is refused.
         assert lifecycle.watch_turn_taken() is False
     finally:
-        cache.delete(lifecycle.WATCH_TURN_KEY)
+        cache.delete(lifecycle.watch_turn_key())
+
+
+def test_processes_of_another_turn_queue_take_their_own_watch_turns(settings):
+    """Their watches judge their own queue: one of them taking every turn would leave the other's unclaimed turns
+    queued for ever (two test gateways sharing a cache, or deployments sharing one Redis prefix)."""
+    settings.OPENCLAW_GATEWAY = {**settings.OPENCLAW_GATEWAY, "EXECUTOR_WATCH_INTERVAL_MS": 60_000}
+    keys = []
+    try:
+        for queue in ("queue-a", "queue-b"):
+            settings.CELERY_TASK_DEFAULT_QUEUE = queue
+            keys.append(lifecycle.watch_turn_key())
+            cache.delete(keys[-1])
+            assert lifecycle.watch_turn_taken() is True
+            assert lifecycle.watch_turn_taken() is False
+    finally:
+        cache.delete_many(keys)
