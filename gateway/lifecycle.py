@@ -143,8 +143,8 @@ async def _start() -> None:
             logger.exception("startup hook %s failed", hook)
 
 
-# Threads of their own: in-process tasks (turns, node calls waiting on nodes) fill the default pool;
-# recovery and sweeps must still run.
+# Threads of their own: recovery, sweeps and watches must run however busy the task pool and the default executor
+# are (turns, and requests waiting on nodes and providers).
 _recovery_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gateway-recovery")
 
 
@@ -184,9 +184,10 @@ def watch_turn_key() -> str:
 
 def watch_turn_taken() -> bool:
     """Whether this process runs the watches this interval: the first process of its turn queue to ask in an
-    interval does. Per queue: a watch judges this process's queue (are its turns picked up?), so processes that
-    share a cache but not a queue must not take each other's turns, or one whose clock runs a little ahead would
-    take every turn and the other queue's unclaimed turns would never fail."""
+    interval does. Per queue: the pickup watch asks the broker about this process's queue, so processes that share
+    a cache but not a queue (deployments sharing a Redis prefix, test gateways) must not take each other's turns, or
+    the one a little ahead in its schedule would take every turn and the other queue's unclaimed turns would never
+    fail. The watches act on the whole database: the gateways of one database serve one queue."""
     interval_s = gateway_setting("EXECUTOR_WATCH_INTERVAL_MS") / 1000
     return cache.add(watch_turn_key(), state.BOOT_ID, timeout=interval_s)
 

@@ -289,6 +289,7 @@ def test_a_node_approved_between_its_refusal_and_the_start_of_its_hold_is_accept
 
     monkeypatch.setattr(lifecycle, "ensure_broadcast_subscribed", approved_before_the_hold_listens)
     monkeypatch.setattr(lifecycle, "ensure_process_registered", _already_registered)
+    monkeypatch.setattr("gateway.consumers.presence_changed", lambda presence: None)  # no broadcast from its loop
     driven = _DrivenConsumer()
 
     response = driven.connect(identity, [], **node)

@@ -30,6 +30,7 @@ def gateway_loop():
     loop.set_default_executor(default)
     runner = threading.Thread(target=loop.run_forever, name="gateway-loop", daemon=True)
     runner.start()
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(WAIT_S)  # running: it is the main loop now
     previous = state._flags.main_loop
     state.set_main_loop(loop)
     yield loop
@@ -54,7 +55,8 @@ def test_tasks_waiting_on_the_loop_for_a_thread_of_its_default_executor_all_end(
         background.run_in_process(task)
     outcomes = [ended.get(timeout=WAIT_S) for _ in range(tasks)]
 
-    assert all(task_thread.startswith(state.IN_PROCESS_THREAD_PREFIX) for task_thread, _ in outcomes)
+    # The pool's threads (``openclaw-task_<n>``), not the plain thread of a process without a loop.
+    assert all(task_thread.startswith(f"{state.IN_PROCESS_THREAD_PREFIX}_") for task_thread, _ in outcomes)
     assert all(lookup_thread.startswith("loop-default") for _, lookup_thread in outcomes)
 
 
